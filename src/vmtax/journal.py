@@ -1,0 +1,129 @@
+"""An undo journal of every change vmtax makes to the host.
+
+Each change (a process started, a directory created, a sysctl written) is recorded in a
+file under the runtime directory *before* it is made, and removed once it is undone. On
+a normal exit, Ctrl-C or SIGTERM the owner undoes its own entries; if vmtax was killed,
+the next vmtax start finds the journal of a dead process and undoes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from vmtax import paths
+from vmtax.proc import process_start_time
+
+
+class Journal:
+    def __init__(self, directory: Path | None = None, pid: int | None = None):
+        self.dir = directory or paths.runtime_dir()
+        self.pid = pid or os.getpid()
+        self.path = self.dir / f"journal-{self.pid}.json"
+        self._ids = itertools.count(1)
+        self.entries: dict[int, dict[str, Any]] = {}
+        if self.path.exists():
+            self.entries = {int(k): v for k, v in json.loads(self.path.read_text()).items()}
+            self._ids = itertools.count(max(self.entries, default=0) + 1)
+
+    def _save(self) -> None:
+        if not self.entries:
+            self.path.unlink(missing_ok=True)
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.entries))
+        os.replace(tmp, self.path)
+
+    def add(self, **entry: Any) -> int:
+        """Record a change about to be made; returns a token for `undo`/`forget`."""
+        token = next(self._ids)
+        self.entries[token] = entry
+        self._save()
+        return token
+
+    def process(self, pid: int) -> int:
+        return self.add(type="kill", pid=pid, start=process_start_time(pid))
+
+    def forget(self, token: int) -> None:
+        """The change was undone by its owner: drop it from the journal."""
+        if self.entries.pop(token, None) is not None:
+            self._save()
+
+    def undo(self, token: int) -> None:
+        entry = self.entries.get(token)
+        if entry is not None:
+            _undo(entry)
+            self.forget(token)
+
+    def undo_all(self) -> list[str]:
+        """Undo every entry, newest first. Returns a description of each failure."""
+        errors = []
+        for token in sorted(self.entries, reverse=True):
+            try:
+                self.undo(token)
+            except Exception as exc:  # keep undoing the rest
+                errors.append(f"{self.entries.get(token)}: {exc}")
+                self.forget(token)
+        return errors
+
+
+def _undo(entry: dict[str, Any]) -> None:
+    kind = entry["type"]
+    if kind == "kill":
+        pid = entry["pid"]
+        if entry.get("start") is not None and process_start_time(pid) == entry["start"]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    elif kind == "rmtree":
+        shutil.rmtree(entry["path"], ignore_errors=True)
+    elif kind == "write":
+        Path(entry["path"]).write_text(entry["value"])
+    elif kind == "umount":
+        subprocess.run(["umount", "-l", entry["path"]], capture_output=True)
+    elif kind == "argv":
+        subprocess.run(entry["argv"], capture_output=True, timeout=30)
+    else:
+        raise ValueError(f"unknown journal entry type {kind!r}")
+
+
+def recover(directory: Path | None = None) -> list[str]:
+    """Undo what crashed vmtax processes left behind. Returns one line per recovered journal."""
+    directory = directory or paths.runtime_dir()
+    recovered = []
+    for path in sorted(directory.glob("journal-*.json")):
+        pid = int(path.stem.split("-", 1)[1])
+        if pid != os.getpid() and _alive(pid):
+            continue
+        journal = Journal(directory, pid)
+        n = len(journal.entries)
+        errors = journal.undo_all()
+        path.unlink(missing_ok=True)
+        recovered.append(f"undid {n} host change(s) left by vmtax process {pid}"
+                         + (f" ({len(errors)} failed)" if errors else ""))
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie or a reused pid that is not vmtax counts as dead.
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"vmtax" in cmdline

@@ -1,0 +1,22 @@
+"""Where vmtax keeps its cache (guest images, kernels) and its runtime journal."""
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("VMTAX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vmtax")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def runtime_dir() -> Path:
+    """Host-wide state that must survive a crash of vmtax (the undo journal)."""
+    base = os.environ.get("VMTAX_RUNTIME") or (
+        "/run/vmtax" if os.geteuid() == 0 else os.path.join(
+            os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/vmtax-{os.geteuid()}", "vmtax"))
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,91 @@
+"""Child processes that cannot outlive vmtax.
+
+Every process vmtax starts gets SIGKILL from the kernel when vmtax dies (PR_SET_PDEATHSIG),
+and runs in its own process group so that a timeout kills the whole tree. User strings
+are only ever passed as argv, never through a shell.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn(argv: list[str], *, preexec=None, **kwargs) -> subprocess.Popen:
+    """Start argv in a new process group that is killed when vmtax dies."""
+    def child_setup() -> None:
+        _die_with_parent()
+        if preexec is not None:
+            preexec()
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=child_setup, **kwargs)
+
+
+def kill_group(proc: subprocess.Popen, grace: float = 0.0) -> None:
+    """Kill proc's process group (SIGTERM first when grace > 0) and reap proc."""
+    if proc.poll() is None and grace > 0:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@dataclass
+class Completed:
+    exit_code: int | None   # None when killed at the timeout
+    stdout: str
+    stderr: str
+    elapsed: float
+    timed_out: bool
+
+
+def run(argv: list[str], *, timeout: float | None = None, env: dict[str, str] | None = None,
+        cwd: str | None = None, input: bytes | None = None, preexec=None) -> Completed:
+    """Run argv to completion (or kill its whole group at the timeout) and time it."""
+    start = time.perf_counter()
+    proc = spawn(argv, preexec=preexec, env=env, cwd=cwd,
+                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        timed_out = True
+    except BaseException:
+        kill_group(proc)
+        raise
+    elapsed = time.perf_counter() - start
+    return Completed(None if timed_out else proc.returncode,
+                     out.decode(errors="replace"), err.decode(errors="replace"),
+                     elapsed, timed_out)
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of pid (clock ticks since boot), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])

@@ -1,0 +1,215 @@
+"""Results in SQLite: one database per results directory, one row per repetition.
+
+Each repetition is committed the moment it finishes, so an interrupted plan loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from vmtax.errors import VmtaxError
+from vmtax.workloads.base import Metric
+
+DB_NAME = "vmtax.sqlite"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    finished REAL,
+    status TEXT NOT NULL,            -- running | done | interrupted | failed
+    plan TEXT NOT NULL,              -- JSON: the plan as run
+    host TEXT NOT NULL,              -- JSON: host fingerprint
+    version TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS targets (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,       -- JSON
+    PRIMARY KEY (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS reps (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    target TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    params TEXT NOT NULL,            -- JSON: the workload's parameters
+    phase TEXT NOT NULL,             -- prepare | warmup | measure
+    idx INTEGER NOT NULL,
+    status TEXT NOT NULL,            -- ok | failed | timeout
+    error TEXT,
+    exit_code INTEGER,
+    host_elapsed REAL,
+    guest_elapsed REAL,
+    started REAL NOT NULL,
+    argv TEXT NOT NULL,              -- JSON
+    stdout TEXT,
+    stderr TEXT
+);
+CREATE INDEX IF NOT EXISTS reps_run ON reps(run_id);
+CREATE TABLE IF NOT EXISTS metrics (
+    rep_id INTEGER NOT NULL REFERENCES reps(id),
+    name TEXT NOT NULL,
+    value REAL NOT NULL,
+    unit TEXT NOT NULL,
+    higher_is_better INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS metrics_rep ON metrics(rep_id);
+"""
+
+
+@dataclass
+class Rep:
+    id: int
+    run_id: str
+    target: str
+    workload: str
+    params: dict[str, Any]
+    phase: str
+    idx: int
+    status: str
+    error: str | None
+    exit_code: int | None
+    host_elapsed: float | None
+    guest_elapsed: float | None
+    started: float
+    argv: list[str]
+    stdout: str | None = None
+    stderr: str | None = None
+    metrics: list[Metric] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    id: str
+    created: float
+    finished: float | None
+    status: str
+    plan: dict[str, Any]
+    host: dict[str, Any]
+    version: str
+    targets: dict[str, dict[str, Any]]      # name -> {"kind", "fingerprint"}
+    reps: list[Rep]
+
+
+class Store:
+    def __init__(self, results_dir: str | os.PathLike):
+        self.dir = Path(results_dir)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise VmtaxError(f"results directory {self.dir} is not writable ({exc.strerror}); "
+                             "choose another with --results DIR") from None
+        self.path = self.dir / DB_NAME
+        self.db = sqlite3.connect(self.path, timeout=30)
+        self.db.row_factory = sqlite3.Row
+        self.db.executescript(SCHEMA)
+        self.db.commit()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- writing ---------------------------------------------------------------------------
+    def new_run(self, plan: dict[str, Any], host: dict[str, Any], version: str) -> str:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+        with self.db:
+            self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?)",
+                            (run_id, time.time(), None, "running", json.dumps(plan),
+                             json.dumps(host), version))
+        return run_id
+
+    def set_target(self, run_id: str, name: str, kind: str, fingerprint: dict[str, Any]) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO targets VALUES (?,?,?,?)",
+                            (run_id, name, kind, json.dumps(fingerprint)))
+
+    def add_rep(self, run_id: str, *, target: str, workload: str, params: dict[str, Any],
+                phase: str, idx: int, status: str, argv: list[str], started: float,
+                error: str | None = None, exit_code: int | None = None,
+                host_elapsed: float | None = None, guest_elapsed: float | None = None,
+                stdout: str | None = None, stderr: str | None = None,
+                metrics: Iterable[Metric] = ()) -> int:
+        """Store one finished repetition and its metrics in one transaction."""
+        with self.db:
+            cur = self.db.execute(
+                "INSERT INTO reps (run_id, target, workload, params, phase, idx, status, error,"
+                " exit_code, host_elapsed, guest_elapsed, started, argv, stdout, stderr)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, target, workload, json.dumps(params, sort_keys=True), phase, idx, status,
+                 error, exit_code, host_elapsed, guest_elapsed, started, json.dumps(argv),
+                 stdout, stderr))
+            rep_id = cur.lastrowid
+            self.db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?)",
+                                [(rep_id, m.name, m.value, m.unit, int(m.higher_is_better))
+                                 for m in metrics])
+        return rep_id
+
+    def finish_run(self, run_id: str, status: str) -> None:
+        with self.db:
+            self.db.execute("UPDATE runs SET finished=?, status=? WHERE id=?",
+                            (time.time(), status, run_id))
+
+    # -- reading ---------------------------------------------------------------------------
+    def list_runs(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT r.id, r.created, r.finished, r.status,"
+            " (SELECT group_concat(name, ',') FROM targets t WHERE t.run_id = r.id) AS targets,"
+            " (SELECT group_concat(DISTINCT workload) FROM reps p WHERE p.run_id = r.id) AS workloads,"
+            " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure') AS reps,"
+            " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure'"
+            "  AND p.status != 'ok') AS failed"
+            " FROM runs r ORDER BY r.created").fetchall()
+        return [{"id": r["id"], "created": r["created"], "finished": r["finished"],
+                 "status": r["status"],
+                 "targets": (r["targets"] or "").split(",") if r["targets"] else [],
+                 "workloads": sorted((r["workloads"] or "").split(",")) if r["workloads"] else [],
+                 "reps": r["reps"], "failed": r["failed"]} for r in rows]
+
+    def resolve(self, run_id: str) -> str:
+        """A run id, or a unique prefix of one, or 'last'."""
+        if run_id == "last":
+            row = self.db.execute("SELECT id FROM runs ORDER BY created DESC LIMIT 1").fetchone()
+            if row is None:
+                raise VmtaxError(f"no runs stored in {self.path}")
+            return row["id"]
+        rows = self.db.execute("SELECT id FROM runs WHERE id LIKE ? || '%'", (run_id,)).fetchall()
+        if len(rows) == 1:
+            return rows[0]["id"]
+        if not rows:
+            raise VmtaxError(f"unknown run id {run_id!r} in {self.path}; `vmtax runs` lists them")
+        raise VmtaxError(f"run id {run_id!r} is ambiguous ({len(rows)} runs match); give more of it")
+
+    def load_run(self, run_id: str, *, with_output: bool = False) -> Run:
+        run_id = self.resolve(run_id)
+        r = self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        targets = {t["name"]: {"kind": t["kind"], "fingerprint": json.loads(t["fingerprint"])}
+                   for t in self.db.execute("SELECT * FROM targets WHERE run_id=?", (run_id,))}
+        reps: dict[int, Rep] = {}
+        for p in self.db.execute("SELECT * FROM reps WHERE run_id=? ORDER BY id", (run_id,)):
+            reps[p["id"]] = Rep(
+                id=p["id"], run_id=run_id, target=p["target"], workload=p["workload"],
+                params=json.loads(p["params"]), phase=p["phase"], idx=p["idx"],
+                status=p["status"], error=p["error"], exit_code=p["exit_code"],
+                host_elapsed=p["host_elapsed"], guest_elapsed=p["guest_elapsed"],
+                started=p["started"], argv=json.loads(p["argv"]),
+                stdout=p["stdout"] if with_output else None,
+                stderr=p["stderr"] if with_output else None)
+        for m in self.db.execute(
+                "SELECT m.* FROM metrics m JOIN reps p ON p.id = m.rep_id WHERE p.run_id=?",
+                (run_id,)):
+            reps[m["rep_id"]].metrics.append(
+                Metric(m["name"], m["value"], m["unit"], bool(m["higher_is_better"])))
+        return Run(id=run_id, created=r["created"], finished=r["finished"], status=r["status"],
+                   plan=json.loads(r["plan"]), host=json.loads(r["host"]), version=r["version"],
+                   targets=targets, reps=list(reps.values()))
