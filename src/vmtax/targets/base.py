@@ -74,6 +74,12 @@ class Target(abc.ABC):
         """False once the target can no longer run jobs (a guest that hung and was killed)."""
         return True
 
+    def pause(self) -> None:
+        """Stop consuming host CPU while other targets are measured (a guest's vCPUs stop)."""
+
+    def resume(self) -> None:
+        """Undo pause() before this target runs a job."""
+
     def __enter__(self) -> "Target":
         self.prepare()
         return self

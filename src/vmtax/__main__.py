@@ -1,0 +1,3 @@
+from vmtax.cli import main
+
+main()

@@ -1,0 +1,115 @@
+"""From stored repetitions to the numbers people read: per workload metric and target,
+the median with its confidence interval, the ratio to the baseline, and sanity flags.
+
+Every view (terminal table, --json, HTML report) is built from `summarize_run`, so they
+always agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vmtax import stats
+from vmtax.store import Rep, Run
+
+NOISY_CV = 0.05
+CLOCK_TOLERANCE = 0.02
+
+
+@dataclass
+class Cell:
+    n: int                                  # successful measured repetitions
+    failed: int                             # failed or timed-out repetitions (excluded)
+    summary: stats.Summary | None = None
+    ratio: stats.RatioSummary | None = None
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    workload: str
+    params: dict[str, Any]                  # the parameters that vary within the run
+    metric: str
+    unit: str
+    higher_is_better: bool
+    cells: dict[str, Cell]                  # target -> cell
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    baseline: str
+    targets: list[str]
+    rows: list[Row]
+    failures: list[dict[str, Any]]          # one per failed repetition: where and why
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _varying(reps: list[Rep]) -> set[str]:
+    """Parameter names whose value differs between configurations of the same workload."""
+    values: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in reps:
+        for k, v in r.params.items():
+            values[(r.workload, k)].add(json.dumps(v))
+    return {k for (_, k), vs in values.items() if len(vs) > 1}
+
+
+def _clock_skewed(reps: list[Rep]) -> bool:
+    return any(stats.clock_skew(r.host_elapsed, r.guest_elapsed, CLOCK_TOLERANCE)
+               for r in reps if r.guest_elapsed is not None and r.host_elapsed)
+
+
+def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
+    target_names = list(run.plan.get("targets") and [t["name"] for t in run.plan["targets"]]
+                        or run.targets)
+    baseline = baseline or run.plan.get("baseline") or target_names[0]
+    measured = [r for r in run.reps if r.phase in ("measure", "prepare")]
+    varying = _varying(measured)
+
+    # (workload, params key) -> target -> reps, in the order configurations were first seen
+    groups: dict[tuple[str, str], dict[str, list[Rep]]] = {}
+    for r in measured:
+        shown = {k: v for k, v in r.params.items() if k in varying}
+        key = (r.workload + (" prepare" if r.phase == "prepare" else ""),
+               json.dumps(shown, sort_keys=True))
+        groups.setdefault(key, defaultdict(list))[r.target].append(r)
+
+    rows: list[Row] = []
+    for (workload, shown_key), by_target in groups.items():
+        metrics: dict[str, tuple[str, bool]] = {}
+        for reps in by_target.values():
+            for r in reps:
+                for m in r.metrics:
+                    metrics.setdefault(m.name, (m.unit, m.higher_is_better))
+        for metric, (unit, hib) in metrics.items():
+            samples = {t: [m.value for r in reps if r.status == "ok"
+                           for m in r.metrics if m.name == metric]
+                       for t, reps in by_target.items()}
+            cells = {}
+            for t in target_names:
+                reps = by_target.get(t, [])
+                if not reps:
+                    continue
+                cell = Cell(n=len(samples[t]), failed=sum(r.status != "ok" for r in reps))
+                if samples[t]:
+                    cell.summary = stats.summarize(samples[t])
+                    if stats.noisy(cell.summary, NOISY_CV):
+                        cell.flags.append("noisy")
+                if t != baseline and samples[t] and samples.get(baseline):
+                    cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
+                    if stats.faster_than_baseline(cell.ratio):
+                        cell.flags.append("faster than baseline")
+                if _clock_skewed(reps):
+                    cell.flags.append("clock skew")
+                cells[t] = cell
+            rows.append(Row(workload, json.loads(shown_key), metric, unit, hib, cells))
+
+    failures = [{"target": r.target, "workload": r.workload, "params": r.params,
+                 "phase": r.phase, "idx": r.idx, "status": r.status, "error": r.error}
+                for r in run.reps if r.status != "ok"]
+    return RunSummary(run.id, baseline, target_names, rows, failures)

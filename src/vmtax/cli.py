@@ -1,0 +1,232 @@
+"""The `vmtax` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+    TimeElapsedColumn
+
+from vmtax import __version__, analysis, journal, plan as plan_mod, report
+from vmtax.errors import VmtaxError
+from vmtax.store import Store
+
+DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+class ProgressReporter:
+    """Progress on stderr, so stdout stays clean for tables and --json."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                                 transient=True)
+        self.task = None
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def start(self, total: int) -> None:
+        self.task = self.progress.add_task("starting", total=total)
+
+    def step(self, text: str) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, description=text)
+
+    def advance(self) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task)
+
+    def warn(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]warning:[/yellow] {text}")
+
+
+results_option = click.option(
+    "--results", "results", default=DEFAULT_RESULTS, show_default=True,
+    type=click.Path(file_okay=False), help="Results directory (one SQLite database in it).")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print machine-readable JSON instead of a table.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="vmtax")
+def cli() -> None:
+    """Measure the virtualization tax: how much slower a workload runs in a VM or a container
+    than on the bare host.
+
+    \b
+    Quick start:
+      vmtax doctor                  what this host can do (KVM, QEMU, runtimes, huge pages)
+      vmtax run                     native vs container vs VM, five sysbench workloads (E1)
+      vmtax run --targets native,container:runc --workloads cpu,memory --runs 5
+      vmtax runs                    stored runs
+      vmtax show last               reprint a run
+    """
+
+
+@cli.command()
+@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
+@click.option("--targets", help="Comma-separated targets: native, container[:unshare|runc|crun], "
+              "vm[:kvm|tcg]. [default: native,container,vm]")
+@click.option("--workloads", help="Comma-separated sysbench workloads: cpu, threads, memory, "
+              "fileio, mutex. [default: all five]")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Measured repetitions per target and workload.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Warm-up repetitions run first and discarded.")
+@click.option("--time", "time_", type=click.IntRange(min=1),
+              default=plan_mod.DEFAULT_TIME, show_default=True,
+              help="Seconds each time-bounded workload runs (sysbench --time).")
+@click.option("--qemu", help="QEMU binary for VM targets (any build). [default: qemu-system-x86_64]")
+@click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto",
+              show_default=True, help="VM acceleration; auto uses KVM only where it really runs a vCPU.")
+@click.option("--vcpus", type=click.IntRange(min=1), help="vCPUs of VM targets. [default: 2]")
+@click.option("--memory", help="Memory of VM targets, e.g. 1G or 512M. [default: 1G]")
+@click.option("--machine", type=click.Choice(["microvm", "q35"]),
+              help="QEMU machine type. [default: microvm]")
+@click.option("--kernel", type=click.Path(), help="Guest kernel (vmlinux or bzImage). "
+              "[default: Debian's linux-image-amd64, downloaded into the cache]")
+@click.option("--no-interleave", is_flag=True,
+              help="Run all repetitions of one target before the next (default: A B B A order).")
+@click.option("--resume", metavar="RUN_ID", help="Continue an interrupted run, skipping what it stored.")
+@results_option
+@json_option
+def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, memory, machine, kernel,
+        no_interleave, resume, results, as_json) -> None:
+    """Run a comparison and print the table (results are stored as each run finishes).
+
+    Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
+    plan file, the file says what to run (see plans/ for examples).
+    """
+    from vmtax.runner import Runner
+
+    vm_options = {k: v for k, v in dict(qemu=qemu, vcpus=vcpus, memory=memory, machine=machine,
+                                        kernel=kernel).items() if v is not None}
+    if accel != "auto":
+        vm_options["accel"] = accel
+    store = Store(results)
+    if resume:
+        run_rec = store.load_run(resume)
+        the_plan = plan_mod.Plan.from_dict(run_rec.plan)
+    elif plan_file:
+        from vmtax import planfile
+        the_plan = planfile.load(plan_file)
+    else:
+        the_plan = plan_mod.classic(
+            target_names=_csv(targets) or plan_mod.CLASSIC_TARGETS,
+            workload_names=_csv(workloads) or plan_mod.CLASSIC_WORKLOADS,
+            options={"vm": vm_options}, runs=runs, warmup=warmup, time=time_,
+            interleave=not no_interleave)
+    for line in journal.recover():
+        err.print(f"[yellow]recovered:[/yellow] {line}")
+    with ProgressReporter() as progress:
+        runner = Runner(the_plan, store, progress, resume=resume)
+        try:
+            run_id = runner.execute()
+        except KeyboardInterrupt:
+            err.print(f"interrupted; what finished is stored in run {runner.run_id} "
+                      f"(continue it with: vmtax run --resume {runner.run_id})")
+            sys.exit(130)
+    _show(store, run_id, as_json)
+
+
+def _show(store: Store, run_id: str, as_json: bool) -> None:
+    run_rec = store.load_run(run_id)
+    summary = analysis.summarize_run(run_rec)
+    if as_json:
+        _print_json({"run": {"id": run_rec.id, "status": run_rec.status,
+                             "created": run_rec.created, "finished": run_rec.finished,
+                             "host": run_rec.host, "targets": run_rec.targets,
+                             "plan": run_rec.plan},
+                     "summary": summary.to_json()})
+    else:
+        report.print_summary(out, run_rec, summary)
+
+
+@cli.command()
+@click.argument("run_id", default="last")
+@results_option
+@json_option
+def show(run_id, results, as_json) -> None:
+    """Reprint a stored run (RUN_ID, a unique prefix of it, or 'last')."""
+    _show(Store(results), run_id, as_json)
+
+
+@cli.command()
+@results_option
+@json_option
+def runs(results, as_json) -> None:
+    """List the stored runs."""
+    rows = Store(results).list_runs()
+    if as_json:
+        _print_json(rows)
+    elif not rows:
+        out.print(f"no runs stored in {results} yet; start one with `vmtax run`")
+    else:
+        report.print_runs(out, rows)
+
+
+@cli.command()
+@json_option
+def doctor(as_json) -> None:
+    """What this host can do for vmtax, and what to do where it can't."""
+    from rich.table import Table
+
+    from vmtax import host
+
+    checks = host.doctor()
+    if as_json:
+        _print_json({"host": host.fingerprint(),
+                     "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
+        return
+    table = Table(title="vmtax doctor", show_lines=False)
+    table.add_column("check")
+    table.add_column("", justify="center")
+    table.add_column("detail")
+    for c in checks:
+        table.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]no[/red]", c.detail)
+    out.print(table)
+
+
+def _terminate(signum, frame) -> None:
+    # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept.
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except VmtaxError as exc:
+        err.print(f"vmtax: error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,96 @@
+"""A plan: targets × workloads × repetitions, and how to run them.
+
+`classic()` is E1 (native vs container vs VM on the five sysbench metrics), the default
+of `vmtax run`. Plans serialize to plain dicts so the exact plan is stored with each run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vmtax import targets, workloads
+from vmtax.errors import VmtaxError
+
+CLASSIC_TARGETS = ("native", "container", "vm")
+CLASSIC_WORKLOADS = ("cpu", "threads", "memory", "fileio", "mutex")
+# Short enough that the classic plan takes a few minutes here even under TCG,
+# long enough that sysbench's start-up is noise next to the measured interval.
+DEFAULT_TIME = 2
+
+
+@dataclass
+class TargetSpec:
+    name: str
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkloadSpec:
+    name: str                     # workload type, e.g. "cpu"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def make(self, time: int | None):
+        cls = workloads.get(self.name)
+        params = dict(self.params)
+        if time is not None and cls.time_param and cls.time_param not in params:
+            params[cls.time_param] = time
+        return cls(params)
+
+
+@dataclass
+class Plan:
+    targets: list[TargetSpec]
+    workloads: list[WorkloadSpec]
+    runs: int = 3
+    warmup: int = 1
+    time: int | None = DEFAULT_TIME   # seconds (sysbench takes whole seconds)
+    baseline: str | None = None   # target the ratios are relative to
+    interleave: bool = True       # A B B A order across targets, so drift cancels
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise VmtaxError("the plan has no targets")
+        if not self.workloads:
+            raise VmtaxError("the plan has no workloads")
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names):
+            raise VmtaxError(f"target names must be unique, got {', '.join(names)}")
+        if self.runs < 1:
+            raise VmtaxError(f"--runs must be at least 1, got {self.runs}")
+        if self.warmup < 0:
+            raise VmtaxError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.time is not None and (not isinstance(self.time, int) or self.time < 1):
+            raise VmtaxError(f"--time must be a whole number of seconds (1 or more), got {self.time}")
+        if self.baseline is None:
+            self.baseline = "native" if "native" in names else names[0]
+        elif self.baseline not in names:
+            raise VmtaxError(f"baseline {self.baseline!r} is not one of the targets ({', '.join(names)})")
+        for w in self.workloads:
+            w.make(self.time)   # validates the name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        return cls(targets=[TargetSpec(**t) for t in data["targets"]],
+                   workloads=[WorkloadSpec(**w) for w in data["workloads"]],
+                   **{k: v for k, v in data.items() if k not in ("targets", "workloads")})
+
+
+def target_specs(names: list[str], options: dict[str, dict[str, Any]]) -> list[TargetSpec]:
+    """Target specs from names; options[kind] applies to every target of that kind."""
+    specs = []
+    for name in names:
+        kind, variant_options = targets.parse_name(name)
+        specs.append(TargetSpec(name, kind, {**options.get(kind, {}), **variant_options}))
+    return specs
+
+
+def classic(*, target_names=CLASSIC_TARGETS, workload_names=CLASSIC_WORKLOADS,
+            options: dict[str, dict[str, Any]] | None = None, **settings: Any) -> Plan:
+    """E1: the five sysbench workloads with the study's parameters on each target."""
+    return Plan(targets=target_specs(list(target_names), options or {}),
+                workloads=[WorkloadSpec(w) for w in workload_names], **settings)

@@ -1,0 +1,200 @@
+"""Runs a plan: prepares every target, runs each workload's repetitions in interleaved
+order, commits every repetition the moment it finishes, and undoes every host change
+on the way out (normal end, Ctrl-C, SIGTERM, or a crash recovered by the journal).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from vmtax import __version__, host, stats, targets as target_registry
+from vmtax.errors import ParseError, VmtaxError
+from vmtax.journal import Journal
+from vmtax.plan import Plan
+from vmtax.store import Store
+from vmtax.targets.base import Job, JobResult, Target, TargetContext
+from vmtax.workloads.base import Metric, Workload
+
+
+class Reporter(Protocol):
+    def start(self, total: int) -> None: ...
+    def step(self, text: str) -> None: ...
+    def advance(self) -> None: ...
+    def warn(self, text: str) -> None: ...
+
+
+class QuietReporter:
+    def start(self, total: int) -> None: pass
+    def step(self, text: str) -> None: pass
+    def advance(self) -> None: pass
+    def warn(self, text: str) -> None: pass
+
+
+@dataclass
+class Unit:
+    """One repetition of one workload on one target."""
+    target: str
+    phase: str       # warmup | measure
+    idx: int         # position among this target's repetitions of the workload
+
+
+def schedule(plan: Plan) -> list[Unit]:
+    """Repetition order for one workload: interleaved across targets (or blocked), the first
+    `warmup` repetitions of each target being warm-ups whose results are discarded."""
+    names = [t.name for t in plan.targets]
+    per_target = plan.warmup + plan.runs
+    order = (stats.interleave(names, per_target) if plan.interleave and len(names) > 1
+             else [n for n in names for _ in range(per_target)])
+    seen: Counter[str] = Counter()
+    units = []
+    for name in order:
+        i = seen[name]
+        seen[name] += 1
+        units.append(Unit(name, "warmup" if i < plan.warmup else "measure", i))
+    return units
+
+
+def _params_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def _failure(result: JobResult, job: Job) -> str:
+    if result.timed_out:
+        return f"timed out after {job.timeout:g} s"
+    tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
+    return f"exit status {result.exit_code}: {tail[0][:300]}"
+
+
+class Runner:
+    def __init__(self, plan: Plan, store: Store, reporter: Reporter | None = None,
+                 resume: str | None = None, journal: Journal | None = None):
+        self.plan = plan
+        self.store = store
+        self.reporter = reporter or QuietReporter()
+        self.resume_id = resume
+        self.journal = journal or Journal()
+        self.targets: dict[str, Target] = {}
+        self.broken: dict[str, str] = {}   # target -> why it can no longer run jobs
+        self.run_id: str | None = None
+
+    # -- the plan --------------------------------------------------------------------------
+    def execute(self) -> str:
+        work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=self.store.dir))
+        work_token = self.journal.add(type="rmtree", path=str(work_dir))
+        ctx = TargetContext(work_dir=work_dir, journal=self.journal)
+        done = self._already_done()
+        self.run_id = self.resume_id or self.store.new_run(
+            self.plan.to_dict(), host.fingerprint(), __version__)
+        status = "failed"
+        try:
+            units = schedule(self.plan)
+            self.reporter.start(len(self.plan.workloads) * len(units))
+            for spec in self.plan.targets:
+                self.reporter.step(f"preparing {spec.name}")
+                target = target_registry.create(spec.name, spec.kind, spec.options, ctx)
+                self.targets[spec.name] = target
+                target.prepare()
+                self.store.set_target(self.run_id, spec.name, spec.kind, target.fingerprint())
+                target.pause()
+            for wspec in self.plan.workloads:
+                self._run_workload(wspec.make(self.plan.time), units, done)
+            status = "done"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            for target in self.targets.values():
+                target.cleanup()
+            self.journal.undo(work_token)
+            self.journal.undo_all()
+            self.store.finish_run(self.run_id, status)
+        return self.run_id
+
+    def _already_done(self) -> set[tuple]:
+        if self.resume_id is None:
+            return set()
+        run = self.store.load_run(self.resume_id)
+        self.resume_id = run.id
+        return {(r.target, r.workload, _params_key(r.params), r.phase, r.idx) for r in run.reps}
+
+    def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
+        key = (workload.name, _params_key(workload.params))
+        todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
+        for skipped in range(len(units) - len(todo)):
+            self.reporter.advance()
+        if not todo:
+            return
+        active = [t for t in self.targets if any(u.target == t for u in todo)]
+        for name in active:
+            for i, job in enumerate(workload.prepare_jobs()):
+                self.reporter.step(f"{name} · {workload.name} · prepare")
+                stored = (name, *key, "prepare", i) in done
+                self._measure(name, workload, job, "prepare", i, workload.parse_prepare,
+                              store=not stored)
+        for unit in todo:
+            self.reporter.step(f"{unit.target} · {workload.name} · "
+                               f"{'warm-up' if unit.phase == 'warmup' else 'run'} {unit.idx + 1}")
+            self._measure(unit.target, workload, workload.run_job(), unit.phase, unit.idx,
+                          workload.parse)
+            self.reporter.advance()
+        for name in active:
+            for job in workload.cleanup_jobs():
+                self._run_job(name, job)
+
+    # -- one job ---------------------------------------------------------------------------
+    def _run_job(self, name: str, job: Job) -> JobResult | None:
+        """Run job on target name; reboot a target that died. None if the target is broken."""
+        if name in self.broken:
+            return None
+        target = self.targets[name]
+        target.resume()
+        try:
+            result = target.run(job)
+        finally:
+            if target.alive():
+                target.pause()
+        if not target.alive():
+            self.reporter.warn(f"{name} stopped responding ({_failure(result, job)}); restarting it")
+            target.cleanup()
+            try:
+                target.prepare()
+                target.pause()
+            except VmtaxError as exc:
+                self.broken[name] = f"could not be restarted: {exc}"
+                self.reporter.warn(f"{name} {self.broken[name]}; its remaining runs are skipped")
+        return result
+
+    def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
+                 parse, store: bool = True) -> None:
+        started = time.time()
+        result = self._run_job(name, job)
+        metrics: list[Metric] = []
+        error = None
+        if result is None:
+            status, error = "failed", f"target {name} {self.broken[name]}"
+        elif not result.ok:
+            status, error = ("timeout" if result.timed_out else "failed"), _failure(result, job)
+        else:
+            try:
+                metrics = parse(result.stdout)
+                status = "ok"
+            except ParseError as exc:
+                status, error = "failed", f"unparseable output: {exc}"
+        if error:
+            self.reporter.warn(f"{name} · {workload.name} · {phase} {idx + 1}: {error}")
+        if not store:
+            return
+        self.store.add_rep(
+            self.run_id, target=name, workload=workload.name, params=workload.params,
+            phase=phase, idx=idx, status=status, argv=job.argv, started=started, error=error,
+            exit_code=result.exit_code if result else None,
+            host_elapsed=result.host_elapsed if result else None,
+            guest_elapsed=result.guest_elapsed if result else None,
+            stdout=result.stdout if result else None, stderr=result.stderr if result else None,
+            metrics=metrics)

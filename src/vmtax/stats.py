@@ -1,0 +1,360 @@
+"""Statistics behind every vmtax table, comparison and report.
+
+Public API
+    summarize(values, confidence)            -> Summary: median with an order-statistic CI
+    ratio(values, baseline, higher_is_better) -> RatioSummary: direction-aware ratio of medians
+    compare(a, b, higher_is_better)           -> Comparison: is B better/worse than A?
+    compare_many(pairs, ..., method)          -> [Comparison] with multiplicity-adjusted p
+    adjust_pvalues(p_values, method)          -> Holm or Benjamini-Hochberg adjusted p
+    min_runs_to_detect(alpha, tests)          -> runs per side needed to ever reach p < alpha
+    min_p_value(n_a, n_b)                     -> smallest p a rank test can give at n_a vs n_b
+    precise_enough / next_action              -> adaptive repetition
+    clock_skew / noisy / faster_than_baseline -> sanity flags
+    interleave(labels, runs)                  -> counterbalanced run order
+
+Methods and why
+  * Medians, not means: benchmark samples have one-sided outliers (a slow first run, a
+    noisy neighbour). The median CI is the exact distribution-free binomial interval
+    [X(k), X(n+1-k)]. Its best coverage is 1 - 2**(1-n), so 95% needs n >= 6 and 99%
+    needs n >= 8; below that the CI is [min, max] and `ci_level` reports its real
+    coverage (n=3: 0.75, n=1: 0), never the requested one.
+  * Ratios and changes get percentile-bootstrap CIs, each group resampled independently
+    from a seeded generator. They assume positive quantities (times, rates); a zero
+    denominator median gives inf (x/0) or NaN (0/0), and a NaN replicate makes the CI NaN.
+  * p-values: two-sided Mann-Whitney U (rank based, so outliers cannot drive it). Exact
+    distribution without ties; with ties an exact permutation test of U while it has at
+    most 20,000 arrangements, else the tie-corrected normal approximation. No seed needed.
+  * Any rank or permutation test on n_a vs n_b runs has p >= 2 / C(n_a+n_b, n_a):
+    3 vs 3 -> 0.1, 4 vs 4 -> 0.029, 5 vs 5 -> 0.0079. At alpha 0.01 a difference is only
+    detectable with >= 5 runs per side, more when several metrics are adjusted together
+    (`min_runs_to_detect`); at the fewer runs every comparison says "~".
+  * A change is significant only if adjusted p < alpha, the (1 - alpha) bootstrap CI of
+    the change excludes 0, and |med_b - med_a| >= noise_floor * max(|med_a|, |med_b|).
+    The floor is taken relative to the larger median (which implies |change| >= floor) so
+    that swapping A and B exactly swaps "better" and "worse".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import special, stats
+
+N_BOOT = 10_000
+# Beyond this many arrangements the exact permutation test gets slow (~0.15 s here).
+_MAX_EXACT_PERMUTATIONS = 20_000
+
+Verdict = Literal["better", "worse", "~"]
+Action = Literal["more", "done", "gave_up"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    median: float
+    ci_low: float
+    ci_high: float
+    mean: float
+    stdev: float | None  # sample stdev (ddof=1); None for n < 2
+    cv: float | None  # stdev / |mean|; None for n < 2 or mean == 0
+    ci_level: float  # actual coverage of [ci_low, ci_high]; below the request for small n
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    value: float  # < 1 always means worse than the baseline
+    ci_low: float
+    ci_high: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    median_a: float
+    median_b: float
+    change: float  # (median_b - median_a) / median_a, in the metric's own terms
+    change_ci: tuple[float, float]  # (1 - alpha) bootstrap CI of change
+    p_value: float  # raw two-sided Mann-Whitney U p
+    p_adjusted: float  # after Holm/BH across the comparisons it was judged with
+    verdict: Verdict  # from B's point of view, in the metric's direction
+    higher_is_better: bool
+    n_a: int
+    n_b: int
+    min_p: float  # smallest p these sample sizes can produce
+
+    @property
+    def significant(self) -> bool:
+        return self.verdict != "~"
+
+
+def _sample(values: Iterable[float], what: str = "values") -> np.ndarray:
+    # list() lets generators through; np.asarray alone would wrap them as one object.
+    x = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
+    if x.ndim != 1:
+        raise ValueError(f"{what} must be a flat sequence of numbers, got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"{what} is empty: need at least one measurement")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{what} contains NaN or infinity: {x.tolist()}")
+    return x
+
+
+def _check_level(confidence: float, what: str = "confidence") -> None:
+    if not 0 < confidence < 1:
+        raise ValueError(f"{what} must be between 0 and 1, got {confidence}")
+
+
+def _median_ci(x: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """Narrowest symmetric order-statistic interval with coverage >= confidence.
+
+    [X(k), X(n+1-k)] covers the population median with probability
+    1 - 2 * P(Binomial(n, 1/2) <= k - 1), whatever the distribution.
+    """
+    s = np.sort(x)
+    n = s.size
+    k = np.arange(1, (n + 1) // 2 + 1)
+    coverage = 1 - 2 * stats.binom.cdf(k - 1, n, 0.5)
+    # Coverages are multiples of 2**-n; the slack absorbs cdf rounding at exact ties.
+    ok = np.flatnonzero(coverage >= confidence - 1e-12)
+    i = ok[-1] if ok.size else 0  # no interval is good enough: fall back to [min, max]
+    return float(s[k[i] - 1]), float(s[n - k[i]]), float(coverage[i])
+
+
+def summarize(values: Iterable[float], confidence: float = 0.95) -> Summary:
+    """Median with a distribution-free CI plus mean/stdev/cv; ValueError on empty or
+    non-finite input."""
+    _check_level(confidence)
+    x = _sample(values)
+    lo, hi, level = _median_ci(x, confidence)
+    mean = float(np.mean(x))
+    stdev = float(np.std(x, ddof=1)) if x.size > 1 else None
+    cv = stdev / abs(mean) if stdev is not None and mean != 0 else None
+    return Summary(n=int(x.size), median=float(np.median(x)), ci_low=lo, ci_high=hi,
+                   mean=mean, stdev=stdev, cv=cv, ci_level=level)
+
+
+def _boot_medians(x: np.ndarray, y: np.ndarray, n_boot: int,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap medians of x and of y, each group resampled independently.
+
+    The two draws go to the groups in a canonical order of their data rather than by
+    argument position, so swapping x and y swaps the replicates exactly and compare()
+    stays symmetric.
+    """
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    swap = (y.size, tuple(np.sort(y))) < (x.size, tuple(np.sort(x)))
+    first, second = (y, x) if swap else (x, y)
+    m1 = np.median(rng.choice(first, size=(n_boot, first.size)), axis=1)
+    m2 = np.median(rng.choice(second, size=(n_boot, second.size)), axis=1)
+    return (m2, m1) if swap else (m1, m2)
+
+
+def _percentile_ci(replicates: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The k-th smallest and k-th largest replicate: mirror-symmetric, and no
+    interpolation, so inf replicates survive as inf instead of turning into NaN."""
+    if np.isnan(replicates).any():
+        return math.nan, math.nan
+    s = np.sort(replicates)
+    k = int((s.size - 1) * (1 - confidence) / 2)
+    return float(s[k]), float(s[s.size - 1 - k])
+
+
+def _divide(num, den):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.divide(num, den)
+
+
+def ratio(values: Iterable[float], baseline: Iterable[float], higher_is_better: bool,
+          confidence: float = 0.95, seed: int = 0, n_boot: int = N_BOOT) -> RatioSummary:
+    """Ratio of medians oriented so that < 1 means worse than the baseline.
+
+    target/baseline when higher is better, baseline/target when lower is better (a
+    doubled latency gives 0.5). A zero denominator median gives inf, 0/0 gives NaN.
+    """
+    _check_level(confidence)
+    t, b = _sample(values), _sample(baseline, "baseline")
+    boot_t, boot_b = _boot_medians(t, b, n_boot, seed)
+    med_t, med_b = np.median(t), np.median(b)
+    if higher_is_better:
+        value, replicates = _divide(med_t, med_b), _divide(boot_t, boot_b)
+    else:
+        value, replicates = _divide(med_b, med_t), _divide(boot_b, boot_t)
+    lo, hi = _percentile_ci(replicates, confidence)
+    return RatioSummary(value=float(value), ci_low=lo, ci_high=hi)
+
+
+def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
+    pooled = np.concatenate([a, b])
+    if np.unique(pooled).size == pooled.size:
+        method = "auto"  # scipy: exact when either side has <= 8 runs, else normal approx.
+    elif min(a.size, b.size) == 1:
+        # scipy's permutation test needs two runs per side. Under the null the lone run is
+        # equally likely to hold any of the pooled (mid)ranks, which is the whole test.
+        ranks = stats.rankdata(pooled)
+        r = ranks[0] if a.size == 1 else ranks[-1]
+        return float(min(1.0, 2 * min(np.mean(ranks >= r), np.mean(ranks <= r))))
+    elif special.comb(a.size + b.size, a.size) <= _MAX_EXACT_PERMUTATIONS:
+        # scipy's "exact" ignores ties and the normal approximation is too optimistic
+        # for tiny samples, so enumerate every arrangement instead.
+        method = stats.PermutationMethod(n_resamples=np.inf)
+    else:
+        method = "asymptotic"
+    return float(stats.mannwhitneyu(a, b, alternative="two-sided", method=method).pvalue)
+
+
+def min_p_value(n_a: int, n_b: int) -> float:
+    """Smallest two-sided p any rank/permutation test can give for n_a vs n_b runs."""
+    return min(1.0, 2 / float(special.comb(n_a + n_b, n_a, exact=True)))
+
+
+def min_runs_to_detect(alpha: float = 0.01, tests: int = 1) -> int:
+    """Fewest runs per side (equal sides) for which p < alpha / tests is attainable.
+
+    alpha / tests is what Holm (and BH, when only one of `tests` metrics changed)
+    demands of the smallest p. alpha 0.01: 1 test -> 5 runs, 2-4 -> 6, 5-17 -> 7.
+    """
+    _check_level(alpha, "alpha")
+    if tests < 1:
+        raise ValueError(f"tests must be at least 1, got {tests}")
+    n = 1
+    while min_p_value(n, n) >= alpha / tests:
+        n += 1
+    return n
+
+
+def adjust_pvalues(p_values: Sequence[float], method: str = "bh") -> list[float]:
+    """Holm (family-wise error) or Benjamini-Hochberg (false discovery rate) adjustment."""
+    p = np.asarray(p_values, dtype=float)
+    if p.size == 0:
+        return []
+    if method == "bh":
+        return [float(v) for v in stats.false_discovery_control(p, method="bh")]
+    if method == "holm":
+        order = np.argsort(p)
+        steps = np.minimum(1.0, (p.size - np.arange(p.size)) * p[order])
+        adjusted = np.empty_like(p)
+        adjusted[order] = np.maximum.accumulate(steps)
+        return [float(v) for v in adjusted]
+    raise ValueError(f"method must be 'holm' or 'bh', got {method!r}")
+
+
+def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bool]],
+                 alpha: float = 0.01, noise_floor: float = 0.02,
+                 method: Literal["holm", "bh"] = "bh", seed: int = 0,
+                 n_boot: int = N_BOOT) -> list[Comparison]:
+    """compare() for every (name, a, b, higher_is_better), judged with p-values adjusted
+    across all of them (default BH, controlling the false discovery rate; "holm" controls
+    the chance of any false call). Each pair's bootstrap uses the same `seed`, so a pair
+    gets the same CI here as from compare()."""
+    _check_level(alpha, "alpha")
+    if noise_floor < 0:
+        raise ValueError(f"noise_floor must not be negative, got {noise_floor}")
+    raw = []
+    for name, a_values, b_values, higher_is_better in pairs:
+        a, b = _sample(a_values, f"{name or 'A'} (A)"), _sample(b_values, f"{name or 'B'} (B)")
+        boot_a, boot_b = _boot_medians(a, b, n_boot, seed)
+        med_a, med_b = float(np.median(a)), float(np.median(b))
+        raw.append((name, a, b, bool(higher_is_better), med_a, med_b,
+                    _percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha),
+                    _mann_whitney_p(a, b)))
+    adjusted = adjust_pvalues([r[-1] for r in raw], method)
+    out = []
+    for (name, a, b, hib, med_a, med_b, ci, p), p_adj in zip(raw, adjusted):
+        significant = (p_adj < alpha and (ci[0] > 0 or ci[1] < 0)
+                       and abs(med_b - med_a) >= noise_floor * max(abs(med_a), abs(med_b)))
+        verdict: Verdict = "~"
+        if significant:
+            verdict = "better" if (med_b > med_a) == hib else "worse"
+        out.append(Comparison(name=name, median_a=med_a, median_b=med_b,
+                              change=float(_divide(med_b - med_a, med_a)), change_ci=ci,
+                              p_value=p, p_adjusted=p_adj, verdict=verdict,
+                              higher_is_better=hib, n_a=int(a.size), n_b=int(b.size),
+                              min_p=min_p_value(a.size, b.size)))
+    return out
+
+
+def compare(a: Iterable[float], b: Iterable[float], higher_is_better: bool,
+            alpha: float = 0.01, noise_floor: float = 0.02, seed: int = 0,
+            n_boot: int = N_BOOT, name: str = "") -> Comparison:
+    """Is B better or worse than A? A single comparison: p_adjusted == p_value."""
+    return compare_many([(name, a, b, higher_is_better)], alpha, noise_floor,
+                        seed=seed, n_boot=n_boot)[0]
+
+
+def precise_enough(values: Iterable[float], ci_target: float = 0.02,
+                   confidence: float = 0.95) -> bool:
+    """Median CI half-width <= ci_target * |median|, with a CI that really reaches
+    `confidence` (a [min, max] fallback never counts: at 95% that needs n >= 6)."""
+    s = summarize(values, confidence)
+    if s.ci_level < confidence - 1e-12 or s.median == 0:
+        return False
+    return (s.ci_high - s.ci_low) / 2 <= ci_target * abs(s.median)
+
+
+def next_action(values: Iterable[float], min_runs: int, max_runs: int,
+                ci_target: float = 0.02, confidence: float = 0.95) -> Action:
+    """What the runner should do after the runs so far.
+
+    "more" below min_runs, or while the median CI is wider than ci_target;
+    "done" once precise_enough() holds; at max_runs it stops either way: "done" if
+    precise, else "gave_up" (report the result, flagged as imprecise).
+    """
+    if not 1 <= min_runs <= max_runs:
+        raise ValueError(f"need 1 <= min_runs <= max_runs, got {min_runs} and {max_runs}")
+    x = _sample(values)
+    if x.size < min_runs:
+        return "more"
+    if precise_enough(x, ci_target, confidence):
+        return "done"
+    return "gave_up" if x.size >= max_runs else "more"
+
+
+def clock_skew(host_elapsed: float | None, guest_elapsed: float | None,
+               tolerance: float = 0.02) -> bool | None:
+    """True if the guest's own timing of a run differs from the host's by more than
+    `tolerance` (relative to the host); None when either is missing or unusable."""
+    if host_elapsed is None or guest_elapsed is None:
+        return None
+    if not (math.isfinite(host_elapsed) and math.isfinite(guest_elapsed)):
+        return None
+    if host_elapsed <= 0 or guest_elapsed < 0:
+        return None
+    return abs(guest_elapsed - host_elapsed) / host_elapsed > tolerance
+
+
+def noisy(summary: Summary, threshold: float = 0.05) -> bool:
+    """cv above threshold; False when cv is undefined (n < 2 or mean 0)."""
+    return summary.cv is not None and summary.cv > threshold
+
+
+def faster_than_baseline(ratio_summary: RatioSummary) -> bool:
+    """Whole ratio CI above 1: the target beat native, suspicious for a VM or container."""
+    return ratio_summary.ci_low > 1
+
+
+def interleave(labels: Sequence[str], runs: int) -> list[str]:
+    """Counterbalanced run order: `runs` blocks, each running every label once.
+
+    Blocks alternate forward and reversed (A B, B A, A B, B A ...), so a linear drift adds
+    the same total to every label over each pair of blocks. With more than two labels,
+    each pair of blocks also rotates the starting label (ABC CBA, BCA ACB, CAB BAC ...)
+    so no label is stuck in the middle or always follows the same one. For two labels a
+    rotation is just the reversal, so the order stays A B B A A B B A.
+    """
+    if runs < 0:
+        raise ValueError(f"runs must not be negative, got {runs}")
+    if not labels or len(set(labels)) != len(labels):
+        raise ValueError(f"labels must be non-empty and distinct, got {list(labels)}")
+    k = len(labels)
+    order: list[str] = []
+    for block in range(runs):
+        shift = block // 2 % k if k > 2 else 0
+        base = list(labels[shift:]) + list(labels[:shift])
+        order.extend(base if block % 2 == 0 else base[::-1])
+    return order

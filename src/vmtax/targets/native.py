@@ -1,0 +1,44 @@
+"""The bare host: the baseline every other target is compared with."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+from typing import Any
+
+from vmtax import proc
+from vmtax.targets.base import Job, JobResult, Target
+
+
+class NativeTarget(Target):
+    kind = "native"
+
+    def __init__(self, name, options, ctx):
+        super().__init__(name, options, ctx)
+        self.scratch: str | None = None
+        self._token: int | None = None
+
+    def prepare(self) -> None:
+        # fileio needs a directory on the host's disk (not tmpfs): under the work dir.
+        self.scratch = tempfile.mkdtemp(prefix="native-scratch-", dir=self.ctx.work_dir)
+        self._token = self.ctx.journal.add(type="rmtree", path=self.scratch)
+
+    def run(self, job: Job) -> JobResult:
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **job.env}
+        done = proc.run(job.argv, timeout=job.timeout, env=env,
+                        cwd=self.scratch if job.in_scratch else "/")
+        return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
+                         guest_elapsed=None, timed_out=done.timed_out)
+
+    def cleanup(self) -> None:
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+        if self._token is not None:
+            self.ctx.journal.forget(self._token)
+            self._token = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": "native", "kernel": platform.release()}

@@ -1,0 +1,66 @@
+import os
+import subprocess
+import sys
+import time
+
+from vmtax import journal, proc
+
+
+def test_undo_all_restores_values_and_removes_dirs(tmp_path):
+    j = journal.Journal(tmp_path)
+    value = tmp_path / "value"
+    value.write_text("7")
+    j.add(type="write", path=str(value), value="7")
+    value.write_text("100")
+    made = tmp_path / "made"
+    made.mkdir()
+    j.add(type="rmtree", path=str(made))
+    assert j.path.exists()
+    assert j.undo_all() == []
+    assert value.read_text() == "7" and not made.exists() and not j.path.exists()
+
+
+def test_forget_drops_entry_without_undoing(tmp_path):
+    j = journal.Journal(tmp_path)
+    made = tmp_path / "made"
+    made.mkdir()
+    token = j.add(type="rmtree", path=str(made))
+    j.forget(token)
+    assert made.exists() and not j.path.exists()
+
+
+def test_recover_undoes_a_dead_process_journal_and_kills_its_children(tmp_path):
+    # A vmtax that died (SIGKILL) left a journal: a child process and a directory.
+    child = proc.spawn(["sleep", "60"])
+    made = tmp_path / "left"
+    made.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    j = journal.Journal(tmp_path, pid=int(dead))
+    j.process(child.pid)
+    j.add(type="rmtree", path=str(made))
+    lines = journal.recover(tmp_path)
+    assert lines == [f"undid 2 host change(s) left by vmtax process {dead}"]
+    child.wait(timeout=5)
+    assert not made.exists()
+    assert not list(tmp_path.glob("journal-*.json"))
+
+
+def test_recover_leaves_a_running_vmtax_alone(tmp_path):
+    running = proc.spawn([sys.executable, "-c", "import time; time.sleep(30)", "vmtax"])
+    made = tmp_path / "theirs"
+    made.mkdir()
+    journal.Journal(tmp_path, pid=running.pid).add(type="rmtree", path=str(made))
+    assert journal.recover(tmp_path) == []
+    assert made.exists()
+    proc.kill_group(running)
+
+
+def test_killed_process_is_not_confused_with_a_reused_pid(tmp_path):
+    child = proc.spawn(["sleep", "60"])
+    j = journal.Journal(tmp_path, pid=999999)
+    token = j.add(type="kill", pid=child.pid, start=12345)   # wrong start time: not ours
+    j.undo(token)
+    time.sleep(0.1)
+    assert child.poll() is None
+    proc.kill_group(child)

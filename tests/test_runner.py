@@ -1,0 +1,113 @@
+"""The runner end to end on the native target with tiny test workloads (real processes)."""
+
+import sys
+
+import pytest
+
+from vmtax import plan as plan_mod, workloads
+from vmtax.errors import ParseError
+from vmtax.runner import Runner, schedule
+from vmtax.store import Store
+from vmtax.targets.base import Job
+from vmtax.workloads.base import Metric, Workload
+
+
+class Echo(Workload):
+    """Prints `value`; `mode` makes it fail, print garbage or hang."""
+    name = "echo-test"
+    defaults = {"value": 5, "mode": "ok"}
+
+    def run_job(self):
+        code = {"ok": f"print({self.params['value']})", "fail": "import sys; sys.exit(3)",
+                "garbage": "print('no number here')", "hang": "import time; time.sleep(30)"}
+        return Job([sys.executable, "-c", code[self.params["mode"]]], timeout=2)
+
+    def parse(self, stdout):
+        try:
+            return [Metric("value", float(stdout), "u", True)]
+        except ValueError:
+            raise ParseError("no number") from None
+
+
+@pytest.fixture(autouse=True)
+def echo_workload(monkeypatch):
+    monkeypatch.setitem(workloads.WORKLOADS, "echo-test", Echo)
+
+
+def make_plan(**params):
+    return plan_mod.Plan(targets=plan_mod.target_specs(["native"], {}),
+                         workloads=[plan_mod.WorkloadSpec("echo-test", params)],
+                         runs=3, warmup=1, time=None)
+
+
+def test_warmups_are_marked_and_every_rep_stored(tmp_path):
+    store = Store(tmp_path)
+    run_id = Runner(make_plan(value=7), store).execute()
+    run = store.load_run(run_id)
+    assert run.status == "done"
+    assert [(r.phase, r.idx, r.status) for r in run.reps] == [
+        ("warmup", 0, "ok"), ("measure", 1, "ok"), ("measure", 2, "ok"), ("measure", 3, "ok")]
+    assert all(r.metrics == [Metric("value", 7.0, "u", True)] for r in run.reps)
+    assert run.targets["native"]["kind"] == "native"
+    assert not list(tmp_path.glob(".work-*")), "work dir left behind"
+
+
+@pytest.mark.parametrize("mode, status, error", [
+    ("fail", "failed", "exit status 3"),
+    ("garbage", "failed", "unparseable output: no number"),
+    ("hang", "timeout", "timed out after 2 s"),
+])
+def test_failures_are_stored_with_raw_output_and_the_plan_goes_on(tmp_path, mode, status, error):
+    store = Store(tmp_path)
+    p = make_plan(mode=mode)
+    p.runs, p.warmup = 1, 0
+    p.workloads.append(plan_mod.WorkloadSpec("echo-test", {"value": 1}))
+    run = store.load_run(Runner(p, store).execute(), with_output=True)
+    first, second = run.reps
+    assert (first.status, first.metrics) == (status, [])
+    assert first.error.startswith(error)
+    if mode == "garbage":
+        assert first.stdout == "no number here\n"
+    assert second.status == "ok"
+
+
+def test_interrupt_keeps_committed_reps_and_cleans_up(tmp_path):
+    class StopAfter:
+        def __init__(self):
+            self.steps = 0
+        def start(self, total): pass
+        def advance(self): pass
+        def warn(self, text): pass
+        def step(self, text):
+            self.steps += 1
+            if self.steps == 4:   # preparing native, warm-up, run 1, then Ctrl-C
+                raise KeyboardInterrupt
+
+    store = Store(tmp_path)
+    runner = Runner(make_plan(), store, StopAfter())
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute()
+    run = store.load_run(runner.run_id)
+    assert run.status == "interrupted"
+    assert [(r.phase, r.idx) for r in run.reps] == [("warmup", 0), ("measure", 1)]
+    assert not list(tmp_path.glob(".work-*"))
+
+    # Resuming runs only what is missing.
+    resumed = Runner(plan_mod.Plan.from_dict(run.plan), store, resume=run.id).execute()
+    run = store.load_run(resumed)
+    assert resumed == runner.run_id and run.status == "done"
+    assert sorted((r.phase, r.idx) for r in run.reps) == [
+        ("measure", 1), ("measure", 2), ("measure", 3), ("warmup", 0)]
+
+
+def test_schedule_interleaves_targets_and_marks_first_reps_as_warmup():
+    p = plan_mod.classic(target_names=["native", "container"], runs=2, warmup=1)
+    units = schedule(p)
+    per_target = {n: [(u.phase, u.idx) for u in units if u.target == n]
+                  for n in ("native", "container")}
+    assert per_target["native"] == [("warmup", 0), ("measure", 1), ("measure", 2)]
+    assert per_target["container"] == per_target["native"]
+    order = [u.target for u in units]
+    assert order != sorted(order, key=["native", "container"].index), "not interleaved"
+    p.interleave = False
+    assert [u.target for u in schedule(p)] == ["native"] * 3 + ["container"] * 3
