@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy import stats as sps
 
+from vmtax import stats
 from vmtax.stats import (
     RatioSummary, Summary, adjust_pvalues, clock_skew, compare, compare_many,
     faster_than_baseline, interleave, min_p_value, min_runs_to_detect, next_action, noisy,
@@ -129,10 +130,16 @@ def test_ratio_of_sample_with_itself_is_one(values):
 
 # ---- p-values ----------------------------------------------------------------------------
 
+def mw(a, b):
+    """The Mann-Whitney p compare() uses once samples are large enough for a rank test."""
+    return stats._mann_whitney_p(np.asarray(a, float), np.asarray(b, float))
+
+
 def test_mann_whitney_smallest_possible_p():
-    assert compare([1, 2, 3], [6, 7, 8], True).p_value == pytest.approx(2 / 20)
-    assert compare([1, 2, 3, 4], [6, 7, 8, 9], True).p_value == pytest.approx(2 / 70)
-    assert compare(range(1, 6), range(6, 11), True).p_value == pytest.approx(2 / 252)
+    assert mw([1, 2, 3], [6, 7, 8]) == pytest.approx(2 / 20)
+    assert mw([1, 2, 3, 4], [6, 7, 8, 9]) == pytest.approx(2 / 70)
+    assert mw(range(1, 6), range(6, 11)) == pytest.approx(2 / 252)
+    assert compare(range(1, 8), range(8, 15), True).p_value == pytest.approx(2 / 3432)
     assert [min_p_value(n, n) for n in (3, 4, 5)] == pytest.approx([0.1, 2 / 70, 2 / 252])
 
 
@@ -140,7 +147,10 @@ def test_p_value_without_ties_matches_scipy():
     rng = np.random.default_rng(1)
     for na, nb in [(3, 7), (8, 8), (12, 15)]:
         a, b = rng.normal(100, 1, na), rng.normal(101, 1, nb)
-        assert compare(a, b, True).p_value == pytest.approx(sps.mannwhitneyu(a, b).pvalue)
+        assert mw(a, b) == pytest.approx(sps.mannwhitneyu(a, b).pvalue)
+    a, b = rng.normal(100, 1, 12), rng.normal(101, 1, 15)
+    c = compare(a, b, True)
+    assert (c.test, c.p_value) == ("mann-whitney", pytest.approx(sps.mannwhitneyu(a, b).pvalue))
 
 
 def _brute_force_permutation_p(a, b):
@@ -160,16 +170,16 @@ def _brute_force_permutation_p(a, b):
 ])
 def test_p_value_with_ties_is_exact_permutation(a, b):
     expected = _brute_force_permutation_p(np.array(a, float), np.array(b, float))
-    assert compare(a, b, True).p_value == pytest.approx(expected)
+    assert mw(a, b) == pytest.approx(expected)
 
 
 def test_p_value_with_ties_hand_checked():
     # Ranks of 1,1,2 | 2,3,3 give U_A = 0.5; of the 20 splits, 2 (U 0 and 0.5) are that
     # extreme on each side: p = 2 * 2/20.
-    assert compare([1, 1, 2], [2, 3, 3], True).p_value == pytest.approx(0.2)
-    assert compare([4, 4, 4], [4, 4, 4], True).p_value == 1.0
+    assert mw([1, 1, 2], [2, 3, 3]) == pytest.approx(0.2)
+    assert mw([4, 4, 4], [4, 4, 4]) == 1.0
     # A lone run tied with one of three: midrank 1.5 of 1.5, 1.5, 3, 4 -> p = 2 * 2/4.
-    assert compare([1], [1, 3, 4], True).p_value == pytest.approx(1.0)
+    assert mw([1], [1, 3, 4]) == pytest.approx(1.0)
     assert compare([5], [1, 1, 2, 3, 4], True).p_value == pytest.approx(2 / 6)
 
 
@@ -205,10 +215,18 @@ def test_noise_floor_suppresses_real_but_tiny_changes():
     assert compare(a, b, True, noise_floor=0.005).verdict == "better"
 
 
-def test_three_runs_can_never_be_significant():
-    c = compare([1.0, 1.1, 1.2], [5.0, 5.1, 5.2], True)
-    assert (c.verdict, c.min_p) == ("~", pytest.approx(0.1))
-    assert compare([1.0, 1.1, 1.2, 1.3, 1.4], [5.0, 5.1, 5.2, 5.3, 5.4], True).verdict == "better"
+def test_few_runs_use_welch_on_logs_because_ranks_cannot_reach_alpha():
+    a, b = [1.0, 1.1, 1.2], [5.0, 5.1, 5.2]
+    c = compare(a, b, True)
+    assert (c.min_p, c.test, c.verdict) == (pytest.approx(0.1), "welch-log", "better")
+    assert c.p_value == pytest.approx(
+        sps.ttest_ind(np.log(a), np.log(b), equal_var=False).pvalue)
+    # Constant (quantized) samples: equal -> p 1, different -> systematic.
+    assert compare([2.0] * 3, [2.0] * 3, True).p_value == 1.0
+    assert compare([2.0] * 3, [3.0] * 3, True).verdict == "better"
+    assert compare(range(1, 8), range(8, 15), True).test == "mann-whitney"
+    # Zeros cannot be logged: the rank test is used.
+    assert compare([0.0, 1.0, 2.0], [5.0, 6.0, 7.0], True).test == "mann-whitney"
 
 
 def test_compare_is_reproducible():
@@ -256,24 +274,27 @@ def test_holm_and_bh_hand_computed():
 
 def test_compare_many_adjusts_across_metrics():
     rng = np.random.default_rng(3)
-    changed = ("ops", list(range(1, 6)), list(range(6, 11)), True)  # p = 2/252 alone
-    nulls = [(f"m{i}", rng.normal(10, 1, 5), rng.normal(10, 1, 5), True) for i in range(4)]
+    changed = ("ops", list(range(1, 8)), list(range(8, 15)), True)  # p = 2/3432 alone
+    nulls = [(f"m{i}", rng.normal(10, 1, 7), rng.normal(10, 1, 7), True) for i in range(19)]
     assert compare(*changed[1:]).verdict == "better"
-    holm = compare_many([changed, *nulls], method="holm")
+    holm = compare_many([changed, *nulls[:4]], method="holm")
     assert [c.name for c in holm] == ["ops", "m0", "m1", "m2", "m3"]
-    assert holm[0].p_adjusted == pytest.approx(5 * 2 / 252)
-    assert holm[0].verdict == "~"  # 5 vs 5 runs cannot survive 5 tests; 7 would
+    assert holm[0].p_adjusted == pytest.approx(5 * 2 / 3432)
+    assert holm[0].verdict == "better"
+    # 7 vs 7 runs cannot survive Holm over 20 tests (20 * 2/3432 > 0.01).
+    assert compare_many([changed, *nulls], method="holm")[0].verdict == "~"
+    holm = holm[:5]
     assert [c.p_adjusted for c in holm] == pytest.approx(
         adjust_pvalues([c.p_value for c in holm], "holm"))
-    bh = compare_many([changed, *nulls], method="bh")
+    bh = compare_many([changed, *nulls[:4]], method="bh")
     assert all(c.p_adjusted >= c.p_value for c in bh)
     assert bh[0].change_ci == compare(*changed[1:]).change_ci
 
 
 def test_compare_many_all_changed_survives_bh():
-    pairs = [(f"m{i}", range(1, 6), range(6, 11), True) for i in range(3)]
-    assert [c.verdict for c in compare_many(pairs, method="bh")] == ["better"] * 3
-    assert [c.verdict for c in compare_many(pairs, method="holm")] == ["~"] * 3
+    pairs = [(f"m{i}", range(1, 8), range(8, 15), True) for i in range(20)]
+    assert [c.verdict for c in compare_many(pairs, method="bh")] == ["better"] * 20
+    assert [c.verdict for c in compare_many(pairs, method="holm")] == ["~"] * 20
 
 
 # ---- adaptive repetition -----------------------------------------------------------------

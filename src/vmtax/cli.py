@@ -125,10 +125,9 @@ def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, 
                                         kernel=kernel).items() if v is not None}
     if accel != "auto":
         vm_options["accel"] = accel
-    store = Store(results)
     if resume:
-        run_rec = store.load_run(resume)
-        the_plan = plan_mod.Plan.from_dict(run_rec.plan)
+        store = Store(results)
+        the_plan = plan_mod.Plan.from_dict(store.load_run(resume).plan)
     elif plan_file:
         from vmtax import planfile
         the_plan = planfile.load(plan_file)
@@ -138,6 +137,8 @@ def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, 
             workload_names=_csv(workloads) or plan_mod.CLASSIC_WORKLOADS,
             options={"vm": vm_options}, runs=runs, warmup=warmup, time=time_,
             interleave=not no_interleave)
+    if not resume:
+        store = Store(results)   # only once the plan is valid: a typo creates nothing
     for line in journal.recover():
         err.print(f"[yellow]recovered:[/yellow] {line}")
     with ProgressReporter() as progress:
@@ -225,8 +226,13 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except VmtaxError as exc:
-        err.print(f"vmtax: error: {exc}", markup=False, highlight=False)
+        click.echo(f"vmtax: error: {exc}", err=True)   # one line, never wrapped
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+
+
+from vmtax.cli_report import export, report  # noqa: E402  (commands live beside their code)
+cli.add_command(report)
+cli.add_command(export)

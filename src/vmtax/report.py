@@ -23,8 +23,11 @@ def fmt(value: float | None) -> str:
         return "∞"
     if value == 0:
         return "0"
+    if abs(value) >= 1e7:
+        return f"{value:.3e}"
     digits = max(0, 3 - int(math.floor(math.log10(abs(value)))))
-    return f"{value:,.{digits}f}" if abs(value) < 1e7 else f"{value:.3e}"
+    text = f"{value:,.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def target_label(run: Run, name: str) -> str:
@@ -33,24 +36,29 @@ def target_label(run: Run, name: str) -> str:
     return f"{name} ({detail})" if detail and detail not in name else name
 
 
-def cell_text(cell: Cell | None, unit: str, is_baseline: bool) -> Text:
+def interval(s) -> str:
+    """A real 95% CI in brackets; with too few runs for one, the runs' range in parentheses."""
+    if s.n < 2:
+        return ""
+    if s.ci_level >= 0.95:
+        return f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]"
+    return f" ({fmt(s.ci_low)}–{fmt(s.ci_high)})"
+
+
+def cell_text(cell: Cell | None) -> Text:
     text = Text()
     if cell is None:
         return text
     if cell.summary is None:
         text.append(f"failed ×{cell.failed}", style="red")
         return text
-    s = cell.summary
-    text.append(f"{fmt(s.median)}")
-    if s.n > 1:
-        text.append(f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]", style="dim")
+    text.append(fmt(cell.summary.median))
+    text.append(interval(cell.summary), style="dim")
     if cell.ratio is not None:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
-        text.append(f"\n×{r.value:.3f}", style=style)
-        text.append(f" [{r.ci_low:.3f}, {r.ci_high:.3f}]", style="dim")
-    elif is_baseline:
-        text.append("\n×1 (baseline)", style="dim")
+        text.append(f"\n×{fmt(r.value)}", style=style)
+        text.append(f" [{fmt(r.ci_low)}, {fmt(r.ci_high)}]", style="dim")
     if cell.failed:
         text.append(f"\n{cell.failed} failed", style="red")
     for flag in cell.flags:
@@ -61,31 +69,39 @@ def cell_text(cell: Cell | None, unit: str, is_baseline: bool) -> Text:
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created))
     table = Table(title=f"run {run.id}  ·  {started}  ·  {run.status}",
-                  caption="median [95% CI] over the measured runs; ×ratio to "
-                          f"{summary.baseline} (below 1 = worse, whatever the metric's direction)",
-                  show_lines=True)
+                  caption=f"median [95% CI] or (range) when too few runs for a 95% CI; "
+                          f"×ratio to {summary.baseline} [95% CI]: below 1 = worse, "
+                          "whatever the metric's direction (↑ higher is better, ↓ lower)")
     table.add_column("workload")
     table.add_column("metric")
     for name in summary.targets:
-        table.add_column(target_label(run, name), justify="right")
+        label = target_label(run, name)
+        table.add_column(label + (" = 1" if name == summary.baseline else ""), justify="right")
+    previous = None
     for row in summary.rows:
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
-        arrow = "↑" if row.higher_is_better else "↓"
-        table.add_row(f"{row.workload}" + (f"\n{params}" if params else ""),
-                      f"{row.metric} ({row.unit}) {arrow}",
-                      *[cell_text(row.cells.get(t), row.unit, t == summary.baseline)
-                        for t in summary.targets])
+        group = (row.workload, params)
+        if previous is not None and group != previous:
+            table.add_section()
+        table.add_row(row.workload + (f"\n{params}" if params else "") if group != previous else "",
+                      f"{row.metric}{'' if row.unit == row.metric else f' ({row.unit})'} "
+                      f"{'↑' if row.higher_is_better else '↓'}",
+                      *[cell_text(row.cells.get(t)) for t in summary.targets])
+        previous = group
     console.print(table)
     for failure in summary.failures[:10]:
         console.print(f"[red]failed[/red] {failure['target']} · {failure['workload']} · "
-                      f"{failure['phase']} {failure['idx'] + 1}: {failure['error']}")
+                      f"{failure['phase']} {failure['idx'] + 1}: {failure['error']}",
+                      markup=True, highlight=False)
     if len(summary.failures) > 10:
         console.print(f"[red]… and {len(summary.failures) - 10} more failed repetitions[/red]")
 
 
 def print_runs(console: Console, runs: list[dict]) -> None:
     table = Table(title="stored runs")
-    for col in ("id", "started", "status", "targets", "workloads", "runs", "failed"):
+    table.add_column("id", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    for col in ("status", "targets", "workloads", "runs", "failed"):
         table.add_column(col)
     for r in runs:
         table.add_row(r["id"], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),

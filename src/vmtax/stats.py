@@ -28,6 +28,10 @@ Methods and why
     3 vs 3 -> 0.1, 4 vs 4 -> 0.029, 5 vs 5 -> 0.0079. At alpha 0.01 a difference is only
     detectable with >= 5 runs per side, more when several metrics are adjusted together
     (`min_runs_to_detect`); at the fewer runs every comparison says "~".
+  * So with few runs (rank tests unable to reach alpha / 10, i.e. fewer than 7 vs 7 at
+    alpha 0.01) the p-value comes from Welch's t-test on log values instead: it assumes
+    roughly log-normal noise, which suits rates and times, and can speak at 3 vs 3 (the
+    default run count). `Comparison.test` says which test gave p.
   * A change is significant only if adjusted p < alpha, the (1 - alpha) bootstrap CI of
     the change excludes 0, and |med_b - med_a| >= noise_floor * max(|med_a|, |med_b|).
     The floor is taken relative to the larger median (which implies |change| >= floor) so
@@ -78,13 +82,14 @@ class Comparison:
     median_b: float
     change: float  # (median_b - median_a) / median_a, in the metric's own terms
     change_ci: tuple[float, float]  # (1 - alpha) bootstrap CI of change
-    p_value: float  # raw two-sided Mann-Whitney U p
+    p_value: float  # raw two-sided p of `test`
     p_adjusted: float  # after Holm/BH across the comparisons it was judged with
     verdict: Verdict  # from B's point of view, in the metric's direction
     higher_is_better: bool
     n_a: int
     n_b: int
-    min_p: float  # smallest p these sample sizes can produce
+    min_p: float  # smallest p a rank test can produce at these sample sizes
+    test: str = "mann-whitney"  # or "welch-log" for samples too small for a rank test
 
     @property
     def significant(self) -> bool:
@@ -208,6 +213,23 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(stats.mannwhitneyu(a, b, alternative="two-sided", method=method).pvalue)
 
 
+def _welch_log_p(a: np.ndarray, b: np.ndarray) -> float:
+    la, lb = np.log(a), np.log(b)
+    if np.ptp(la) == 0 and np.ptp(lb) == 0:
+        # Both samples constant (quantized metrics): any difference is systematic.
+        return 1.0 if la[0] == lb[0] else 0.0
+    return float(stats.ttest_ind(la, lb, equal_var=False).pvalue)
+
+
+def _p_value(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, str]:
+    """Mann-Whitney when the sample sizes let a rank test speak at alpha (with room for a
+    multiplicity adjustment); else Welch on logs, for positive samples of 2+ runs each."""
+    small = min_p_value(a.size, b.size) >= alpha / 10
+    if small and min(a.size, b.size) >= 2 and (a > 0).all() and (b > 0).all():
+        return _welch_log_p(a, b), "welch-log"
+    return _mann_whitney_p(a, b), "mann-whitney"
+
+
 def min_p_value(n_a: int, n_b: int) -> float:
     """Smallest two-sided p any rank/permutation test can give for n_a vs n_b runs."""
     return min(1.0, 2 / float(special.comb(n_a + n_b, n_a, exact=True)))
@@ -262,10 +284,10 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
         med_a, med_b = float(np.median(a)), float(np.median(b))
         raw.append((name, a, b, bool(higher_is_better), med_a, med_b,
                     _percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha),
-                    _mann_whitney_p(a, b)))
-    adjusted = adjust_pvalues([r[-1] for r in raw], method)
+                    *_p_value(a, b, alpha)))
+    adjusted = adjust_pvalues([r[-2] for r in raw], method)
     out = []
-    for (name, a, b, hib, med_a, med_b, ci, p), p_adj in zip(raw, adjusted):
+    for (name, a, b, hib, med_a, med_b, ci, p, test), p_adj in zip(raw, adjusted):
         significant = (p_adj < alpha and (ci[0] > 0 or ci[1] < 0)
                        and abs(med_b - med_a) >= noise_floor * max(abs(med_a), abs(med_b)))
         verdict: Verdict = "~"
@@ -275,7 +297,7 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
                               change=float(_divide(med_b - med_a, med_a)), change_ci=ci,
                               p_value=p, p_adjusted=p_adj, verdict=verdict,
                               higher_is_better=hib, n_a=int(a.size), n_b=int(b.size),
-                              min_p=min_p_value(a.size, b.size)))
+                              min_p=min_p_value(a.size, b.size), test=test))
     return out
 
 
