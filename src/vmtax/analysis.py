@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vmtax import stats
+from vmtax.errors import VmtaxError
 from vmtax.store import Rep, Run
 
 NOISY_CV = 0.05
@@ -69,6 +70,8 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                         or run.targets)
     baseline = baseline or run.plan.get("baseline") or target_names[0]
     measured = [r for r in run.reps if r.phase in ("measure", "prepare")]
+    # Adaptive runs promised a precision: say where it was missed.
+    ci_target = run.plan.get("ci_target") if run.plan.get("max_runs") else None
     varying = _varying(measured)
 
     # (workload, params key) -> target -> reps, in the order configurations were first seen
@@ -100,6 +103,9 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                     cell.summary = stats.summarize(samples[t])
                     if stats.noisy(cell.summary, NOISY_CV):
                         cell.flags.append("noisy")
+                    if (ci_target and cell.summary.median
+                            and not stats.precise_enough(samples[t], ci_target)):
+                        cell.flags.append(f"CI wider than ±{ci_target:.0%}")
                 if t != baseline and samples[t] and samples.get(baseline):
                     cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
                     if stats.faster_than_baseline(cell.ratio):
@@ -113,3 +119,58 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                  "phase": r.phase, "idx": r.idx, "status": r.status, "error": r.error}
                 for r in run.reps if r.status != "ok"]
     return RunSummary(run.id, baseline, target_names, rows, failures)
+
+
+@dataclass
+class CompareRow:
+    a: str                                  # "RUN:TARGET" of side A
+    b: str
+    workload: str
+    params: dict[str, Any]
+    metric: str
+    unit: str
+    failed_a: int                           # failed repetitions excluded on each side
+    failed_b: int
+    comparison: stats.Comparison
+
+
+def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[list[float], bool, str]],
+                                             dict[tuple[str, str], int]]:
+    """(workload, params, metric) -> (values, higher_is_better, unit) of a target's
+    successful measured repetitions, and failed repetitions per (workload, params)."""
+    values: dict[tuple[str, str, str], tuple[list[float], bool, str]] = {}
+    failed: dict[tuple[str, str], int] = defaultdict(int)
+    for r in run.reps:
+        if r.target != target or r.phase != "measure":
+            continue
+        key = (r.workload, json.dumps(r.params, sort_keys=True))
+        if r.status != "ok":
+            failed[key] += 1
+            continue
+        for m in r.metrics:
+            values.setdefault((*key, m.name), ([], m.higher_is_better, m.unit))[0].append(m.value)
+    return values, failed
+
+
+def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
+                    noise_floor: float = 0.02, method: str = "bh") -> list[CompareRow]:
+    """B against A for every metric the two sides of each pair share, judged together
+    (p-values adjusted across all of them)."""
+    rows: list[tuple] = []
+    for run_a, target_a, run_b, target_b in pairs:
+        a_values, a_failed = _samples(run_a, target_a)
+        b_values, b_failed = _samples(run_b, target_b)
+        for key in a_values:   # in the order they were measured
+            if key not in b_values:
+                continue
+            (va, hib, unit), (vb, _, _) = a_values[key], b_values[key]
+            rows.append((f"{run_a.id}:{target_a}", f"{run_b.id}:{target_b}", key, unit, hib,
+                         va, vb, a_failed.get(key[:2], 0), b_failed.get(key[:2], 0)))
+    if not rows:
+        raise VmtaxError("nothing to compare: the two sides have no metric in common "
+                         "(same workload with the same parameters, at least one successful run each)")
+    comparisons = stats.compare_many([(r[2][2], r[5], r[6], r[4]) for r in rows],
+                                     alpha=alpha, noise_floor=noise_floor, method=method)
+    return [CompareRow(a, b, workload, json.loads(params), metric, unit, fa, fb, c)
+            for (a, b, (workload, params, metric), unit, _, _, _, fa, fb), c
+            in zip(rows, comparisons)]

@@ -48,6 +48,11 @@ class Plan:
     time: int | None = DEFAULT_TIME   # seconds (sysbench takes whole seconds)
     baseline: str | None = None   # target the ratios are relative to
     interleave: bool = True       # A B B A order across targets, so drift cancels
+    # Adaptive repetition: with max_runs set, `runs` is the minimum and each target
+    # repeats a workload until its primary metric's median CI half-width is within
+    # ci_target of the median, or max_runs is reached.
+    max_runs: int | None = None
+    ci_target: float = 0.02
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -59,6 +64,10 @@ class Plan:
             raise VmtaxError(f"target names must be unique, got {', '.join(names)}")
         if self.runs < 1:
             raise VmtaxError(f"--runs must be at least 1, got {self.runs}")
+        if self.max_runs is not None and self.max_runs < self.runs:
+            raise VmtaxError(f"--max-runs ({self.max_runs}) must be at least --min-runs ({self.runs})")
+        if not 0 < self.ci_target < 1:
+            raise VmtaxError(f"--ci-target must be a percentage between 0 and 100, got {self.ci_target:.0%}")
         if self.warmup < 0:
             raise VmtaxError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.time is not None and (not isinstance(self.time, int) or self.time < 1):

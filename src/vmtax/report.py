@@ -108,3 +108,46 @@ def print_runs(console: Console, runs: list[dict]) -> None:
                       r["status"], ", ".join(r["targets"]), ", ".join(r["workloads"]),
                       str(r["reps"]), str(r["failed"]))
     console.print(table)
+
+
+def _percent(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:+.1%}"
+
+
+VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim"}
+
+
+def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
+    sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
+    for a, b in sides:
+        table = Table(title=f"B = {b}  vs  A = {a}",
+                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]; p after "
+                              f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
+                              f"significant when p < {alpha:g}, the CI excludes 0 and "
+                              f"|change| ≥ {noise_floor:.0%}")
+        for col, justify in (("workload", "left"), ("metric", "left"), ("A median", "right"),
+                             ("B median", "right"), ("change", "right"), ("p", "right"),
+                             ("verdict", "center")):
+            table.add_column(col, justify=justify)
+        mine = [r for r in rows if (r.a, r.b) == (a, b)]
+        configs: dict[str, set[str]] = {}
+        for r in mine:
+            configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
+        previous = None
+        for r in mine:
+            c = r.comparison
+            params = (" ".join(f"{k}={v}" for k, v in r.params.items())
+                      if len(configs[r.workload]) > 1 else "")
+            group = (r.workload, params)
+            if previous is not None and group != previous:
+                table.add_section()
+            failed = f"\n{r.failed_a}+{r.failed_b} failed runs excluded" if r.failed_a + r.failed_b else ""
+            table.add_row(r.workload + (f"\n{params}" if params else "") if group != previous else "",
+                          f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
+                          f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
+                          _percent(c.change) + f" [{_percent(c.change_ci[0])}, "
+                                                f"{_percent(c.change_ci[1])}]",
+                          f"{c.p_adjusted:.2g}",
+                          Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
+            previous = group
+        console.print(table)

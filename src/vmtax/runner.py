@@ -126,7 +126,7 @@ class Runner:
     def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
         key = (workload.name, _params_key(workload.params))
         todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
-        for skipped in range(len(units) - len(todo)):
+        for _ in range(len(units) - len(todo)):
             self.reporter.advance()
         if not todo:
             return
@@ -143,9 +143,40 @@ class Runner:
             self._measure(unit.target, workload, workload.run_job(), unit.phase, unit.idx,
                           workload.parse)
             self.reporter.advance()
+        if self.plan.max_runs is not None:
+            self._adapt(workload, active)
         for name in active:
             for job in workload.cleanup_jobs():
                 self._run_job(name, job)
+
+    def _adapt(self, workload: Workload, active: list[str]) -> None:
+        """More runs, one round at a time across the targets that still need them (order
+        reversed every round, as in the fixed schedule), until each target's primary metric
+        is precise enough or it has had max_runs attempts. Always terminates."""
+        plan = self.plan
+        run = self.store.load_run(self.run_id)
+        values: dict[str, list[float]] = {t: [] for t in active}
+        attempts: dict[str, int] = {t: 0 for t in active}
+        for r in run.reps:
+            if (r.target in values and r.phase == "measure" and r.workload == workload.name
+                    and r.params == workload.params):
+                attempts[r.target] += 1
+                values[r.target] += [m.value for m in r.metrics if m.name == workload.primary_metric]
+        rounds = 0
+        while True:
+            need = [t for t in active if t not in self.broken and attempts[t] < plan.max_runs
+                    and (not values[t] or stats.next_action(
+                        values[t], plan.runs, plan.max_runs, plan.ci_target) == "more")]
+            if not need:
+                return
+            for name in need if rounds % 2 else reversed(need):
+                idx = plan.warmup + attempts[name]
+                self.reporter.step(f"{name} · {workload.name} · run {idx + 1} (adaptive)")
+                metrics = self._measure(name, workload, workload.run_job(), "measure", idx,
+                                        workload.parse)
+                attempts[name] += 1
+                values[name] += [m.value for m in metrics if m.name == workload.primary_metric]
+            rounds += 1
 
     # -- one job ---------------------------------------------------------------------------
     def _run_job(self, name: str, job: Job) -> JobResult | None:
@@ -171,7 +202,7 @@ class Runner:
         return result
 
     def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
-                 parse, store: bool = True) -> None:
+                 parse, store: bool = True) -> list[Metric]:
         started = time.time()
         result = self._run_job(name, job)
         metrics: list[Metric] = []
@@ -188,13 +219,13 @@ class Runner:
                 status, error = "failed", f"unparseable output: {exc}"
         if error:
             self.reporter.warn(f"{name} · {workload.name} · {phase} {idx + 1}: {error}")
-        if not store:
-            return
-        self.store.add_rep(
-            self.run_id, target=name, workload=workload.name, params=workload.params,
-            phase=phase, idx=idx, status=status, argv=job.argv, started=started, error=error,
-            exit_code=result.exit_code if result else None,
-            host_elapsed=result.host_elapsed if result else None,
-            guest_elapsed=result.guest_elapsed if result else None,
-            stdout=result.stdout if result else None, stderr=result.stderr if result else None,
-            metrics=metrics)
+        if store:
+            self.store.add_rep(
+                self.run_id, target=name, workload=workload.name, params=workload.params,
+                phase=phase, idx=idx, status=status, argv=job.argv, started=started, error=error,
+                exit_code=result.exit_code if result else None,
+                host_elapsed=result.host_elapsed if result else None,
+                guest_elapsed=result.guest_elapsed if result else None,
+                stdout=result.stdout if result else None,
+                stderr=result.stderr if result else None, metrics=metrics)
+        return metrics

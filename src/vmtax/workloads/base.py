@@ -24,6 +24,8 @@ class Workload(abc.ABC):
     defaults: ClassVar[dict[str, Any]] = {}    # parameters, as in the experiment they come from
     # Parameter that bounds the run's duration, set from `--time` (None: runs to completion).
     time_param: ClassVar[str | None] = None
+    # The metric whose precision decides when adaptive repetition (--runs auto) stops.
+    primary_metric: ClassVar[str]
 
     def __init__(self, params: dict[str, Any] | None = None):
         self.params = {**self.defaults, **(params or {})}

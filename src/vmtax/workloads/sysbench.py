@@ -212,6 +212,7 @@ class _Sysbench(Workload):
 
 class Cpu(_Sysbench):
     name = "cpu"
+    primary_metric = "events/s"
     description = "Prime-number search: events/s is raw CPU speed; max latency shows preemption."
     defaults = {"cpu-max-prime": 2000}
 
@@ -222,6 +223,7 @@ class Cpu(_Sysbench):
 
 class Threads(_Sysbench):
     name = "threads"
+    primary_metric = "events/s"
     description = "500 threads yielding and taking locks: scheduler and futex cost."
     defaults = {"threads": 500, "thread-yields": 100, "thread-locks": 4}
 
@@ -234,6 +236,7 @@ class Threads(_Sysbench):
 
 class Memory(_Sysbench):
     name = "memory"
+    primary_metric = "MiB/s"
     description = "Writes 1 GiB in 8 KiB blocks: memory bandwidth (MiB/s) and operations/s."
     defaults = {"memory-block-size": "8k", "memory-total-size": "1G"}
 
@@ -252,6 +255,7 @@ class Memory(_Sysbench):
 
 class Fileio(_Sysbench):
     name = "fileio"
+    primary_metric = "reads/s"
     description = ("Random read/write over 2 GiB of files: I/O operations and MiB/s, "
                    "plus the write speed of creating the files.")
     # E1 creates the files with 16 threads and measures with 20. sysbench has a single
@@ -309,6 +313,7 @@ class Fileio(_Sysbench):
 
 class Mutex(_Sysbench):
     name = "mutex"
+    primary_metric = "total time"
     description = "4 threads hammering 2000 mutexes: lock cost, read from total time and latency."
     defaults = {"threads": 4, "mutex-num": 2000, "mutex-locks": 10000, "mutex-loops": 5000}
     time_param = None
