@@ -45,3 +45,16 @@ def test_bad_plans_say_what_is_wrong(kwargs, message):
 def test_round_trips_through_dict():
     p = plan.classic(target_names=["native", "vm:tcg"], runs=5)
     assert plan.Plan.from_dict(p.to_dict()) == p
+
+
+def test_several_qemu_builds_become_one_vm_target_each():
+    p = plan.classic(target_names=["native", "vm:tcg"],
+                     qemus=["stock=/usr/bin/qemu-system-x86_64", "/opt/q/bin/qemu-system-x86_64"])
+    assert [(t.name, t.options) for t in p.targets] == [
+        ("native", {}),
+        ("vm:tcg@stock", {"accel": "tcg", "qemu": "/usr/bin/qemu-system-x86_64"}),
+        ("vm:tcg@2", {"accel": "tcg", "qemu": "/opt/q/bin/qemu-system-x86_64"})]
+    single = plan.classic(target_names=["vm"], qemus=["/opt/q/bin/qemu"])
+    assert [(t.name, t.options) for t in single.targets] == [("vm", {"qemu": "/opt/q/bin/qemu"})]
+    with pytest.raises(VmtaxError, match="--qemu labels must be unique, got a, a"):
+        plan.classic(target_names=["vm"], qemus=["a=/x", "a=/y"])

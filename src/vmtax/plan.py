@@ -98,8 +98,33 @@ def target_specs(names: list[str], options: dict[str, dict[str, Any]]) -> list[T
     return specs
 
 
+def qemu_builds(specs: list[TargetSpec], qemus: list[str]) -> list[TargetSpec]:
+    """Each VM target once per QEMU build: `--qemu stock=/usr/bin/qemu-system-x86_64
+    --qemu patched=/opt/q/bin/qemu-system-x86_64` gives vm@stock and vm@patched, so two
+    builds are measured in one interleaved plan and can be compared (`vmtax compare`)."""
+    if len(qemus) <= 1:
+        return [TargetSpec(s.name, s.kind, {**s.options, "qemu": qemus[0]})
+                if qemus and s.kind == "vm" else s for s in specs]
+    builds = []
+    for i, value in enumerate(qemus, 1):
+        label, sep, path = value.partition("=")
+        builds.append((label, path) if sep and label and path else (str(i), value))
+    labels = [label for label, _ in builds]
+    if len(set(labels)) != len(labels):
+        raise VmtaxError(f"--qemu labels must be unique, got {', '.join(labels)}")
+    out = []
+    for s in specs:
+        if s.kind != "vm":
+            out.append(s)
+            continue
+        out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, "qemu": path})
+                   for label, path in builds)
+    return out
+
+
 def classic(*, target_names=CLASSIC_TARGETS, workload_names=CLASSIC_WORKLOADS,
-            options: dict[str, dict[str, Any]] | None = None, **settings: Any) -> Plan:
+            options: dict[str, dict[str, Any]] | None = None, qemus: list[str] = (),
+            **settings: Any) -> Plan:
     """E1: the five sysbench workloads with the study's parameters on each target."""
-    return Plan(targets=target_specs(list(target_names), options or {}),
+    return Plan(targets=qemu_builds(target_specs(list(target_names), options or {}), list(qemus)),
                 workloads=[WorkloadSpec(w) for w in workload_names], **settings)

@@ -89,8 +89,6 @@ class Runner:
         work_token = self.journal.add(type="rmtree", path=str(work_dir))
         ctx = TargetContext(work_dir=work_dir, journal=self.journal)
         done = self._already_done()
-        self.run_id = self.resume_id or self.store.new_run(
-            self.plan.to_dict(), host.fingerprint(), __version__)
         status = "failed"
         try:
             units = schedule(self.plan)
@@ -100,8 +98,12 @@ class Runner:
                 target = target_registry.create(spec.name, spec.kind, spec.options, ctx)
                 self.targets[spec.name] = target
                 target.prepare()
-                self.store.set_target(self.run_id, spec.name, spec.kind, target.fingerprint())
                 target.pause()
+            # Stored only once every target is up: bad input leaves no empty run behind.
+            self.run_id = self.resume_id or self.store.new_run(
+                self.plan.to_dict(), host.fingerprint(), __version__)
+            for name, target in self.targets.items():
+                self.store.set_target(self.run_id, name, target.kind, target.fingerprint())
             for wspec in self.plan.workloads:
                 self._run_workload(wspec.make(self.plan.time), units, done)
             status = "done"
@@ -113,7 +115,8 @@ class Runner:
                 target.cleanup()
             self.journal.undo(work_token)
             self.journal.undo_all()
-            self.store.finish_run(self.run_id, status)
+            if self.run_id:
+                self.store.finish_run(self.run_id, status)
         return self.run_id
 
     def _already_done(self) -> set[tuple]:

@@ -1,0 +1,72 @@
+"""The command line as a user meets it: real subprocesses, real sysbench, real SQLite."""
+
+import json
+
+import pytest
+
+from conftest import vmtax
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--targets", "native,xen"], "vmtax: error: unknown target 'xen'; known targets: native,"),
+    (["run", "--workloads", "oltp"], "vmtax: error: unknown workload 'oltp'; known workloads: cpu,"),
+    (["run", "--runs", "many"], "vmtax: error: --runs takes a whole number (1 or more) or 'auto', got 'many'"),
+    (["run", "--runs", "auto", "--min-runs", "9", "--max-runs", "3"],
+     "vmtax: error: --max-runs (3) must be at least --min-runs (9)"),
+    (["run", "--targets", "vm", "--qemu", "/nonexistent/qemu-system-x86_64", "--workloads", "cpu"],
+     "vmtax: error: "),
+    (["show", "nope"], "vmtax: error: unknown run id 'nope'"),
+    (["compare", "a", "b"], "vmtax: error: unknown run id 'a'"),
+])
+def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
+    res = vmtax(*args, "--results", str(tmp_path / "results"), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(message), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_results_dir_not_writable(tmp_path):
+    (tmp_path / "file").write_text("")
+    res = vmtax("run", "--targets", "native", "--results", str(tmp_path / "file" / "r"))
+    assert res.returncode == 2
+    assert "is not writable" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_help_teaches():
+    res = vmtax("--help")
+    assert res.returncode == 0 and "vmtax run" in res.stdout and "vmtax doctor" in res.stdout
+    res = vmtax("run", "--help")
+    for option in ("--targets", "--workloads", "--runs", "--warmup", "--time", "--results",
+                   "--qemu", "--accel", "--vcpus", "--memory", "--json"):
+        assert option in res.stdout
+
+
+@pytest.mark.live
+def test_run_runs_show_and_compare_on_native(tmp_path):
+    results = str(tmp_path / "results")
+    first = vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "3",
+                  "--time", "1", "--results", results, "--json", check=True)
+    data = json.loads(first.stdout)
+    run_id = data["run"]["id"]
+    rows = {r["metric"]: r for r in data["summary"]["rows"]}
+    cell = rows["events/s"]["cells"]["native"]
+    assert cell["n"] == 3 and cell["summary"]["median"] > 0
+    assert data["run"]["host"]["cpu_model"]
+
+    table = vmtax("show", run_id[:17], "--results", results, check=True).stdout
+    assert "events/s" in table and run_id in table
+
+    listed = json.loads(vmtax("runs", "--results", results, "--json", check=True).stdout)
+    assert [r["id"] for r in listed] == [run_id] and listed[0]["workloads"] == ["cpu"]
+
+    # A second run with more work per event: compare must call it worse on events/s.
+    vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "3", "--time", "1",
+          "--results", results, check=True)
+    cmp = json.loads(vmtax("compare", run_id, "last", "--results", results, "--json",
+                           check=True).stdout)
+    by_metric = {r["metric"]: r for r in cmp["rows"]}
+    assert by_metric["events/s"]["comparison"]["n_a"] == 3
+    assert by_metric["events/s"]["comparison"]["verdict"] in ("~", "better", "worse")
+    res = vmtax("compare", f"{run_id}:vm", "last:native", "--results", results)
+    assert res.returncode == 2 and f"run {run_id} has no target 'vm'" in res.stderr
