@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""`make bench`: the figures that show vmtax measures without getting in the way.
+
+1. vmtax's native sysbench cpu events/s against the same sysbench command run directly,
+   interleaved A B A B, median ratio (goal: within 0.5%).
+2. Guest boot to agent-ready under TCG, median of 5 (goal: <= 1.5 s), and KVM where usable.
+3. Wall time of the classic plan at default settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vmtax.workloads.sysbench import Cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+VMTAX = [sys.executable, "-m", "vmtax"]
+
+
+def native_overhead(pairs: int, seconds: int) -> None:
+    print(f"1. vmtax native vs direct sysbench cpu, {pairs} interleaved pairs of {seconds} s")
+    direct_argv = Cpu({"time": seconds}).run_job().argv
+    ratios = []
+    with tempfile.TemporaryDirectory() as results:
+        for i in range(pairs):
+            out = subprocess.run([*VMTAX, "run", "--targets", "native", "--workloads", "cpu",
+                                  "--runs", "1", "--warmup", "0", "--time", str(seconds),
+                                  "--results", results, "--json"],
+                                 capture_output=True, text=True, check=True).stdout
+            rows = json.loads(out)["summary"]["rows"]
+            via = next(r for r in rows if r["metric"] == "events/s")["cells"]["native"]["summary"]["median"]
+            direct_out = subprocess.run(direct_argv, capture_output=True, text=True, check=True).stdout
+            direct = next(m.value for m in Cpu().parse(direct_out) if m.name == "events/s")
+            ratios.append(via / direct)
+            print(f"   pair {i + 1}: vmtax {via:10.2f}  direct {direct:10.2f}  ratio {via / direct:.4f}")
+    median = statistics.median(ratios)
+    print(f"   median ratio {median:.4f} ({(median - 1) * 100:+.2f}%; goal within ±0.5%)\n")
+
+
+def boot_time() -> None:
+    print("2. guest boot to agent-ready")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_boot.py")], check=True)
+    print()
+
+
+def classic_wall_time() -> None:
+    print("3. wall time of the classic plan at default settings (vmtax run)")
+    with tempfile.TemporaryDirectory() as results:
+        start = time.perf_counter()
+        subprocess.run([*VMTAX, "run", "--results", results], check=True,
+                       stdout=subprocess.DEVNULL)
+        print(f"   {time.perf_counter() - start:.0f} s\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=5, help="sysbench --time of each pair")
+    parser.add_argument("--skip-classic", action="store_true")
+    args = parser.parse_args()
+    native_overhead(args.pairs, args.seconds)
+    boot_time()
+    if not args.skip_classic:
+        classic_wall_time()
+
+
+if __name__ == "__main__":
+    main()

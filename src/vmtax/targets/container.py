@@ -1,0 +1,372 @@
+"""Containers: the shared rootfs in Linux namespaces, started by unshare or an OCI runtime.
+
+Every target gets a private writable copy of the cached rootfs (the cache is never
+modified), so `/work` inside the container is a directory on the host's disk. Each job
+runs in a fresh container with its own pid, mount, network (loopback only), uts and ipc
+namespaces. A runtime is one small class below; `RUNTIMES` lists them and `AUTO_ORDER`
+says which one plain `container` picks.
+"""
+
+from __future__ import annotations
+
+import abc
+import ctypes
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from vmtax import proc, rootfs
+from vmtax.errors import TargetError, VmtaxError
+from vmtax.targets.base import Job, JobResult, Target, TargetContext
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NAMESPACES = ("pid", "mount", "net", "uts", "ipc")
+HOSTNAME = "vmtax"
+# Docker's default set: what a typical container keeps of root's capabilities.
+CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+                "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+                "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"]
+# Device nodes a rootfs without a /dev mount needs (the OCI runtimes create these themselves).
+DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
+           "urandom": (1, 9), "tty": (5, 0)}
+PROBE = Job(["true"], timeout=30.0)
+# How long killed containers may take to release their output pipes.
+KILL_GRACE = 10.0
+
+
+def container_env(job: Job) -> dict[str, str]:
+    return {"PATH": DEFAULT_PATH, **job.env}
+
+
+def job_cwd(job: Job) -> str:
+    return "/work" if job.in_scratch else "/"
+
+
+def oci_config(job: Job, root: Path) -> dict[str, Any]:
+    """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo."""
+    caps = list(CAPABILITIES)
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": list(job.argv),
+            "env": [f"{k}={v}" for k, v in container_env(job).items()],
+            "cwd": job_cwd(job),
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": True,
+        },
+        "root": {"path": str(root), "readonly": False},
+        "hostname": HOSTNAME,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            # A tmpfs /dev: the runtime adds null, zero, full, random, urandom, tty.
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", "mode=1777"]},
+        ],
+        "linux": {
+            # OCI calls the network namespace "network".
+            "namespaces": [{"type": "network" if ns == "net" else ns} for ns in NAMESPACES],
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+        },
+    }
+
+
+@dataclass
+class Launch:
+    """How to start one job: the host command, its environment and the container it makes."""
+    argv: list[str]
+    env: dict[str, str] | None = None
+    preexec: Callable[[], None] | None = None
+    container: str | None = None    # id of the container the runtime makes
+    undo: list[str] | None = None   # command that kills and removes it (journaled first)
+
+
+class Runtime(abc.ABC):
+    """One way of starting a container; `home` holds the rootfs copy and runtime state."""
+    name: ClassVar[str]
+    install: ClassVar[str]          # how to get it, for the "not installed" error
+
+    def __init__(self, binary: str, home: Path):
+        self.binary = binary
+        self.root = home / "rootfs"
+        self.cgroup_workaround = False
+
+    def version(self) -> str:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
+        lines = (out.stdout or out.stderr).splitlines()
+        return lines[0].strip() if lines else ""
+
+    def setup_root(self) -> None:
+        """Adapt the rootfs copy to this runtime before the first job."""
+
+    def adapt(self, failure: str) -> bool:
+        """A probe failed with this stderr: switch on a workaround; True to probe again."""
+        return False
+
+    @abc.abstractmethod
+    def launch(self, job: Job) -> Launch:
+        """The host command that runs job in a fresh container."""
+
+    def finish(self, launch: Launch) -> bool:
+        """Kill and remove what launch left outside its process group; True once nothing is."""
+        return True
+
+
+class Unshare(Runtime):
+    name = "unshare"
+    install = "apt-get install util-linux"
+
+    def setup_root(self) -> None:
+        # unshare mounts only /proc, so the copy's own /dev carries the device nodes.
+        for node, (major, minor) in DEVICES.items():
+            path = self.root / "dev" / node
+            if not path.exists():
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+                path.chmod(0o666)
+
+    def command(self, job: Job) -> list[str]:
+        return [self.binary, "--fork", "--kill-child", "--pid", "--mount", "--net", "--uts",
+                "--ipc", "--mount-proc=/proc", f"--root={self.root}", f"--wd={job_cwd(job)}",
+                "--", *job.argv]
+
+    def launch(self, job: Job) -> Launch:
+        return Launch(self.command(job), env=container_env(job))
+
+
+class OciRuntime(Runtime):
+    """A runc-compatible CLI: `BIN --root STATE run --bundle B ID` with a generated config."""
+
+    def __init__(self, binary: str, home: Path):
+        super().__init__(binary, home)
+        self.bundle = home / "bundle"
+        # Private state instead of /run/<runtime>: nothing of ours lands in host-wide dirs.
+        self.state = home / "state"
+
+    def global_flags(self) -> list[str]:
+        return []
+
+    def preexec(self) -> Callable[[], None] | None:
+        return None
+
+    def base(self) -> list[str]:
+        return [self.binary, "--root", str(self.state), *self.global_flags()]
+
+    def launch(self, job: Job) -> Launch:
+        self.bundle.mkdir(parents=True, exist_ok=True)
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.bundle / "config.json").write_text(json.dumps(oci_config(job, self.root), indent=1))
+        container = f"vmtax-{uuid.uuid4().hex[:12]}"
+        return Launch([*self.base(), "run", "--bundle", str(self.bundle), container],
+                      preexec=self.preexec(), container=container,
+                      undo=[*self.base(), "delete", "-f", container])
+
+    def finish(self, launch: Launch) -> bool:
+        # `run` deletes its container when the process exits; state left means it did not.
+        state = self.state / launch.container
+        if state.exists():
+            subprocess.run(launch.undo, capture_output=True, timeout=30)
+        return not state.exists()
+
+
+class Runc(OciRuntime):
+    name = "runc"
+    install = "apt-get install runc"
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _hide_cgroup2() -> None:
+    """In the child: a private mount namespace whose /sys/fs/cgroup/unified is an empty tmpfs.
+
+    crun refuses a hybrid cgroup layout; seen this way the host is plain cgroup v1, and the
+    host's own mounts are untouched. Failing here aborts the exec, so crun never starts.
+    """
+    if _libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    if _libc.mount(b"tmpfs", b"/sys/fs/cgroup/unified", b"tmpfs", 0, b"size=4k") != 0:
+        raise OSError(ctypes.get_errno(), "mount tmpfs on /sys/fs/cgroup/unified")
+
+
+class Crun(OciRuntime):
+    name = "crun"
+    install = "apt-get install crun"
+
+    def adapt(self, failure: str) -> bool:
+        if "hybrid mode not supported" in failure and not self.cgroup_workaround:
+            self.cgroup_workaround = True
+            return True
+        return False
+
+    def global_flags(self) -> list[str]:
+        # Without cgroups crun makes no cgroup directories; delete works from the host's view.
+        return ["--cgroup-manager=disabled"] if self.cgroup_workaround else []
+
+    def preexec(self) -> Callable[[], None] | None:
+        return _hide_cgroup2 if self.cgroup_workaround else None
+
+
+RUNTIMES: dict[str, type[Runtime]] = {r.name: r for r in (Unshare, Runc, Crun)}
+AUTO_ORDER = ("runc", "crun", "unshare")
+
+
+class ContainerTarget(Target):
+    kind = "container"
+    option_defaults = {"runtime": "auto", "binaries": ["sysbench"]}
+
+    def __init__(self, name: str, options: dict[str, Any], ctx: TargetContext):
+        super().__init__(name, options, ctx)
+        self.runtime: Runtime | None = None
+        self.dir: Path | None = None
+        self._fingerprint: dict[str, Any] | None = None
+        self._dir_token: int | None = None
+        self._undo: dict[str, int] = {}        # container id -> journal token
+        self._proc: subprocess.Popen | None = None
+        self._alive = True
+
+    def candidates(self) -> list[tuple[str, str]]:
+        """(runtime, binary) pairs to try in order; raises if an explicit one is missing."""
+        wanted = self.options["runtime"]
+        if wanted == "auto":
+            found = [(name, shutil.which(name)) for name in AUTO_ORDER]
+            found = [(name, binary) for name, binary in found if binary]
+            if not found:
+                raise VmtaxError(f"{self.name}: none of {', '.join(AUTO_ORDER)} is installed "
+                                 f"(apt-get install runc)")
+            return found
+        if wanted not in RUNTIMES:
+            raise VmtaxError(f"{self.name}: unknown container runtime {wanted!r} "
+                             f"(choose from auto, {', '.join(RUNTIMES)})")
+        binary = shutil.which(wanted)
+        if binary is None:
+            raise VmtaxError(f"{self.name}: {wanted} is not installed "
+                             f"({RUNTIMES[wanted].install})")
+        return [(wanted, binary)]
+
+    def probe(self, runtime: Runtime) -> str | None:
+        """Run a trivial container; None if it worked, else why not (one line)."""
+        runtime.setup_root()
+        while True:
+            try:
+                result = self._run_on(runtime, PROBE)
+            except (OSError, subprocess.SubprocessError) as exc:
+                return str(exc)
+            if result.ok:
+                return None
+            if not runtime.adapt(result.stderr):
+                lines = result.stderr.strip().splitlines()
+                return lines[-1] if lines else f"exit code {result.exit_code}"
+
+    def prepare(self) -> None:
+        if self.runtime is not None:
+            return
+        candidates = self.candidates()
+        source = rootfs.build(self.options["binaries"])
+        self.dir = Path(self.ctx.work_dir) / f"container-{uuid.uuid4().hex[:8]}"
+        self._dir_token = self.ctx.journal.add(type="rmtree", path=str(self.dir))
+        failures = []
+        try:
+            self.dir.mkdir(parents=True)
+            shutil.copytree(source, self.dir / "rootfs", symlinks=True)
+            for name, binary in candidates:
+                runtime = RUNTIMES[name](binary, self.dir)
+                error = self.probe(runtime)
+                if error is None:
+                    self.runtime = runtime
+                    break
+                failures.append(f"{name}: {error}")
+        except BaseException:
+            self.cleanup()
+            raise
+        if self.runtime is None:
+            self.cleanup()
+            raise VmtaxError(f"{self.name}: no usable container runtime ({'; '.join(failures)})")
+        self._fingerprint = {
+            "kind": self.kind,
+            "runtime": self.runtime.name,
+            "runtime_version": self.runtime.version(),
+            "namespaces": list(NAMESPACES),
+            "rootfs": source.name,
+            "cgroup_workaround": self.runtime.cgroup_workaround,
+        }
+
+    def run(self, job: Job) -> JobResult:
+        if self.runtime is None:
+            raise TargetError(f"{self.name}: run() before prepare()")
+        return self._run_on(self.runtime, job)
+
+    def _run_on(self, runtime: Runtime, job: Job) -> JobResult:
+        launch = runtime.launch(job)
+        if launch.undo is not None:
+            self._undo[launch.container] = self.ctx.journal.add(type="argv", argv=launch.undo)
+        start = time.perf_counter()
+        self._proc = proc.spawn(launch.argv, preexec=launch.preexec, env=launch.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        timed_out = False
+        try:
+            try:
+                out, err = self._proc.communicate(timeout=job.timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                self._kill(runtime, launch)
+                try:
+                    out, err = self._proc.communicate(timeout=KILL_GRACE)
+                except subprocess.TimeoutExpired:
+                    self._alive = False
+                    raise TargetError(f"{self.name}: {job.argv[0]} survived being killed")
+            except BaseException:
+                self._kill(runtime, launch)
+                raise
+            elapsed = time.perf_counter() - start
+            exit_code = None if timed_out else self._proc.returncode
+        finally:
+            self._proc = None
+        if launch.undo is not None and runtime.finish(launch):
+            self.ctx.journal.forget(self._undo.pop(launch.container))
+        return JobResult(exit_code, out.decode(errors="replace"), err.decode(errors="replace"),
+                         host_elapsed=elapsed, guest_elapsed=None, timed_out=timed_out)
+
+    def _kill(self, runtime: Runtime, launch: Launch) -> None:
+        # OCI runtimes give the container its own session, out of reach of the group kill:
+        # removing it kills its processes (the whole pid namespace) first.
+        runtime.finish(launch)
+        proc.kill_group(self._proc)
+
+    def cleanup(self) -> None:
+        if self._proc is not None:
+            proc.kill_group(self._proc)
+            self._proc = None
+        for container in list(self._undo):
+            self.ctx.journal.undo(self._undo.pop(container))   # `<runtime> delete -f`
+        if self._dir_token is not None:
+            self.ctx.journal.undo(self._dir_token)
+            self._dir_token = None
+        self.runtime = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        if self._fingerprint is None:
+            raise TargetError(f"{self.name}: fingerprint() before prepare()")
+        return dict(self._fingerprint)
+
+    def alive(self) -> bool:
+        return self._alive

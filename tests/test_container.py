@@ -1,0 +1,174 @@
+"""Unit tests of the container target: generated configs and argv, runtime choice, errors."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vmtax.errors import TargetError, VmtaxError
+from vmtax.journal import Journal
+from vmtax.targets import container
+from vmtax.targets.base import Job, TargetContext
+from vmtax.targets.container import ContainerTarget, Crun, Runc, Unshare, oci_config
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    (tmp_path / "journal").mkdir()
+    return TargetContext(work_dir=tmp_path / "work", journal=Journal(tmp_path / "journal"))
+
+
+@pytest.fixture
+def fake_rootfs(tmp_path, monkeypatch):
+    source = tmp_path / "cache" / "0123456789abcdef"
+    (source / "work").mkdir(parents=True)
+    (source / "bin").mkdir()
+    monkeypatch.setattr(container.rootfs, "build", lambda binaries: source)
+    return source
+
+
+def fake_which(*installed):
+    return lambda name: f"/usr/bin/{name}" if name in installed else None
+
+
+def test_oci_config_process_is_the_job_exactly():
+    job = Job(["sysbench", "cpu", "--threads=2", "a b; $(x)"], env={"LANG": "C"})
+    cfg = oci_config(job, Path("/w/rootfs"))
+    assert cfg["process"]["args"] == ["sysbench", "cpu", "--threads=2", "a b; $(x)"]
+    assert cfg["process"]["env"] == [f"PATH={container.DEFAULT_PATH}", "LANG=C"]
+    assert cfg["process"]["cwd"] == "/"
+    assert cfg["process"]["terminal"] is False
+    assert cfg["root"] == {"path": "/w/rootfs", "readonly": False}
+    json.dumps(cfg)
+
+
+def test_oci_config_scratch_cwd_and_path_override():
+    cfg = oci_config(Job(["ls"], env={"PATH": "/bin"}, in_scratch=True), Path("/r"))
+    assert cfg["process"]["cwd"] == "/work"
+    assert cfg["process"]["env"] == ["PATH=/bin"]
+
+
+def test_oci_config_namespaces_and_mounts():
+    cfg = oci_config(Job(["true"]), Path("/r"))
+    types = [ns["type"] for ns in cfg["linux"]["namespaces"]]
+    assert sorted(types) == ["ipc", "mount", "network", "pid", "uts"]
+    # A network namespace without a path is a fresh one: nothing but loopback.
+    assert all("path" not in ns for ns in cfg["linux"]["namespaces"])
+    mounts = {m["destination"]: m for m in cfg["mounts"]}
+    assert mounts["/proc"]["type"] == "proc"
+    assert mounts["/dev"]["type"] == "tmpfs"
+    assert mounts["/sys"]["type"] == "sysfs" and "ro" in mounts["/sys"]["options"]
+    assert mounts["/tmp"]["type"] == "tmpfs"
+
+
+def test_unshare_argv():
+    rt = Unshare("/usr/bin/unshare", Path("/w/c"))
+    assert rt.command(Job(["sysbench", "fileio", "x y"], in_scratch=True)) == [
+        "/usr/bin/unshare", "--fork", "--kill-child", "--pid", "--mount", "--net", "--uts",
+        "--ipc", "--mount-proc=/proc", "--root=/w/c/rootfs", "--wd=/work",
+        "--", "sysbench", "fileio", "x y"]
+    launch = rt.launch(Job(["true"], env={"A": "1"}))
+    assert "--wd=/" in launch.argv
+    assert launch.env == {"PATH": container.DEFAULT_PATH, "A": "1"}
+    assert launch.undo is None
+
+
+def test_oci_launch_writes_bundle_and_journals_delete(tmp_path):
+    rt = Runc("/usr/sbin/runc", tmp_path)
+    launch = rt.launch(Job(["echo", "hi"]))
+    base = ["/usr/sbin/runc", "--root", str(tmp_path / "state")]
+    assert launch.argv == [*base, "run", "--bundle", str(tmp_path / "bundle"), launch.container]
+    assert launch.undo == [*base, "delete", "-f", launch.container]
+    assert launch.preexec is None and launch.env is None
+    cfg = json.loads((tmp_path / "bundle" / "config.json").read_text())
+    assert cfg["process"]["args"] == ["echo", "hi"]
+    assert rt.launch(Job(["true"])).container != launch.container
+
+
+def test_crun_workaround_only_after_hybrid_refusal(tmp_path):
+    rt = Crun("/usr/bin/crun", tmp_path)
+    assert not rt.adapt("some other failure")
+    assert "--cgroup-manager=disabled" not in rt.launch(Job(["true"])).argv
+    assert rt.adapt("cgroups in hybrid mode not supported, drop all controllers from cgroupv2")
+    assert rt.cgroup_workaround
+    launch = rt.launch(Job(["true"]))
+    assert launch.argv[1:4] == ["--root", str(tmp_path / "state"), "--cgroup-manager=disabled"]
+    assert launch.undo[3] == "--cgroup-manager=disabled"
+    assert launch.preexec is container._hide_cgroup2
+    assert not rt.adapt("cgroups in hybrid mode not supported")   # no second retry
+
+
+def test_defaults(ctx):
+    assert ContainerTarget("container", {}, ctx).options == {"runtime": "auto",
+                                                             "binaries": ["sysbench"]}
+
+
+def test_auto_candidates_follow_which(ctx, monkeypatch):
+    monkeypatch.setattr(shutil, "which", fake_which("crun", "unshare"))
+    assert ContainerTarget("container", {}, ctx).candidates() == [
+        ("crun", "/usr/bin/crun"), ("unshare", "/usr/bin/unshare")]
+    monkeypatch.setattr(shutil, "which", fake_which())
+    with pytest.raises(VmtaxError, match="none of runc, crun, unshare is installed"):
+        ContainerTarget("container", {}, ctx).candidates()
+
+
+def test_missing_runtime_is_one_line(ctx, monkeypatch, fake_rootfs):
+    monkeypatch.setattr(shutil, "which", fake_which("runc", "unshare"))
+    with pytest.raises(VmtaxError) as err:
+        ContainerTarget("container:crun", {"runtime": "crun"}, ctx).prepare()
+    assert str(err.value) == "container:crun: crun is not installed (apt-get install crun)"
+    with pytest.raises(VmtaxError, match="unknown container runtime 'lxc'"):
+        ContainerTarget("container:lxc", {"runtime": "lxc"}, ctx).prepare()
+    assert not ctx.work_dir.exists()
+
+
+@pytest.mark.parametrize("installed, broken, chosen", [
+    (("runc", "crun", "unshare"), (), "runc"),
+    (("runc", "crun", "unshare"), ("runc",), "crun"),
+    (("crun", "unshare"), ("crun",), "unshare"),
+    (("unshare",), (), "unshare"),
+])
+def test_auto_picks_first_usable(ctx, monkeypatch, fake_rootfs, installed, broken, chosen):
+    monkeypatch.setattr(shutil, "which", fake_which(*installed))
+    probed = []
+
+    def probe(self, runtime):
+        probed.append(runtime.name)
+        return "broken" if runtime.name in broken else None
+    monkeypatch.setattr(ContainerTarget, "probe", probe)
+    monkeypatch.setattr(container.Runtime, "version", lambda self: f"{self.name} 1.0")
+    target = ContainerTarget("container", {}, ctx)
+    target.prepare()
+    assert target.runtime.name == chosen
+    assert probed == [*broken, chosen]
+    fp = target.fingerprint()
+    assert fp["runtime"] == chosen and fp["runtime_version"] == f"{chosen} 1.0"
+    assert fp["rootfs"] == fake_rootfs.name and fp["cgroup_workaround"] is False
+    assert fp["namespaces"] == ["pid", "mount", "net", "uts", "ipc"]
+    copy = target.dir / "rootfs"
+    assert (copy / "work").is_dir() and copy != fake_rootfs
+    assert [e["type"] for e in ctx.journal.entries.values()] == ["rmtree"]
+    target.cleanup()
+    target.cleanup()
+    assert not target.dir.exists() and fake_rootfs.exists()
+    assert ctx.journal.entries == {}
+    assert target.fingerprint() == fp     # still describes what ran
+
+
+def test_no_usable_runtime_cleans_up(ctx, monkeypatch, fake_rootfs):
+    monkeypatch.setattr(shutil, "which", fake_which("runc", "unshare"))
+    monkeypatch.setattr(ContainerTarget, "probe", lambda self, rt: f"{rt.name} failed")
+    with pytest.raises(VmtaxError) as err:
+        ContainerTarget("container", {}, ctx).prepare()
+    assert str(err.value) == ("container: no usable container runtime "
+                              "(runc: runc failed; unshare: unshare failed)")
+    assert list(ctx.work_dir.iterdir()) == [] and ctx.journal.entries == {}
+
+
+def test_fingerprint_and_run_need_prepare(ctx):
+    target = ContainerTarget("container:runc", {"runtime": "runc"}, ctx)
+    with pytest.raises(TargetError):
+        target.fingerprint()
+    with pytest.raises(TargetError):
+        target.run(Job(["true"]))
