@@ -2,7 +2,7 @@
 VENV := .venv
 VMTAX := $(VENV)/bin/vmtax
 
-.PHONY: deps run test test-unit bench clean
+.PHONY: deps run test test-unit bench bench-stats clean
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -18,6 +18,9 @@ test-unit: deps
 
 bench: deps
 	$(VENV)/bin/python scripts/bench.py
+
+bench-stats: deps
+	$(VENV)/bin/python scripts/bench_stats.py
 
 clean:
 	rm -rf $(VENV) results test-artifacts

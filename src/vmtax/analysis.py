@@ -126,7 +126,8 @@ class CompareRow:
     a: str                                  # "RUN:TARGET" of side A
     b: str
     workload: str
-    params: dict[str, Any]
+    params: dict[str, Any]                  # A's parameters
+    params_b: dict[str, Any]                # B's (differ when one configuration each was run)
     metric: str
     unit: str
     failed_a: int                           # failed repetitions excluded on each side
@@ -152,6 +153,28 @@ def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[li
     return values, failed
 
 
+def _match_configs(a_values: dict, b_values: dict) -> dict:
+    """A's (workload, params, metric) keys -> B's. Same parameters match; a workload run
+    with exactly one configuration on each side matches even if its parameters differ
+    (e.g. cpu-max-prime 2000 vs 2100: the change is what is being measured)."""
+    def configs(values):
+        out: dict[str, set[str]] = defaultdict(set)
+        for workload, params, _ in values:
+            out[workload].add(params)
+        return out
+    a_configs, b_configs = configs(a_values), configs(b_values)
+    matched = {}
+    for key in a_values:
+        workload, params, metric = key
+        if key in b_values:
+            matched[key] = key
+        elif len(a_configs[workload]) == 1 and len(b_configs.get(workload, ())) == 1:
+            other = (workload, next(iter(b_configs[workload])), metric)
+            if other in b_values:
+                matched[key] = other
+    return matched
+
+
 def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
                     noise_floor: float = 0.02, method: str = "bh") -> list[CompareRow]:
     """B against A for every metric the two sides of each pair share, judged together
@@ -160,17 +183,20 @@ def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
     for run_a, target_a, run_b, target_b in pairs:
         a_values, a_failed = _samples(run_a, target_a)
         b_values, b_failed = _samples(run_b, target_b)
+        b_keys = _match_configs(a_values, b_values)
         for key in a_values:   # in the order they were measured
-            if key not in b_values:
+            if key not in b_keys:
                 continue
-            (va, hib, unit), (vb, _, _) = a_values[key], b_values[key]
+            (va, hib, unit), (vb, _, _) = a_values[key], b_values[b_keys[key]]
             rows.append((f"{run_a.id}:{target_a}", f"{run_b.id}:{target_b}", key, unit, hib,
-                         va, vb, a_failed.get(key[:2], 0), b_failed.get(key[:2], 0)))
+                         va, vb, a_failed.get(key[:2], 0), b_failed.get(b_keys[key][:2], 0),
+                         b_keys[key][1]))
     if not rows:
         raise VmtaxError("nothing to compare: the two sides have no metric in common "
                          "(same workload with the same parameters, at least one successful run each)")
     comparisons = stats.compare_many([(r[2][2], r[5], r[6], r[4]) for r in rows],
                                      alpha=alpha, noise_floor=noise_floor, method=method)
-    return [CompareRow(a, b, workload, json.loads(params), metric, unit, fa, fb, c)
-            for (a, b, (workload, params, metric), unit, _, _, _, fa, fb), c
+    return [CompareRow(a, b, workload, json.loads(params), json.loads(params_b), metric, unit,
+                       fa, fb, c)
+            for (a, b, (workload, params, metric), unit, _, _, _, fa, fb, params_b), c
             in zip(rows, comparisons)]

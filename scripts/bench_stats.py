@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""`make bench-stats`: do vmtax's verdicts deserve trust? Real sysbench runs, default settings.
+
+1. A vs A: native sysbench cpu and memory, stored runs compared pairwise; the share of
+   metrics called significant must be <= 1%.
+2. A real, small difference: sysbench cpu --cpu-max-prime=2000 vs 2100 (about 5% more work
+   per event) must be called `worse` on events/s in >= 90% of the repetitions.
+3. The guest-clock flag fires on a guest whose clock runs slow (QEMU -icount) and stays
+   silent on native and on a normal guest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+from vmtax import analysis, plan as plan_mod
+from vmtax.runner import Runner
+from vmtax.store import Store
+
+
+def stored_run(store: Store, workloads: list[plan_mod.WorkloadSpec], targets=("native",),
+               options=None, runs: int = 3, time: int = 1) -> str:
+    plan = plan_mod.Plan(targets=plan_mod.target_specs(list(targets), options or {}),
+                         workloads=workloads, runs=runs, warmup=1, time=time)
+    return Runner(plan, store).execute()
+
+
+def a_vs_a(store: Store, trials: int) -> None:
+    print(f"1. A vs A: {trials + 1} runs of native cpu + memory (3 runs each), "
+          f"{trials} pairwise comparisons")
+    ids = [stored_run(store, [plan_mod.WorkloadSpec("cpu"), plan_mod.WorkloadSpec("memory")])
+           for _ in range(trials + 1)]
+    called = total = 0
+    for a, b in zip(ids, ids[1:]):
+        rows = analysis.compare_targets([(store.load_run(a), "native", store.load_run(b), "native")])
+        total += len(rows)
+        significant = [r for r in rows if r.comparison.verdict != "~"]
+        called += len(significant)
+        for r in significant:
+            print(f"   false alarm: {r.workload} {r.metric} {r.comparison.verdict} "
+                  f"({r.comparison.change:+.1%}, p={r.comparison.p_adjusted:.2g})")
+    print(f"   {called} of {total} metrics called significant = {called / total:.2%} "
+          "(goal <= 1%)\n")
+
+
+def detection(store: Store, trials: int) -> None:
+    print(f"2. cpu-max-prime 2000 vs 2100, {trials} repetitions of a pair of runs")
+    found = 0
+    for _ in range(trials):
+        a = stored_run(store, [plan_mod.WorkloadSpec("cpu", {"cpu-max-prime": 2000})])
+        b = stored_run(store, [plan_mod.WorkloadSpec("cpu", {"cpu-max-prime": 2100})])
+        rows = analysis.compare_targets([(store.load_run(a), "native", store.load_run(b), "native")])
+        eps = next(r.comparison for r in rows if r.metric == "events/s")
+        found += eps.verdict == "worse"
+        print(f"   events/s {eps.median_a:9.1f} -> {eps.median_b:9.1f} ({eps.change:+.1%}, "
+              f"p={eps.p_adjusted:.2g}, {eps.test}): {eps.verdict}")
+    print(f"   detected as worse in {found}/{trials} = {found / trials:.0%} (goal >= 90%)\n")
+
+
+def clock_flag(store: Store) -> None:
+    print("3. guest clock cross-check (flag 'clock skew' when guest and host time differ > 2%)")
+    cpu = [plan_mod.WorkloadSpec("cpu")]
+    cases = [("native", ("native",), {}),
+             ("normal TCG guest", ("vm:tcg",), {}),
+             ("TCG guest with -icount shift=0 (guest time from instruction count)",
+              ("vm:tcg",), {"vm": {"icount": "shift=0,sleep=off"}})]
+    for label, targets, options in cases:
+        run = store.load_run(stored_run(store, cpu, targets, options, runs=2, time=2))
+        summary = analysis.summarize_run(run)
+        cell = next(r for r in summary.rows if r.metric == "events/s").cells[targets[0]]
+        ratios = [r.guest_elapsed / r.host_elapsed for r in run.reps
+                  if r.guest_elapsed and r.host_elapsed]
+        shown = ", ".join(f"{x:.3f}" for x in ratios) or "host clock only"
+        print(f"   {label}: guest/host elapsed {shown}; flagged: "
+              f"{'clock skew' in cell.flags}")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--skip-vm", action="store_true", help="skip the guest clock check")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as results:
+        store = Store(results)
+        a_vs_a(store, args.trials)
+        detection(store, args.trials)
+        if not args.skip_vm:
+            clock_flag(store)
+
+
+if __name__ == "__main__":
+    main()
