@@ -6,6 +6,7 @@ import math
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -76,23 +77,23 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     table.add_column("metric")
     for name in summary.targets:
         label = target_label(run, name)
-        table.add_column(label + (" = 1" if name == summary.baseline else ""), justify="right")
+        table.add_column(escape(label) + (" = 1" if name == summary.baseline else ""), justify="right")
     previous = None
     for row in summary.rows:
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
         group = (row.workload, params)
         if previous is not None and group != previous:
             table.add_section()
-        table.add_row(row.workload + (f"\n{params}" if params else "") if group != previous else "",
+        table.add_row(escape(row.workload + (f"\n{params}" if params else "")) if group != previous else "",
                       f"{row.metric}{'' if row.unit == row.metric else f' ({row.unit})'} "
                       f"{'↑' if row.higher_is_better else '↓'}",
                       *[cell_text(row.cells.get(t)) for t in summary.targets])
         previous = group
     console.print(table)
     for failure in summary.failures[:10]:
-        console.print(f"[red]failed[/red] {failure['target']} · {failure['workload']} · "
-                      f"{failure['phase']} {failure['idx'] + 1}: {failure['error']}",
-                      markup=True, highlight=False)
+        console.print(f"[red]failed[/red] " + escape(
+            f"{failure['target']} · {failure['workload']} · {failure['phase']} "
+            f"{failure['idx'] + 1}: {failure['error']}"), highlight=False)
     if len(summary.failures) > 10:
         console.print(f"[red]… and {len(summary.failures) - 10} more failed repetitions[/red]")
 
@@ -105,7 +106,7 @@ def print_runs(console: Console, runs: list[dict]) -> None:
         table.add_column(col)
     for r in runs:
         table.add_row(r["id"], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
-                      r["status"], ", ".join(r["targets"]), ", ".join(r["workloads"]),
+                      r["status"], escape(", ".join(r["targets"])), ", ".join(r["workloads"]),
                       str(r["reps"]), str(r["failed"]))
     console.print(table)
 
@@ -120,7 +121,7 @@ VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim"}
 def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
     sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
     for a, b in sides:
-        table = Table(title=f"B = {b}  vs  A = {a}",
+        table = Table(title=escape(f"B = {b}  vs  A = {a}"),
                       caption=f"change of B relative to A [{1 - alpha:.0%} CI]; p after "
                               f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
                               f"significant when p < {alpha:g}, the CI excludes 0 and "
@@ -138,11 +139,15 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             c = r.comparison
             params = (" ".join(f"{k}={v}" for k, v in r.params.items())
                       if len(configs[r.workload]) > 1 else "")
+            if r.params_b != r.params:
+                params = "A " + " ".join(f"{k}={v}" for k, v in r.params.items()
+                                         if r.params_b.get(k) != v) + "\nB " + " ".join(
+                    f"{k}={v}" for k, v in r.params_b.items() if r.params.get(k) != v)
             group = (r.workload, params)
             if previous is not None and group != previous:
                 table.add_section()
             failed = f"\n{r.failed_a}+{r.failed_b} failed runs excluded" if r.failed_a + r.failed_b else ""
-            table.add_row(r.workload + (f"\n{params}" if params else "") if group != previous else "",
+            table.add_row(escape(r.workload + (f"\n{params}" if params else "")) if group != previous else "",
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
                           f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
                           _percent(c.change) + f" [{_percent(c.change_ci[0])}, "

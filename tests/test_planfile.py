@@ -1,0 +1,512 @@
+import dataclasses
+import json
+import os
+import re
+import shutil
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from vmtax import plan, planfile
+from vmtax.planfile import Locator, PlanError
+from vmtax.plan import TargetSpec, WorkloadSpec
+
+from conftest import ROOT, vmtax
+
+PLANS = sorted((ROOT / "plans").glob("*.toml"))
+CPUS = os.sched_getaffinity(0)
+needs_sysbench = pytest.mark.skipif(shutil.which("sysbench") is None,
+                                    reason="param names are checked against the host's sysbench")
+
+
+def load(text: str):
+    return planfile.loads(textwrap.dedent(text), "x.toml")
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(PlanError) as exc:
+        load(text)
+    return exc.value.lines
+
+
+TWO_TARGETS = """
+    [targets.native]
+    [targets.vm]
+"""
+
+
+# -- shipped plans -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", PLANS, ids=[p.name for p in PLANS])
+def test_every_shipped_plan_loads(path):
+    if path.name == "pinning.toml" and 1 not in CPUS:
+        pytest.skip("pins a vCPU to host CPU 1")
+    p = planfile.load(path)
+    assert p.targets and p.workloads
+
+
+def test_shipped_plans_are_found():
+    assert {p.name for p in PLANS} >= {"classic.toml", "hugepages.toml", "pinning.toml"}
+
+
+def test_classic_plan_file_is_the_classic_plan():
+    assert planfile.load(ROOT / "plans" / "classic.toml") == plan.classic()
+
+
+def test_hugepages_plan_is_the_e5_matrix():
+    p = planfile.load(ROOT / "plans" / "hugepages.toml")
+    assert [(t.name, t.options["hugepages"]) for t in p.targets] == [
+        ("vm[hugepages=2M]", "2M"), ("vm[hugepages=none]", None)]
+    assert all(t.options["guest_hugepages"] == 48 for t in p.targets)
+    assert p.baseline == "vm[hugepages=none]"
+    points = {(w.params["threads"], w.params["memory-access-mode"],
+               w.params["memory-block-size"], w.params["memory-hugetlb"]) for w in p.workloads}
+    assert len(p.workloads) == len(points) == 3 * 2 * 3 * 2
+    assert {pt[0] for pt in points} == {1, 2, 4} and {pt[1] for pt in points} == {"seq", "rnd"}
+    assert {pt[3] for pt in points} == {"on", "off"}
+
+
+@pytest.mark.skipif(1 not in CPUS, reason="pins a vCPU to host CPU 1")
+def test_pinning_plan_sweeps_pin_on_and_off():
+    p = planfile.load(ROOT / "plans" / "pinning.toml")
+    assert [(t.name, t.options.get("pin")) for t in p.targets] == [
+        ("native", None), ("vm[pin=1]", [1]), ("vm[pin=none]", None)]
+    assert "pin" not in p.targets[0].options
+
+
+def test_the_format_in_the_module_docstring_is_a_valid_plan():
+    example = planfile.__doc__.split("\n\n", 1)[1].split("\nLists sweep")[0]
+    p = load(example)
+    assert [t.name for t in p.targets] == [
+        "native", "tcg[vcpus=1]", "tcg[vcpus=2]", "big[vcpus=2,memory=2G]",
+        "big[vcpus=4,memory=4G]"]
+    assert len(p.workloads) == 3 * 2 * 2
+
+
+# -- expansion ---------------------------------------------------------------------------
+
+def test_settings_and_defaults():
+    p = load(TWO_TARGETS + """
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert (p.runs, p.warmup, p.time, p.baseline, p.interleave) == (3, 1, 2, "native", True)
+    p = load("""
+        runs = 5
+        warmup = 0
+        time = false
+        baseline = "vm"
+        interleave = false
+        max_runs = 9
+        ci_target = 0.05
+    """ + TWO_TARGETS + """
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert (p.runs, p.warmup, p.time, p.baseline, p.interleave, p.max_runs, p.ci_target) == (
+        5, 0, None, "vm", False, 9, 0.05)
+
+
+def test_kind_defaults_to_the_table_name_and_options_pass_through():
+    p = load("""
+        [targets.vm]
+        vcpus = 4
+        memory = "2G"
+        [targets.runc]
+        kind = "container"
+        runtime = "runc"
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert p.targets == [TargetSpec("vm", "vm", {"vcpus": 4, "memory": "2G"}),
+                         TargetSpec("runc", "container", {"runtime": "runc"})]
+
+
+def test_target_option_lists_multiply_in_the_order_written():
+    p = load("""
+        [targets.vm]
+        accel = "tcg"
+        vcpus = [1, 2]
+        memory = ["1G", "2G"]
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert [t.name for t in p.targets] == [
+        "vm[vcpus=1,memory=1G]", "vm[vcpus=1,memory=2G]",
+        "vm[vcpus=2,memory=1G]", "vm[vcpus=2,memory=2G]"]
+    assert p.targets[1].options == {"accel": "tcg", "vcpus": 1, "memory": "2G"}
+
+
+def test_target_zip_steps_options_together():
+    p = load("""
+        [targets.vm]
+        zip = { vcpus = [1, 2, 4], memory = ["1G", "2G", "4G"] }
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert [(t.name, t.options) for t in p.targets] == [
+        ("vm[vcpus=1,memory=1G]", {"vcpus": 1, "memory": "1G"}),
+        ("vm[vcpus=2,memory=2G]", {"vcpus": 2, "memory": "2G"}),
+        ("vm[vcpus=4,memory=4G]", {"vcpus": 4, "memory": "4G"})]
+
+
+def test_a_list_valued_option_sweeps_only_with_a_list_of_lists():
+    cpu = min(CPUS)
+    p = load(f"""
+        [targets.a]
+        kind = "vm"
+        pin = [{cpu}]
+        [targets.b]
+        kind = "vm"
+        pin = [[{cpu}], "none"]
+        hugepages = "none"
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert [(t.name, t.options["pin"]) for t in p.targets] == [
+        ("a", [cpu]), (f"b[pin={cpu}]", [cpu]), ("b[pin=none]", None)]
+    assert p.targets[1].options["hugepages"] is None
+
+
+def test_workload_params_multiply_and_zip_adds_one_dimension():
+    p = load(TWO_TARGETS + """
+        [[workloads]]
+        name = "memory"
+        params = { threads = [1, 2], memory-access-mode = ["seq", "rnd"], memory-oper = "read" }
+        zip = { memory-block-size = ["16K", "1M", "1G"], memory-total-size = ["1G", "8G", "64G"] }
+        [[workloads]]
+        name = "cpu"
+    """)
+    memory = [w.params for w in p.workloads if w.name == "memory"]
+    assert len(memory) == 2 * 2 * 3 and len(p.workloads) == 13
+    assert memory[:4] == [
+        {"threads": 1, "memory-access-mode": "seq", "memory-oper": "read",
+         "memory-block-size": size, "memory-total-size": total}
+        for size, total in [("16K", "1G"), ("1M", "8G"), ("1G", "64G")]] + [
+        {"threads": 1, "memory-access-mode": "rnd", "memory-oper": "read",
+         "memory-block-size": "16K", "memory-total-size": "1G"}]
+    assert p.workloads[-1] == WorkloadSpec("cpu", {})
+
+
+def test_params_in_a_subtable():
+    p = load(TWO_TARGETS + """
+        [[workloads]]
+        name = "threads"
+        [workloads.params]
+        threads = [8, 64]
+    """)
+    assert [w.params for w in p.workloads] == [{"threads": 8}, {"threads": 64}]
+
+
+def test_without_sysbench_param_names_are_left_to_the_workload(monkeypatch):
+    monkeypatch.setattr(planfile, "SYSBENCH", "no-such-sysbench")
+    p = load(TWO_TARGETS + """
+        [[workloads]]
+        name = "memory"
+        params = { memory-blocksize = "8k" }
+    """)
+    assert p.workloads == [WorkloadSpec("memory", {"memory-blocksize": "8k"})]
+
+
+# -- validation: one line per problem, with file, line and key ---------------------------
+
+ERRORS = [
+    # the issue's own example, line for line
+    ("""
+        runs = 3
+        warmup = 1
+
+        [targets.native]
+
+        [targets.container]
+        runtime = "runc"
+
+        [targets.vm]
+        accel = "tcg"
+        memory = "lots"
+
+        [[workloads]]
+        name = "cpu"
+     """, 'x.toml:12: targets.vm.memory: expected a size like "2G", got "lots"'),
+    ("rnus = 3\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     'x.toml:1: top level: expected one of runs, warmup, time, baseline, interleave, max_runs, '
+     'ci_target, targets, workloads, got "rnus"'),
+    ("runs = 0\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     "x.toml:1: runs: expected a whole number of at least 1, got 0"),
+    ("warmup = -1\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     "x.toml:1: warmup: expected a whole number of at least 0, got -1"),
+    ("runs = true\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     "x.toml:1: runs: expected a whole number of at least 1, got true"),
+    ("time = 1.5\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     "x.toml:1: time: expected a whole number of seconds, at least 1, or false for no limit, "
+     "got 1.5"),
+    ('time = "2"\n' + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     'x.toml:1: time: expected a whole number of seconds, at least 1, or false for no limit, '
+     'got "2"'),
+    ('interleave = "yes"\n' + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     'x.toml:1: interleave: expected true or false, got "yes"'),
+    ("ci_target = 2\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     "x.toml:1: ci_target: expected a fraction between 0 and 1, like 0.02 for 2%, got 2"),
+    ("runs = 5\nmax_runs = 4\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     "x.toml:2: max_runs: expected at least runs (5), got 4"),
+    ('baseline = "xen"\n' + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
+     'x.toml:1: baseline: expected one of the targets (native, vm), got "xen"'),
+    ('baseline = "vm"\n[targets.vm]\nvcpus = [1, 2]\n[[workloads]]\nname = "cpu"',
+     'x.toml:1: baseline: expected one of the targets (vm[vcpus=1], vm[vcpus=2]), got "vm"'),
+    ("[targets.xen]\n[[workloads]]\nname = 'cpu'",
+     "x.toml:1: targets.xen.kind: expected a target kind (native, container, vm), "
+     "got nothing (the table name is not a kind)"),
+    ("[targets.box]\nkind = 'lxc'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.box.kind: expected a target kind (native, container, vm), got "lxc"'),
+    ("[targets.vm]\nvcpu = 2\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
+     'disk_size, guest_hugepages, hugepages, kernel, machine, memory, pin, qemu, vcpus), '
+     'got "vcpu"'),
+    ("[targets.native]\nvcpus = 2\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.native: expected no options (native takes none), got "vcpus"'),
+    ("[targets.container]\nruntime = 'lxc'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.container.runtime: expected one of "auto", "unshare", "runc", "crun", '
+     'got "lxc"'),
+    ("[targets.vm]\naccel = 'xen'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.accel: expected one of "kvm", "tcg", "auto", got "xen"'),
+    ("[targets.vm]\nvcpus = [\n  1,\n  0,\n]\n[[workloads]]\nname = 'cpu'",
+     "x.toml:4: targets.vm.vcpus[1]: expected a whole number of at least 1, got 0"),
+    ("[targets.vm]\nvcpus = '2'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.vcpus: expected a whole number of at least 1, got "2"'),
+    ("[targets.vm]\nmemory = 2048\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.memory: expected a size like "2G", got 2048'),
+    ("[targets.vm]\nboot_timeout = 0\n[[workloads]]\nname = 'cpu'",
+     "x.toml:2: targets.vm.boot_timeout: expected a positive number of seconds, got 0"),
+    ("[targets.vm]\nhugepages = '4M'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.hugepages: expected one of "2M", "1G", "none", got "4M"'),
+    ("[targets.vm]\nguest_hugepages = -1\n[[workloads]]\nname = 'cpu'",
+     "x.toml:2: targets.vm.guest_hugepages: expected a whole number of at least 0, got -1"),
+    ("[targets.vm]\npin = [0, 4096]\n[[workloads]]\nname = 'cpu'",
+     "x.toml:2: targets.vm.pin: expected a list of distinct host CPU ids (usable here: "
+     f'{planfile._cpulist(CPUS)}) or "none", got [0, 4096]'),
+    ("[targets.vm]\nqemu = '/no/such/qemu'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.qemu: expected an executable program (a path, or a name found on '
+     'PATH), got "/no/such/qemu"'),
+    ("[targets.vm]\nkernel = '/no/such/vmlinux'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.kernel: expected the path of an existing file, '
+     'got "/no/such/vmlinux"'),
+    ("[targets.vm]\nmachine = 'pc'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:2: targets.vm.machine: expected one of "microvm", "q35", got "pc"'),
+    ("targets.vm.memory = 'lots'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:1: targets.vm.memory: expected a size like "2G", got "lots"'),
+    ("[targets.vm]\nzip = { vcpus = [1, 2], memory = ['1G'] }\n[[workloads]]\nname = 'cpu'",
+     "x.toml:2: targets.vm.zip.memory: expected 2 values, as many as vcpus has, got 1"),
+    ("targets = 3\n[[workloads]]\nname = 'cpu'",
+     "x.toml:1: targets: expected [targets.NAME] tables, got 3"),
+    ("targets.vm = 3\n[[workloads]]\nname = 'cpu'",
+     "x.toml:1: targets.vm: expected a table of target options, got 3"),
+    (TWO_TARGETS + "[[workloads]]\nname = 'oltp'",
+     'x.toml:5: workloads[0].name: expected a workload (cpu, threads, memory, fileio, mutex), '
+     'got "oltp"'),
+    (TWO_TARGETS + "[[workloads]]\nname = 'cpu'\n[[workloads]]\nparams = {}",
+     "x.toml:6: workloads[1].name: expected a workload (cpu, threads, memory, fileio, mutex), "
+     "got nothing"),
+    ("workloads = ['cpu']\n" + TWO_TARGETS,
+     'x.toml:1: workloads: expected [[workloads]] tables, got ["cpu"]'),
+    (TWO_TARGETS + "[[workloads]]\nname = 'cpu'\nparam = { threads = 2 }",
+     'x.toml:6: workloads[0]: expected one of name, params, zip, got "param"'),
+    (TWO_TARGETS + "[[workloads]]\nname = 'cpu'\nparams = 3",
+     "x.toml:6: workloads[0].params: expected a table of parameters, like { threads = 4 }, "
+     "got 3"),
+    (TWO_TARGETS + "[[workloads]]\nname = 'memory'\nparams = { threads = [] }",
+     "x.toml:6: workloads[0].params.threads: expected a value or a non-empty list of values "
+     "to sweep, got []"),
+    (TWO_TARGETS + "[[workloads]]\nname = 'memory'\n"
+     "zip = { memory-block-size = ['1K', '2K'], memory-total-size = ['1G', '2G', '4G'] }",
+     "x.toml:6: workloads[0].zip.memory-total-size: expected 2 values, as many as "
+     "memory-block-size has, got 3"),
+    (TWO_TARGETS + "[[workloads]]\nname = 'memory'\n"
+     "params = { memory-block-size = '1K' }\nzip = { memory-block-size = ['1K', '2K'] }",
+     "x.toml:7: workloads[0].zip.memory-block-size: expected each key either swept in zip or "
+     "set outside it, got both"),
+    (TWO_TARGETS + "[[workloads]]\nname = 'memory'\nzip = { memory-block-size = '1K' }",
+     'x.toml:6: workloads[0].zip.memory-block-size: expected a non-empty list of values, '
+     'got "1K"'),
+    (TWO_TARGETS + "[[workloads]]\nname = 'memory'\nzip = ['1K']",
+     'x.toml:6: workloads[0].zip: expected a table of equally long lists, like '
+     '{ a = [1, 2], b = ["x", "y"] }, got ["1K"]'),
+    (TWO_TARGETS + "[[workloads]]\nname = 'cpu'\nparams = { threads = [1, 2] }\n"
+     "[[workloads]]\nname = 'cpu'\nparams = { threads = 2 }",
+     'x.toml:7: workloads[1]: expected workload configurations that are not already in the '
+     'plan, got cpu { threads = 2 } again'),
+]
+
+
+@pytest.mark.parametrize("text, message", ERRORS)
+def test_each_problem_is_one_line_naming_file_line_and_key(text, message):
+    assert problems(text) == [message]
+
+
+@needs_sysbench
+@pytest.mark.parametrize("params, message", [
+    ("{ memory-blocksize = '8k' }",
+     'x.toml:6: workloads[0].params: expected a sysbench memory option (memory-block-size, '
+     'memory-total-size, memory-scope, memory-hugetlb, memory-oper, memory-access-mode, or a '
+     'general one from sysbench --help), got "memory-blocksize"'),
+    ("{ memory-access-mode = 'random' }",
+     'x.toml:6: workloads[0].params.memory-access-mode: expected one of "seq", "rnd", '
+     'got "random"'),
+    ("{ memory-block-size = 'big' }",
+     'x.toml:6: workloads[0].params.memory-block-size: expected a size like "8K" or "1G", '
+     'got "big"'),
+    ("{ threads = 1.5 }",
+     "x.toml:6: workloads[0].params.threads: expected a whole number, at least 0, got 1.5"),
+    ("{ memory-hugetlb = 'yes' }",
+     'x.toml:6: workloads[0].params.memory-hugetlb: expected "on", "off", true or false, '
+     'got "yes"'),
+    ("{ threads = [1, 'two'] }",
+     'x.toml:6: workloads[0].params.threads[1]: expected a whole number, at least 0, '
+     'got "two"'),
+])
+def test_workload_params_are_checked_against_sysbench(params, message):
+    assert problems(TWO_TARGETS + f"[[workloads]]\nname = 'memory'\nparams = {params}") == [
+        message]
+
+
+def test_a_problem_the_workload_finds_is_placed_at_its_entry():
+    [line] = problems(TWO_TARGETS + "[[workloads]]\nname = 'cpu'\nparams = { time = 0 }")
+    assert line.startswith("x.toml:4: workloads[0]: cpu: ") and "--time" in line
+
+
+def test_toml_syntax_errors_keep_line_and_column():
+    assert problems("runs = 3\nwarmup = = 1\n") == [
+        "x.toml:2: invalid TOML: Invalid value (column 10)"]
+    assert problems("runs = 3\nwarmup =") == [
+        "x.toml:2: invalid TOML: Invalid value (at the end)"]
+
+
+def test_an_empty_plan_says_what_is_missing():
+    assert problems("") == [
+        "x.toml:1: targets: expected at least one [targets.NAME] table, got none",
+        "x.toml:1: workloads: expected at least one [[workloads]] table, got none"]
+
+
+def test_every_problem_is_reported_in_line_order():
+    with pytest.raises(PlanError) as exc:
+        load("""
+            [[workloads]]
+            name = "cpu"
+            extra = 1
+            [targets.vm]
+            memory = "lots"
+            runs = 0
+        """)
+    assert str(exc.value).splitlines() == [
+        "x.toml: 3 problems",
+        'x.toml:4: workloads[0]: expected one of name, params, zip, got "extra"',
+        'x.toml:6: targets.vm.memory: expected a size like "2G", got "lots"',
+        'x.toml:7: targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
+        'disk_size, guest_hugepages, hugepages, kernel, machine, memory, pin, qemu, vcpus), '
+        'got "runs"']
+
+
+def test_an_unreadable_file_is_one_line(tmp_path):
+    with pytest.raises(planfile.VmtaxError, match=r"^.*missing\.toml: cannot read the plan file"):
+        planfile.load(tmp_path / "missing.toml")
+
+
+# -- the locator -------------------------------------------------------------------------
+
+def test_locator_follows_tables_arrays_dotted_keys_and_inline_tables():
+    text = textwrap.dedent('''\
+        title = "a # not a comment [x] = 1"
+        notes = """
+        key = "inside a string"
+        """
+        [targets."vm:tcg"]   # a comment
+        memory . size = '2G'
+        [[workloads]]
+        name = "cpu"
+        [[workloads]]
+        params = { threads = [1,
+          2], nested = { deep = 1 } }
+        [workloads.extra]
+        x = [[1, 2], [3]]
+        ''')
+    where = Locator(text)
+    assert where.line(("notes",)) == 2
+    assert where.line(("key",)) == 1                    # not found: the first line
+    assert where.line(("targets", "vm:tcg")) == 5
+    assert where.line(("targets", "vm:tcg", "memory", "size")) == 6
+    assert where.line(("workloads", 0, "name")) == 8
+    assert where.line(("workloads", 1)) == 9
+    assert where.line(("workloads", 1, "params", "threads", 1)) == 11
+    assert where.line(("workloads", 1, "params", "nested", "deep")) == 11
+    assert where.line(("workloads", 1, "extra", "x", 1, 0)) == 13
+    assert where.line(("workloads", 1, "params", "unknown")) == 10
+
+
+# -- estimate and the plan command ----------------------------------------------------------
+
+def test_estimate_of_the_classic_plan():
+    e = planfile.estimate(plan.classic())
+    reps, targets = 4, 3
+    expected = (planfile.VM_BOOT
+                + 4 * (2 + planfile.RUN_OVERHEAD) * reps * targets          # time-bounded
+                + (planfile.UNBOUNDED_RUN + planfile.RUN_OVERHEAD) * reps * targets   # mutex
+                + 2048 / planfile.PREPARE_MIB_S * targets)                 # fileio prepare
+    assert e.seconds == pytest.approx(expected)
+    assert any("VM target boots" in a for a in e.assumptions)
+    assert any("mutex" in a for a in e.assumptions)
+    assert planfile.duration(e.seconds) == "6 min 7 s"
+
+
+def test_plan_dry_run_prints_matrix_and_estimate():
+    result = CliRunner().invoke(planfile.plan_command,
+                                [str(ROOT / "plans" / "hugepages.toml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "2 targets × 36 workload configurations × (1 warm-up + 3 measured) = 288" in out
+    assert re.search(r"vm\[hugepages=2M\]\s+vm\s+guest_hugepages=48 memory=1G hugepages=2M", out)
+    assert "memory: memory-total-size=100G time=2" in out
+    assert "memory-access-mode=rnd memory-block-size=64M memory-hugetlb=off threads=4" in out
+    assert "estimated run time: " in out and "each VM target boots in 30 s" in out
+
+
+def test_plan_without_dry_run_prints_the_summary_only():
+    result = CliRunner().invoke(planfile.plan_command, [str(ROOT / "plans" / "classic.toml")])
+    assert result.exit_code == 0
+    assert result.output.startswith(str(ROOT / "plans" / "classic.toml") + ": 3 targets × 5")
+    assert "estimated run time: 6 min 7 s" in result.output
+    assert "workload configurations (" not in result.output
+
+
+def test_plan_json():
+    result = CliRunner().invoke(planfile.plan_command,
+                                [str(ROOT / "plans" / "classic.toml"), "--json"])
+    data = json.loads(result.output)
+    assert plan.Plan.from_dict(data["plan"]) == plan.classic()
+    assert data["configurations"][0] == {"workload": "cpu",
+                                         "params": {"cpu-max-prime": 2000, "time": 2}}
+    assert data["repetitions"] == 60
+    assert data["estimate"]["seconds"] == 367 and data["estimate"]["assumptions"]
+
+
+def test_plan_command_reports_problems_as_lines(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[targets.vm]\nmemory = "lots"\n[[workloads]]\nname = "cpu"\n')
+    result = vmtax("plan", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f'vmtax: error: {bad}:2: targets.vm.memory: expected a size like "2G", got "lots"')
+
+
+# -- the tables stay in step with the code they check -------------------------------------
+
+@pytest.mark.parametrize("kind", ["native", "container", "vm"])
+def test_every_target_option_has_a_check(kind):
+    from vmtax import targets
+    module, cls, _, _ = targets.KINDS[kind]
+    target = getattr(pytest.importorskip(module), cls)
+    assert set(target.option_defaults) <= set(planfile.kind_options(kind))
+
+
+def test_every_plan_setting_has_a_check():
+    fields = {f.name for f in dataclasses.fields(plan.Plan)} - {"targets", "workloads"}
+    assert set(planfile.SETTINGS) == fields
