@@ -9,6 +9,7 @@ DEBS=(
   qemu-system-x86 qemu-utils sysbench fio busybox-static crun runc
   linux-perf kmod cpio xz-utils e2fsprogs util-linux procps
   python3 python3-venv python3-pip
+  chromium fonts-dejavu-core
 )
 missing=()
 for p in "${DEBS[@]}"; do

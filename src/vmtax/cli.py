@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,10 +11,12 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
     TimeElapsedColumn
 
-from vmtax import __version__, analysis, journal, plan as plan_mod, report
+from vmtax import __version__, analysis, journal, plan as plan_mod
+from vmtax import report as tables
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 
@@ -35,9 +38,10 @@ class ProgressReporter:
     """Progress on stderr, so stdout stays clean for tables and --json."""
 
     def __init__(self) -> None:
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                                 BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                                 transient=True)
+                                 transient=True, disable=not err.is_terminal)
         self.task = None
 
     def __enter__(self):
@@ -59,7 +63,7 @@ class ProgressReporter:
             self.progress.advance(self.task)
 
     def warn(self, text: str) -> None:
-        self.progress.console.print(f"[yellow]warning:[/yellow] {text}")
+        self.progress.console.print("[yellow]warning:[/yellow] " + escape(text))
 
 
 results_option = click.option(
@@ -91,14 +95,24 @@ def cli() -> None:
               "vm[:kvm|tcg]. [default: native,container,vm]")
 @click.option("--workloads", help="Comma-separated sysbench workloads: cpu, threads, memory, "
               "fileio, mutex. [default: all five]")
-@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Measured repetitions per target and workload.")
+@click.option("--runs", default="3", show_default=True, metavar="N|auto",
+              help="Measured repetitions per target and workload; 'auto' repeats until the "
+                   "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
+@click.option("--min-runs", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With --runs auto: runs before precision is judged.")
+@click.option("--max-runs", type=click.IntRange(min=1), default=20, show_default=True,
+              help="With --runs auto: give up (and flag it) after this many runs.")
+@click.option("--ci-target", type=click.FloatRange(0, 100, min_open=True, max_open=True),
+              default=2.0, show_default=True, metavar="PCT",
+              help="With --runs auto: wanted CI half-width, percent of the median.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Warm-up repetitions run first and discarded.")
 @click.option("--time", "time_", type=click.IntRange(min=1),
               default=plan_mod.DEFAULT_TIME, show_default=True,
               help="Seconds each time-bounded workload runs (sysbench --time).")
-@click.option("--qemu", help="QEMU binary for VM targets (any build). [default: qemu-system-x86_64]")
+@click.option("--qemu", multiple=True, metavar="[LABEL=]PATH",
+              help="QEMU binary for VM targets (any build). Repeat it to measure several builds "
+                   "side by side as vm@LABEL targets. [default: qemu-system-x86_64]")
 @click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto",
               show_default=True, help="VM acceleration; auto uses KVM only where it really runs a vCPU.")
 @click.option("--vcpus", type=click.IntRange(min=1), help="vCPUs of VM targets. [default: 2]")
@@ -112,7 +126,7 @@ def cli() -> None:
 @click.option("--resume", metavar="RUN_ID", help="Continue an interrupted run, skipping what it stored.")
 @results_option
 @json_option
-def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, memory, machine, kernel,
+def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_, qemu, accel, vcpus, memory, machine, kernel,
         no_interleave, resume, results, as_json) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
@@ -121,7 +135,13 @@ def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, 
     """
     from vmtax.runner import Runner
 
-    vm_options = {k: v for k, v in dict(qemu=qemu, vcpus=vcpus, memory=memory, machine=machine,
+    if runs == "auto":
+        repetitions = dict(runs=min_runs, max_runs=max_runs, ci_target=ci_target / 100)
+    elif runs.isdigit() and int(runs) >= 1:
+        repetitions = dict(runs=int(runs))
+    else:
+        raise VmtaxError(f"--runs takes a whole number (1 or more) or 'auto', got {runs!r}")
+    vm_options = {k: v for k, v in dict(vcpus=vcpus, memory=memory, machine=machine,
                                         kernel=kernel).items() if v is not None}
     if accel != "auto":
         vm_options["accel"] = accel
@@ -135,7 +155,7 @@ def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, 
         the_plan = plan_mod.classic(
             target_names=_csv(targets) or plan_mod.CLASSIC_TARGETS,
             workload_names=_csv(workloads) or plan_mod.CLASSIC_WORKLOADS,
-            options={"vm": vm_options}, runs=runs, warmup=warmup, time=time_,
+            options={"vm": vm_options}, qemus=list(qemu), warmup=warmup, time=time_, **repetitions,
             interleave=not no_interleave)
     if not resume:
         store = Store(results)   # only once the plan is valid: a typo creates nothing
@@ -146,8 +166,11 @@ def run(plan_file, targets, workloads, runs, warmup, time_, qemu, accel, vcpus, 
         try:
             run_id = runner.execute()
         except KeyboardInterrupt:
-            err.print(f"interrupted; what finished is stored in run {runner.run_id} "
-                      f"(continue it with: vmtax run --resume {runner.run_id})")
+            if runner.run_id:
+                err.print(f"interrupted; what finished is stored in run {runner.run_id} "
+                          f"(continue it with: vmtax run --resume {runner.run_id})")
+            else:
+                err.print("interrupted before the first run; nothing stored")
             sys.exit(130)
     _show(store, run_id, as_json)
 
@@ -162,7 +185,7 @@ def _show(store: Store, run_id: str, as_json: bool) -> None:
                              "plan": run_rec.plan},
                      "summary": summary.to_json()})
     else:
-        report.print_summary(out, run_rec, summary)
+        tables.print_summary(out, run_rec, summary)
 
 
 @cli.command()
@@ -185,7 +208,57 @@ def runs(results, as_json) -> None:
     elif not rows:
         out.print(f"no runs stored in {results} yet; start one with `vmtax run`")
     else:
-        report.print_runs(out, rows)
+        tables.print_runs(out, rows)
+
+
+def _side(store: Store, spec: str) -> tuple:
+    """RUN or RUN:TARGET (run ids never contain ':'; target names may, e.g. container:runc)."""
+    run_id, _, target = spec.partition(":")
+    run_rec = store.load_run(run_id)
+    if target and target not in run_rec.targets:
+        raise VmtaxError(f"run {run_rec.id} has no target {target!r}; it has: "
+                         + ", ".join(run_rec.targets))
+    return run_rec, target
+
+
+@cli.command()
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
+              show_default=True, help="Significance level after the multiplicity adjustment.")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
+              help="Relative changes smaller than this are never called significant.")
+@click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
+              help="Adjustment across metrics: Benjamini-Hochberg (false discovery rate) or Holm.")
+@results_option
+@json_option
+def compare(a, b, alpha, noise_floor, method, results, as_json) -> None:
+    """Is B better or worse than A, metric by metric, beyond noise?
+
+    \b
+    A and B are stored runs (RUN_ID, a unique prefix, or 'last'), compared target by
+    target, or targets of runs (RUN:TARGET), e.g. two QEMU builds in one run:
+      vmtax compare last:vm@stock last:vm@patched
+      vmtax compare 20261121-2236 20261122-0910
+    Failed repetitions are excluded and counted, never treated as zero.
+    """
+    store = Store(results)
+    (run_a, target_a), (run_b, target_b) = _side(store, a), _side(store, b)
+    if bool(target_a) != bool(target_b):
+        raise VmtaxError("give a target on both sides (RUN:TARGET RUN:TARGET) or on neither")
+    if target_a:
+        pairs = [(run_a, target_a, run_b, target_b)]
+    else:
+        pairs = [(run_a, t, run_b, t) for t in run_a.targets if t in run_b.targets]
+        if not pairs:
+            raise VmtaxError(f"runs {run_a.id} and {run_b.id} share no target; "
+                             "compare targets explicitly with RUN:TARGET")
+    rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor, method=method)
+    if as_json:
+        _print_json({"alpha": alpha, "noise_floor": noise_floor, "method": method,
+                     "rows": [dataclasses.asdict(r) for r in rows]})
+    else:
+        tables.print_comparison(out, rows, alpha, noise_floor, method)
 
 
 @cli.command()
@@ -206,7 +279,7 @@ def doctor(as_json) -> None:
     table.add_column("", justify="center")
     table.add_column("detail")
     for c in checks:
-        table.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]no[/red]", c.detail)
+        table.add_row(escape(c.name), "[green]ok[/green]" if c.ok else "[red]no[/red]", escape(c.detail))
     out.print(table)
 
 
@@ -236,3 +309,6 @@ def main() -> None:
 from vmtax.cli_report import export, report  # noqa: E402  (commands live beside their code)
 cli.add_command(report)
 cli.add_command(export)
+
+from vmtax.planfile import plan_command  # noqa: E402  (command lives beside its code)
+cli.add_command(plan_command, "plan")

@@ -1,0 +1,354 @@
+"""Figures of a run, drawn from its `RunSummary` so they match every table.
+
+Each kind of figure is one builder `f(summary, labels) -> [Chart]`, listed in BUILDERS:
+  normalized_bars   E1/E3: per workload, every target's ratio to the baseline, CI whiskers
+  sweeps            E5: a metric against a swept parameter, one line per configuration
+
+Figures are built on bare `Figure` objects (no pyplot), so nothing depends on a display
+or on global figure state, and rendered as PNG, SVG or SVG cleaned up for inlining.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import cycle
+from typing import Any
+
+import matplotlib
+from markupsafe import escape
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from vmtax.analysis import Row, RunSummary
+
+# Figure sizes in inches at DPI: PNGs are exactly size × DPI pixels (no tight bbox).
+DPI = 150
+BAR_SIZE = (9.0, 4.2)
+SWEEP_SIZE = (9.0, 4.2)
+# Ratios beyond this are drawn clipped, with their value written on the bar, so one
+# outlier (a metric near zero on the baseline) does not flatten every other bar.
+RATIO_AXIS_MAX = 2.0
+# A swept parameter gets a log axis when its values span at least this factor.
+LOG_SPAN = 100.0
+MAX_TICKS = 12
+
+BASELINE_COLOR = "#8a8f98"
+# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442",
+           "#000000")
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+STYLE = {
+    "font.size": 9,
+    "axes.titlesize": 11,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.edgecolor": "#555a62",
+    "axes.labelcolor": "#30343a",
+    "xtick.color": "#30343a",
+    "ytick.color": "#30343a",
+    "axes.grid": True,
+    "axes.grid.axis": "y",
+    "grid.color": "#e3e5e8",
+    "grid.linewidth": 0.8,
+    "axes.axisbelow": True,
+    "legend.frameon": False,
+    "svg.fonttype": "path",       # glyphs as paths: the SVG needs no font on the reader's side
+    "svg.hashsalt": "vmtax",      # stable ids, so the same run renders to the same file
+}
+# Without these keys matplotlib writes an RDF block full of namespace URLs and a date.
+_SVG_METADATA = {"Creator": None, "Date": None, "Format": None, "Type": None}
+
+
+@dataclass
+class Chart:
+    slug: str            # file name stem, unique within a run
+    title: str
+    caption: str
+    figure: Figure
+
+
+def target_colors(summary: RunSummary) -> dict[str, str]:
+    """One colour per target, the same in every figure and in the HTML legend."""
+    others = cycle(PALETTE)
+    return {t: BASELINE_COLOR if t == summary.baseline else next(others)
+            for t in summary.targets}
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "chart"
+
+
+def metric_label(row: Row) -> str:
+    return row.metric if row.unit in row.metric else f"{row.metric} ({row.unit})"
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+# -- normalized bars ---------------------------------------------------------------------------
+
+def normalized_bars(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    """Per workload: for each metric a group of bars, one per target, as ratio to the
+    baseline (baseline = 1, below 1 = worse whatever the metric's direction)."""
+    by_workload: dict[str, list[Row]] = {}
+    for row in summary.rows:
+        if not row.params:      # swept configurations get line plots instead
+            by_workload.setdefault(row.workload, []).append(row)
+    colors = target_colors(summary)
+    charts = []
+    for workload, rows in by_workload.items():
+        # a metric no target has a ratio for (0 on every target, say) would be a lone 1
+        rows = [r for r in rows if any(_finite(c.ratio.value) for c in r.cells.values() if c.ratio)]
+        targets = [t for t in summary.targets if any(t in r.cells for r in rows)]
+        if len(targets) < 2:
+            continue
+        title = f"{workload}: ratio to {labels.get(summary.baseline, summary.baseline)}"
+        charts.append(Chart(
+            slug=f"{slugify(workload)}-ratio", title=title,
+            caption=(f"Median of each target divided by the median of {summary.baseline}, "
+                     "inverted for lower-is-better metrics so that higher is always better; "
+                     "whiskers are the 95% bootstrap CI of the ratio."),
+            figure=_bar_figure(title, rows, targets, summary.baseline, labels, colors)))
+    return charts
+
+
+def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
+                labels: dict[str, str], colors: dict[str, str]) -> Figure:
+    width = 0.8 / len(targets)
+    crowded = len(rows) * len(targets) > 24
+    # per target: (x, ratio, drawn height, whisker below, whisker above) of each bar
+    bars: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    for i, target in enumerate(targets):
+        for x, row in enumerate(rows):
+            cell = row.cells.get(target)
+            if cell is None or cell.summary is None:
+                continue
+            if target == baseline:
+                value, low, high = 1.0, 1.0, 1.0
+            elif cell.ratio is not None and _finite(cell.ratio.value):
+                value, low, high = cell.ratio.value, cell.ratio.ci_low, cell.ratio.ci_high
+            else:
+                continue        # no ratio (0/0 medians): nothing honest to draw
+            height = min(value, RATIO_AXIS_MAX)
+            # matplotlib rejects negative whiskers; a percentile CI may miss the median
+            whiskers = _finite(low) and _finite(high) and value <= RATIO_AXIS_MAX
+            below = max(value - low, 0) if whiskers else 0
+            above = max(min(high, RATIO_AXIS_MAX) - value, 0) if whiskers else 0
+            bars.setdefault(target, []).append(
+                (x + (i - (len(targets) - 1) / 2) * width, value, height, below, above))
+    top = max([1.0] + [h + above for b in bars.values() for _, _, h, _, above in b])
+    top *= 1.3 if crowded else 1.15
+
+    fig = Figure(figsize=BAR_SIZE, dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for target, target_bars in bars.items():
+        xs, values, heights, below, above = zip(*target_bars)
+        ax.bar(xs, heights, width * 0.92, color=colors[target], label=labels.get(target, target),
+               yerr=[below, above], error_kw={"elinewidth": 1, "capsize": 2.5, "ecolor": "#30343a"})
+        for x, value, height, _, up in target_bars:
+            text = f"{value:.2f}" if value <= RATIO_AXIS_MAX else f"{value:.3g}↑"
+            # inside the bar at its foot, clear of the whisker; above the whisker when
+            # the bar is too short to hold the text
+            inside = height >= top * (0.2 if crowded else 0.1)
+            ax.annotate(text, (x, 0 if inside else height + up), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=7,
+                        color=_text_on(colors[target]) if inside else "#30343a",
+                        rotation=90 if crowded else 0)
+    ax.axhline(1.0, color="#30343a", linewidth=0.9, linestyle=(0, (4, 3)))
+    ax.set_ylim(0, top)
+    tilt = len(rows) > 4
+    ax.set_xticks(range(len(rows)), [metric_label(r) for r in rows],
+                  rotation=25 if tilt else 0, ha="right" if tilt else "center",
+                  rotation_mode="anchor")
+    ax.set_ylabel(f"ratio to {labels.get(baseline, baseline)}  (higher = better)")
+    ax.set_title(title, pad=22)
+    ax.legend(ncols=min(len(targets), 4), loc="lower right", bbox_to_anchor=(1, 1.0),
+              fontsize=8, handlelength=1.2, borderaxespad=0.2)
+    return fig
+
+
+def _text_on(color: str) -> str:
+    """White or near-black, whichever reads better on `color` (sRGB luma)."""
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return "#1f2328" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "white"
+
+
+# -- sweeps ------------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def numeric(value: Any) -> float | None:
+    """A parameter value as a number: 4, 0.5, or a size such as "16K" / "1G" in bytes."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _SIZE.fullmatch(str(value).strip())
+    return float(m[1]) * 2 ** _SIZE_SHIFT[m[2].lower()] if m else None
+
+
+def _key(params: dict[str, Any], keys: list[str]) -> str:
+    return json.dumps({k: params.get(k) for k in keys}, sort_keys=True)
+
+
+def _describe(params: dict[str, Any], keys: list[str]) -> str:
+    return ", ".join(f"{k}={params[k]}" for k in keys if k in params)
+
+
+def sweeps(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    """One figure per swept workload and metric: x = the swept parameter (the numeric
+    one with most values), one panel per value of word-valued parameters (e.g. seq/rnd),
+    one line per target (colour) and remaining parameter combination (line style)."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in summary.rows:
+        if row.params:
+            groups.setdefault((row.workload, row.metric), []).append(row)
+    colors = target_colors(summary)
+    charts = []
+    for (workload, metric), rows in groups.items():
+        keys = sorted({k for r in rows for k in r.params})
+        distinct = {k: {json.dumps(r.params.get(k)) for r in rows} for k in keys}
+        swept = [k for k in keys if len(distinct[k]) > 1]
+        if not swept:
+            continue
+        numeric_keys = [k for k in swept if all(numeric(r.params.get(k)) is not None for r in rows)]
+        x_key = max(numeric_keys or swept, key=lambda k: len(distinct[k]))
+        rest = [k for k in swept if k != x_key]
+        panel_keys = [k for k in rest if k not in numeric_keys]
+        line_keys = [k for k in rest if k in numeric_keys]
+        first = rows[0]
+        title = f"{workload}: {metric_label(first)} vs {x_key}"
+        charts.append(Chart(
+            slug=f"{slugify(workload)}-{slugify(metric)}-vs-{slugify(x_key)}", title=title,
+            caption=("Median over the measured runs; the band is its confidence interval. "
+                     + ("↑ higher is better." if first.higher_is_better
+                        else "↓ lower is better.")),
+            figure=_sweep_figure(title, rows, x_key, x_key in numeric_keys, panel_keys,
+                                 line_keys, summary.targets, labels, colors)))
+    return charts
+
+
+def _sweep_figure(title: str, rows: list[Row], x_key: str, x_numeric: bool,
+                  panel_keys: list[str], line_keys: list[str], targets: list[str],
+                  labels: dict[str, str], colors: dict[str, str]) -> Figure:
+    panels: dict[str, list[Row]] = {}
+    for row in rows:
+        panels.setdefault(_key(row.params, panel_keys), []).append(row)
+    fig = Figure(figsize=SWEEP_SIZE, dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    # x positions: the value itself, or its rank for word-valued sweeps
+    raw = sorted({json.dumps(r.params.get(x_key)) for r in rows},
+                 key=lambda v: (numeric(json.loads(v)) or 0, v))
+    position = {v: (numeric(json.loads(v)) if x_numeric else i) for i, v in enumerate(raw)}
+    xs_all = [position[v] for v in raw]
+    log_x = x_numeric and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= LOG_SPAN
+    styles: dict[str, int] = {}     # remaining-parameter combination -> line style
+    drawn: set[str] = set()
+    for ax, (panel, panel_rows) in zip(axes, panels.items()):
+        for target in targets:
+            lines: dict[str, list[tuple[float, Any]]] = {}
+            for row in panel_rows:
+                cell = row.cells.get(target)
+                if cell is not None and cell.summary is not None:
+                    point = (position[json.dumps(row.params.get(x_key))], cell.summary)
+                    lines.setdefault(_key(row.params, line_keys), []).append(point)
+            for line, points in lines.items():
+                points.sort(key=lambda p: p[0])
+                xs = [p[0] for p in points]
+                style = styles.setdefault(line, len(styles))
+                drawn.add(target)
+                ax.plot(xs, [s.median for _, s in points], color=colors[target],
+                        linestyle=LINESTYLES[style % len(LINESTYLES)],
+                        marker=MARKERS[style % len(MARKERS)], markersize=4, linewidth=1.6)
+                if any(s.n > 1 for _, s in points):
+                    ax.fill_between(xs, [s.ci_low for _, s in points],
+                                    [s.ci_high for _, s in points], color=colors[target],
+                                    alpha=0.13, linewidth=0)
+        if log_x:
+            ax.set_xscale("log")
+        if len(xs_all) <= MAX_TICKS:
+            ax.set_xticks(xs_all, [str(json.loads(v)) for v in raw])
+            ax.minorticks_off()
+        ax.set_xlabel(x_key)
+        ax.grid(True, axis="x", color="#eef0f2")
+        if panel_keys:
+            ax.set_title(_describe(json.loads(panel), panel_keys), fontsize=9,
+                         fontweight="normal")
+    first = rows[0]
+    medians = [c.summary.median for r in rows for c in r.cells.values()
+               if c.summary is not None and c.summary.median > 0]
+    if medians and max(medians) / min(medians) >= LOG_SPAN:
+        axes[0].set_yscale("log")
+    axes[0].set_ylabel(metric_label(first) + ("  ↑" if first.higher_is_better else "  ↓"))
+    # colour says target, line style says the other parameters: two short legends
+    # instead of one entry per combination
+    handles = [Line2D([], [], color=colors[t], linewidth=2.5, label=labels.get(t, t))
+               for t in targets if t in drawn]
+    if line_keys:
+        handles += [Line2D([], [], color="#555a62", linewidth=1.4,
+                           linestyle=LINESTYLES[i % len(LINESTYLES)],
+                           marker=MARKERS[i % len(MARKERS)], markersize=4,
+                           label=_describe(json.loads(line), line_keys))
+                    for line, i in styles.items()]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                 fontweight=STYLE["axes.titleweight"])
+    return fig
+
+
+# -- all figures, rendering --------------------------------------------------------------------
+
+Builder = Callable[[RunSummary, dict[str, str]], list[Chart]]
+BUILDERS: list[Builder] = [normalized_bars, sweeps]
+
+
+def charts(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    with matplotlib.rc_context(STYLE):
+        made = [chart for build in BUILDERS for chart in build(summary, labels)]
+    # slugs name files and HTML ids: two workloads that slugify alike must not collide
+    seen: dict[str, int] = {}
+    for chart in made:
+        seen[chart.slug] = seen.get(chart.slug, 0) + 1
+        if seen[chart.slug] > 1:
+            chart.slug += f"-{seen[chart.slug]}"
+    return made
+
+
+def render(chart: Chart, fmt: str) -> bytes:
+    """The figure as "png" or "svg" file contents."""
+    buf = io.BytesIO()
+    with matplotlib.rc_context(STYLE):
+        chart.figure.savefig(buf, format=fmt, dpi=DPI, facecolor="white",
+                             metadata=_SVG_METADATA if fmt == "svg" else None)
+    return buf.getvalue()
+
+
+_XML_PROLOG = re.compile(r"<\?xml[^>]*\?>\s*|<!DOCTYPE[^>]*>\s*", re.DOTALL)
+_ID = re.compile(r'\bid="([^"]+)"')
+
+
+def inline_svg(chart: Chart, prefix: str) -> str:
+    """SVG markup to paste into HTML: no XML prolog or DTD URL, no namespace URLs (the
+    HTML parser knows SVG), ids prefixed so several figures on one page cannot collide,
+    and a width that follows the page."""
+    svg = _XML_PROLOG.sub("", render(chart, "svg").decode())
+    svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)
+    svg = svg.replace("xlink:href=", "href=")
+    ids = set(_ID.findall(svg))
+    svg = _ID.sub(lambda m: f'id="{prefix}{m[1]}"', svg)
+    svg = re.sub(r'(href="#|url\(#)([^")]+)',
+                 lambda m: m[1] + (prefix + m[2] if m[2] in ids else m[2]), svg)
+    return re.sub(r'<svg\s+width="[^"]*"\s+height="[^"]*"',
+                  f'<svg role="img" aria-label="{escape(chart.title)}" class="chart"', svg, count=1)

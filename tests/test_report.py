@@ -1,0 +1,167 @@
+"""HTML report, figures and the `report` command on a synthetic stored run."""
+
+import re
+
+import pytest
+from PIL import Image
+
+from conftest import vmtax
+from vmtax import analysis, htmlreport, plots
+from vmtax.store import Store
+from vmtax.workloads.base import Metric
+
+TARGETS = {"native": {"kind": "native", "kernel": "6.1.0"},
+           "container": {"kind": "container", "runtime": "crun", "namespaces": ["pid", "net"]},
+           "vm": {"kind": "vm", "accel": "kvm", "qemu": {"version": "7.2.0"}}}
+# Share of native each target keeps per workload metric (throughput; latency gets 1/x).
+KEEPS = {"container": 0.97, "vm": 0.6}
+BLOCKS = ["16K", "1M", "64M", "1G"]
+
+
+def _metrics(target, workload, idx, block=None):
+    keep = KEEPS.get(target, 1.0)
+    wiggle = 1 + 0.004 * (idx % 3 - 1)
+    if workload == "cpu":
+        lat_max = 0.7 / keep * (1 + (0.5 * idx if target == "vm" else 0))   # noisy on vm
+        return [Metric("events/s", 48000 * keep * wiggle, "events/s", True),
+                Metric("latency avg", 0.021 / keep * wiggle, "ms", False),
+                Metric("latency max", lat_max, "ms", False)]
+    if workload == "fileio":
+        # the container "beats" native: page cache, a finding the report must flag
+        keep = {"container": 1.3, "vm": 0.06}.get(target, 1.0)
+        return [Metric("reads/s", 3000 * keep * wiggle, "reads/s", True),
+                Metric("writes/s", 2000 * keep * wiggle, "writes/s", True)]
+    size = plots.numeric(block)
+    return [Metric("MiB/s", 9000 * keep * wiggle * (1 + size / 2**30), "MiB/s", True)]
+
+
+def make_run(results, *, all_failed=False):
+    """native/container/vm × cpu, fileio and a memory block-size sweep, 3 runs each,
+    plus one failed vm cpu repetition."""
+    store = Store(results)
+    run_id = store.new_run({"targets": [{"name": t} for t in TARGETS], "baseline": "native",
+                            "runs": 3, "warmup": 0, "time": 1},
+                           {"cpu_model": "Synthetic CPU", "cores": 2, "kernel": "6.1.0"}, "0.1.0")
+    for name, fp in TARGETS.items():
+        store.set_target(run_id, name, fp["kind"], fp)
+    configs = [("cpu", {"cpu-max-prime": 2000}, None),
+               ("fileio", {"file-test-mode": "rndrw"}, None)]
+    configs += [("memory", {"memory-block-size": b}, b) for b in BLOCKS]
+    for workload, params, block in configs:
+        for target in TARGETS:
+            for idx in range(3):
+                ok = not all_failed
+                store.add_rep(run_id, target=target, workload=workload, params=params,
+                              phase="measure", idx=idx, status="ok" if ok else "failed",
+                              error=None if ok else "exit status 1", argv=["sysbench"],
+                              started=float(idx), host_elapsed=1.0, guest_elapsed=1.0,
+                              metrics=_metrics(target, workload, idx, block) if ok else [])
+    store.add_rep(run_id, target="vm", workload="cpu", params={"cpu-max-prime": 2000},
+                  phase="measure", idx=3, status="failed", error="exit status 1",
+                  argv=["sysbench"], started=4.0)
+    store.finish_run(run_id, "done")
+    return store, run_id
+
+
+@pytest.fixture
+def run(tmp_path):
+    store, run_id = make_run(tmp_path / "results")
+    return store.load_run(run_id)
+
+
+def test_findings_name_the_best_target_per_class_and_every_flag(run):
+    f = htmlreport.findings(analysis.summarize_run(run))
+    assert list(f.classes) == ["CPU", "memory", "disk I/O", "latency"]
+    assert [s.target for s in f.classes["CPU"]] == ["container", "vm"]
+    assert f.classes["CPU"][0].keeps == pytest.approx(0.97, abs=0.01)
+    assert f.classes["disk I/O"][0].target == "container"
+    assert f.classes["disk I/O"][1].keeps == pytest.approx(0.06, abs=0.01)
+    # the worst metric is a disk rate for vm, a latency for the container
+    assert f.worst["vm"][0].workload == "fileio"
+    kinds = {(fl.kind, fl.target, fl.row.workload) for fl in f.flags}
+    assert ("faster than baseline", "container", "fileio") in kinds
+    assert ("noisy", "vm", "cpu") in kinds
+    assert f.failures == [{"target": "vm", "workload": "cpu", "phase": "measure",
+                           "status": "failed", "error": "exit status 1", "count": 1}]
+
+
+def test_figures_cover_each_workload_and_the_sweep(run):
+    summary = analysis.summarize_run(run)
+    charts = plots.charts(summary, {t: t for t in summary.targets})
+    slugs = [c.slug for c in charts]
+    assert slugs == ["cpu-ratio", "fileio-ratio", "memory-mib-s-vs-memory-block-size"]
+    sweep = charts[-1].figure.axes[0]
+    assert sweep.get_xscale() == "log"         # 16K .. 1G spans five decades
+    assert [t.get_text() for t in sweep.get_xticklabels()] == BLOCKS
+    assert len(sweep.get_lines()) == 3         # one per target
+
+
+def test_html_is_self_contained_and_shows_everything(run):
+    html = htmlreport.render_html([htmlreport.build(run)])
+    for target in TARGETS:
+        assert f'data-fingerprint="{target}"' in html
+    assert "crun" in html and "Synthetic CPU" in html and "qemu.version" in html
+    svgs = re.findall(r"<svg\b.*?</svg>", html, re.DOTALL)
+    assert len(svgs) == 3 and all("<path" in s for s in svgs)
+    assert not re.search(r"https?://|<script|<link|@import|url\((?!#)", html)
+    ids = re.findall(r'\bid="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), "figures share element ids"
+    assert re.search(r'data-class="CPU" data-best="container"', html)
+    assert re.search(r'data-class="disk I/O" data-best="container"', html)
+    assert 'data-flag="faster than baseline"' in html and 'data-flag="noisy"' in html
+    assert "exit status 1" in html
+    summary = analysis.summarize_run(run)
+    medians = re.findall(r'data-median="([^"]+)"', html)
+    cells = [c for r in summary.rows for c in r.cells.values()]
+    assert len(medians) == sum(c.summary is not None for c in cells)
+
+
+def test_report_cli_writes_html_png_and_svg(tmp_path):
+    _, run_id = make_run(tmp_path / "results")
+    out = vmtax("report", run_id, "--html", str(tmp_path / "r.html"),
+                "--png", str(tmp_path / "png"), "--svg", str(tmp_path / "svg"),
+                "--results", str(tmp_path / "results"))
+    assert out.returncode == 0, out.stderr
+    assert "<svg" in (tmp_path / "r.html").read_text()
+    pngs = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert pngs == [f"{run_id}-{s}.png" for s in
+                    ("cpu-ratio", "fileio-ratio", "memory-mib-s-vs-memory-block-size")]
+    for name in pngs:
+        with Image.open(tmp_path / "png" / name) as img:
+            assert img.format == "PNG"
+            size = plots.SWEEP_SIZE if "-vs-" in name else plots.BAR_SIZE
+            assert img.size == (round(size[0] * plots.DPI), round(size[1] * plots.DPI))
+    svgs = list((tmp_path / "svg").iterdir())
+    assert len(svgs) == 3 and all(p.read_text().lstrip().startswith("<?xml") for p in svgs)
+    assert not [p for p in tmp_path.rglob(".*.tmp")]
+
+
+def test_two_runs_in_one_report(tmp_path):
+    _, first = make_run(tmp_path / "results")
+    _, second = make_run(tmp_path / "results")
+    out = vmtax("report", first, second, "--html", str(tmp_path / "r.html"),
+                "--results", str(tmp_path / "results"))
+    assert out.returncode == 0, out.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert f'id="run-{first}"' in html and f'id="run-{second}"' in html
+    ids = re.findall(r'\bid="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("unknown", r"unknown run id 'nope'"),
+    ("empty", r"run \S+ has no successful repetitions \(55 failed\)"),
+    ("unwritable", r"cannot write .*missing/r\.html: No such file or directory"),
+    ("directory", r"cannot write .*: Is a directory"),
+])
+def test_bad_input_is_one_line_and_leaves_no_file(tmp_path, case, message):
+    _, run_id = make_run(tmp_path / "results", all_failed=case == "empty")
+    target = {"unwritable": tmp_path / "missing" / "r.html", "directory": tmp_path}.get(
+        case, tmp_path / "r.html")
+    out = vmtax("report", "nope" if case == "unknown" else run_id, "--html", str(target),
+                "--png", str(tmp_path / "png"), "--results", str(tmp_path / "results"))
+    assert out.returncode == 2
+    assert re.fullmatch(rf"vmtax: error: {message}.*\n", out.stderr), out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "r.html").exists()
+    assert not list(tmp_path.rglob("*.png")) and not list(tmp_path.rglob(".*.tmp"))
