@@ -1,0 +1,577 @@
+"""A QEMU guest: boots the vmtax guest image and runs jobs through the in-guest agent.
+
+The host listens on a UNIX socket before QEMU starts; QEMU connects to it as the backend of a
+named virtio-serial port, so nothing the agent says is lost and kernel messages never mix
+with the protocol (they go to the serial console log). QMP is used to stop QEMU in order and
+to find its vCPU threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import os
+import re
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from vmtax import proc
+from vmtax.errors import TargetError, VmtaxError
+from vmtax.image import AGENT_PORT, GuestImage
+from vmtax.targets.base import Job, JobResult, Target
+
+# Host-side grace beyond a job's own timeout before the guest is declared hung: the agent
+# kills the job at its timeout itself, this covers decoding and sending the output back.
+HOST_MARGIN = 15.0
+QMP_TIMEOUT = 5.0
+DISK_DEVICE = "/dev/vda"
+SCRATCH = "/work"
+_SIZE = re.compile(r"(\d+)([KMGT]?)(?:i?B)?", re.IGNORECASE)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Tokens made only of these characters reach the guest shell unencoded: it never splits
+# them (no whitespace) or expands them (no quotes, $, globs, backslashes).
+_PLAIN = re.compile(r"[A-Za-z0-9_./=:,+-]+")
+_TSC_LINE = re.compile(r"tsc: (?:Detected|Refined TSC clocksource calibration:) ([\d.]+) MHz")
+
+
+# --- host facts ---------------------------------------------------------------------------
+
+@functools.cache
+def host_tsc_khz() -> int | None:
+    """The host's TSC frequency in kHz, as its kernel determined it.
+
+    Guests see the host TSC rate under TCG and KVM alike; telling the guest (tsc_early_khz)
+    avoids its TSC calibration, which hangs microvm boots when the host is busy.
+    """
+    khz = None
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            while True:
+                try:
+                    record = os.read(fd, 8192).decode(errors="replace")
+                except BrokenPipeError:   # a record was overwritten while we read: go on
+                    continue
+                except BlockingIOError:
+                    break
+                m = _TSC_LINE.search(record)
+                if m:   # the last one wins: a refined calibration follows the first guess
+                    khz = round(float(m.group(1)) * 1000)
+        finally:
+            os.close(fd)
+    if khz is None:
+        # Without the kernel's log, cpuinfo's MHz is the TSC rate on constant-TSC CPUs.
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+        m = re.search(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.MULTILINE)
+        if m and re.search(r"^flags\s*:.*\bconstant_tsc\b", cpuinfo, re.MULTILINE):
+            khz = round(float(m.group(1)) * 1000)
+    return khz
+
+
+def parse_size(text: str) -> int:
+    """"4G" -> bytes (binary units, as QEMU reads them)."""
+    m = _SIZE.fullmatch(str(text).strip())
+    if not m:
+        raise VmtaxError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
+def resolve_accel(accel: str) -> str:
+    """"auto" | "kvm" | "tcg" -> the accelerator to use, "kvm" only when KVM really runs guests."""
+    if accel == "tcg":
+        return "tcg"
+    if accel not in ("auto", "kvm"):
+        raise VmtaxError(f"unknown accel {accel!r}: use auto, kvm or tcg")
+    from vmtax import kvm   # probing runs a tiny vCPU: only when asked
+    status = kvm.probe()
+    if status.usable:
+        return "kvm"
+    if accel == "kvm":
+        raise VmtaxError(f"--accel kvm: {status.reason}; use --accel tcg or auto")
+    return "tcg"
+
+
+def find_qemu(qemu: str) -> str:
+    found = shutil.which(qemu)
+    if found is None:
+        raise VmtaxError(f"QEMU binary {qemu!r} not found; install qemu-system-x86 "
+                         "(apt-get install qemu-system-x86) or pass the path of a QEMU build")
+    return found
+
+
+# --- QEMU command line --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VmConfig:
+    """Everything that decides QEMU's command line, already resolved."""
+    qemu: str
+    accel: str                 # "kvm" | "tcg"
+    machine: str               # "microvm" | "q35"
+    cpu: str
+    vcpus: int
+    memory: str
+    kernel: Path
+    initramfs: Path
+    append: str
+    agent_socket: Path
+    qmp_socket: Path
+    console_log: Path
+    disk: Path | None = None
+    disk_cache: str = "none"
+
+
+MACHINES = {
+    # No option ROMs: the PVH kernel is entered directly. (rtc=off would cost two 1 s waits:
+    # the kernel retries reading a missing CMOS clock.)
+    "microvm": "microvm,x-option-roms=off",
+    "q35": "q35",
+}
+
+
+def transport(machine: str) -> str:
+    """How virtio devices attach: "mmio" on microvm, "pci" on q35."""
+    return "mmio" if machine == "microvm" else "pci"
+
+
+# Boot-time work these skip, measured under TCG on a 2-core host (each was 0.1-1 s):
+#   tsc=reliable      without invariant-TSC CPUID bits (TCG's max CPU) the kernel distrusts the
+#                     TSC and falls back to the jiffies clocksource: slow boot, 4 ms clock.
+#   lpj=              skips the delay-loop calibration of every secondary CPU.
+#   no_timer_check    skips the IO-APIC timer check, which waits for ticks.
+#   cryptomgr.notests, initcall_blacklist=crypto_kdf108_init
+#                     skip crypto self-tests (the KDF one runs even with notests).
+#   rodata=off        skips write-protecting kernel data and the W+X page-table walk
+#                     (no effect on workloads; the guest is disposable).
+BOOT_SPEEDUPS = ("tsc=reliable", "no_timer_check", "cryptomgr.notests",
+                 "initcall_blacklist=crypto_kdf108_init", "rodata=off")
+
+
+def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None) -> str:
+    args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={transport(machine)}",
+            *BOOT_SPEEDUPS]
+    if tsc_khz:
+        if hz:   # the delay loop counts TSC cycles: TSC cycles per tick
+            args.append(f"lpj={tsc_khz * 1000 // hz}")
+        if machine == "microvm":
+            args.append(f"tsc_early_khz={tsc_khz}")
+    return " ".join(args)
+
+
+def _opt(path: Path) -> str:
+    """A path inside a QEMU option string, where a comma must be doubled."""
+    return str(path).replace(",", ",,")
+
+
+def _accel_args(cfg: VmConfig) -> list[str]:
+    return ["-accel", "kvm" if cfg.accel == "kvm" else "tcg,thread=multi"]
+
+
+def _machine_args(cfg: VmConfig) -> list[str]:
+    return ["-machine", MACHINES[cfg.machine], "-cpu", cfg.cpu, "-smp", str(cfg.vcpus)]
+
+
+def _memory_args(cfg: VmConfig) -> list[str]:
+    return ["-m", cfg.memory]
+
+
+def _boot_args(cfg: VmConfig) -> list[str]:
+    return ["-kernel", str(cfg.kernel), "-initrd", str(cfg.initramfs), "-append", cfg.append]
+
+
+def _device_args(cfg: VmConfig) -> list[str]:
+    suffix = "device" if transport(cfg.machine) == "mmio" else "pci"
+    args = ["-chardev", f"file,id=console,path={_opt(cfg.console_log)}",
+            "-serial", "chardev:console",
+            "-chardev", f"socket,id=agent,path={_opt(cfg.agent_socket)}",
+            "-device", f"virtio-serial-{suffix},id=vser",
+            "-device", f"virtserialport,bus=vser.0,chardev=agent,name={AGENT_PORT}"]
+    if cfg.disk is not None:
+        args += ["-drive", f"if=none,id=scratch,format=raw,file={_opt(cfg.disk)},"
+                 f"cache={cfg.disk_cache}", "-device", f"virtio-blk-{suffix},drive=scratch"]
+    return args
+
+
+def qemu_argv(cfg: VmConfig) -> list[str]:
+    """QEMU's exact argv for cfg; one helper per concern so memory backends (huge pages) and
+    CPU placement can be added to theirs without touching the rest."""
+    return [cfg.qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+            *_accel_args(cfg), *_machine_args(cfg), *_memory_args(cfg), *_boot_args(cfg),
+            *_device_args(cfg), "-qmp", f"unix:{_opt(cfg.qmp_socket)},server=on,wait=off"]
+
+
+# --- agent protocol -----------------------------------------------------------------------
+
+def encode_token(text: str) -> str:
+    if _PLAIN.fullmatch(text):
+        return "p:" + text
+    return "b:" + base64.b64encode(text.encode()).decode()
+
+
+def encode_job(job_id: int, job: Job) -> bytes:
+    """One line: JOB <id> <timeout> <scratch> <n_env> <env tokens> <argv tokens>."""
+    if not job.argv:
+        raise VmtaxError("a job needs a command")
+    for name in job.env:
+        if not _ENV_NAME.fullmatch(name):
+            raise VmtaxError(f"bad environment variable name {name!r}")
+    tokens = [encode_token(f"{k}={v}") for k, v in job.env.items()]
+    tokens += [encode_token(a) for a in job.argv]
+    timeout = max(job.timeout, 0.001)
+    return (f"JOB {job_id} {timeout:.3f} {int(job.in_scratch)} {len(job.env)} "
+            + " ".join(tokens) + "\n").encode()
+
+
+@dataclass
+class AgentResult:
+    exit_code: int
+    timed_out: bool
+    elapsed_ns: int
+    stdout: bytes
+    stderr: bytes
+
+
+class Channel:
+    """Buffered, deadline-bound reads from the agent socket. `check` is called while
+    waiting, to give up early when QEMU is gone."""
+
+    def __init__(self, sock: socket.socket, check: Callable[[], None] | None = None):
+        self.sock = sock
+        self.check = check
+        self.buf = bytearray()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self, deadline: float) -> None:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no answer from the guest agent")
+            ready, _, _ = select.select([self.sock], [], [], min(remaining, 0.2))
+            if ready:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise EOFError("the guest agent closed its channel")
+                self.buf += data
+                return
+            if self.check is not None:
+                self.check()
+
+    def readline(self, deadline: float) -> bytes:
+        while (end := self.buf.find(b"\n")) < 0:
+            self._fill(deadline)
+        line = bytes(self.buf[:end])
+        del self.buf[:end + 1]
+        return line
+
+    def read_exact(self, n: int, deadline: float) -> bytes:
+        while len(self.buf) < n:
+            self._fill(deadline)
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+
+def read_result(channel: Channel, job_id: int, deadline: float) -> AgentResult:
+    """The agent's answer to job_id: a RESULT header, then exactly the announced bytes."""
+    while True:
+        line = channel.readline(deadline).decode(errors="replace")
+        fields = line.split()
+        if len(fields) != 7 or fields[0] != "RESULT":
+            raise TargetError(f"guest agent protocol error: unexpected line {line[:200]!r}")
+        rid, status, timed_out, elapsed, n_out, n_err = (int(f) for f in fields[1:])
+        stdout = channel.read_exact(n_out, deadline)
+        stderr = channel.read_exact(n_err, deadline)
+        if rid == job_id:   # an older job's late answer is skipped whole
+            return AgentResult(status, timed_out == 1, elapsed, stdout, stderr)
+
+
+# --- the target ---------------------------------------------------------------------------
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(l.strip() for l in text.strip().splitlines()[-lines:] if l.strip())
+
+
+def _direct_io_works(directory: Path) -> bool:
+    """cache=none opens the disk with O_DIRECT, which some filesystems (tmpfs) refuse."""
+    probe = directory / ".direct-io-probe"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    probe.unlink()
+    return True
+
+
+@dataclass
+class _Running:
+    """What one boot created; cleanup tears it down."""
+    proc: subprocess.Popen | None = None
+    channel: Channel | None = None
+    listener: socket.socket | None = None
+    tokens: list[int] = field(default_factory=list)
+    dirs: list[Path] = field(default_factory=list)
+
+
+class VmTarget(Target):
+    kind = "vm"
+    option_defaults = {
+        "qemu": "qemu-system-x86_64",
+        "accel": "auto",
+        "machine": "microvm",
+        "vcpus": 2,
+        "memory": "1G",
+        "cpu": None,            # host under KVM, max under TCG
+        "kernel": None,         # Debian's kernel
+        "disk_size": "4G",
+        "boot_timeout": 60.0,
+        "binaries": ["sysbench"],
+    }
+
+    def __init__(self, name, options, ctx):
+        super().__init__(name, options, ctx)
+        if self.options["machine"] not in MACHINES:
+            raise VmtaxError(f"unknown machine {self.options['machine']!r}: use "
+                             + " or ".join(MACHINES))
+        self.boot_seconds: float | None = None
+        self.guest_boot_seconds: float | None = None
+        self.config: VmConfig | None = None
+        self._run = _Running()
+        self._job_ids = 0
+        self._qemu_version: str | None = None
+        self.host_margin = HOST_MARGIN
+
+    # -- configuration --
+
+    def image(self) -> GuestImage:
+        """The shared image of this invocation, unless this target wants another kernel."""
+        def same(a, b) -> bool:
+            return (a is None) == (b is None) and (a is None or Path(a) == Path(b))
+
+        image = self.ctx.image
+        if image is None or not same(image.kernel_arg, self.options["kernel"]):
+            image = GuestImage(self.options["binaries"], self.options["kernel"])
+            if self.ctx.image is None:
+                self.ctx.image = image
+        return image
+
+    def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str) -> VmConfig:
+        # Cheap checks first: a missing QEMU should not wait for a kernel download.
+        qemu = find_qemu(self.options["qemu"])
+        accel = resolve_accel(self.options["accel"])
+        image = self.image()
+        machine = self.options["machine"]
+        return VmConfig(
+            qemu=qemu, accel=accel, machine=machine,
+            cpu=self.options["cpu"] or ("host" if accel == "kvm" else "max"),
+            vcpus=int(self.options["vcpus"]), memory=str(self.options["memory"]),
+            kernel=image.kernel(), initramfs=image.initramfs(),
+            append=kernel_cmdline(machine, host_tsc_khz(), image.kernel_info().hz),
+            agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
+            console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache)
+
+    # -- lifecycle --
+
+    def prepare(self) -> None:
+        self.cleanup()
+        try:
+            self._boot()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def _track_dir(self, path: Path) -> Path:
+        self._run.tokens.append(self.ctx.journal.add(type="rmtree", path=str(path)))
+        self._run.dirs.append(path)
+        return path
+
+    def _boot(self) -> None:
+        run = self._run
+        # Sockets live in a short /tmp path (UNIX socket paths are limited to ~107 bytes);
+        # the disk under the work dir, which is on a real disk.
+        run_dir = self._track_dir(Path(tempfile.mkdtemp(prefix="vmtax-vm-")))
+        disk_dir = self._track_dir(Path(tempfile.mkdtemp(prefix="vm-", dir=self.ctx.work_dir)))
+        disk = disk_dir / "scratch.img"
+        self.config = cfg = self.resolve(
+            run_dir, disk, "none" if _direct_io_works(disk_dir) else "writeback")
+        mkfs = shutil.which("mkfs.ext4")
+        if mkfs is None:
+            raise VmtaxError("mkfs.ext4 is not installed; install e2fsprogs")
+        with open(disk, "wb") as f:
+            f.truncate(parse_size(self.options["disk_size"]))
+        # Inode tables and journal are zeroed here, so no lazy-init thread runs in the guest
+        # while it is measured.
+        done = proc.run([mkfs, "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
+                         str(disk)], timeout=120)
+        if done.exit_code != 0:
+            raise TargetError(f"mkfs.ext4 {disk} failed: {done.stderr.strip()[:300]}")
+
+        run.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        run.listener.bind(str(cfg.agent_socket))
+        run.listener.listen(1)
+        qemu_log = open(run_dir / "qemu.log", "wb")
+        start = time.monotonic()
+        with qemu_log:
+            run.proc = proc.spawn(qemu_argv(cfg), stdin=subprocess.DEVNULL,
+                                  stdout=qemu_log, stderr=qemu_log)
+        run.tokens.append(self.ctx.journal.process(run.proc.pid))
+        deadline = start + float(self.options["boot_timeout"])
+        try:
+            sock = self._accept(deadline)
+            run.channel = Channel(sock, self._check_running)
+            while not (line := run.channel.readline(deadline)).startswith(b"READY"):
+                pass
+        except (TimeoutError, EOFError, OSError) as exc:
+            raise TargetError(self._boot_failure(exc)) from None
+        self.boot_seconds = time.monotonic() - start
+        # The guest's own uptime at READY: boot_seconds minus this is QEMU's share.
+        self.guest_boot_seconds = float(line.split()[2])
+        mounted = self.run(Job(["/bin/sh", "/vmtax/disk", DISK_DEVICE, SCRATCH], timeout=60))
+        if not mounted.ok:
+            raise TargetError(f"{self.name}: mounting the scratch disk in the guest failed: "
+                              + (mounted.stderr.strip() or mounted.stdout.strip())[-300:])
+
+    def _accept(self, deadline: float) -> socket.socket:
+        listener = self._run.listener
+        while True:
+            ready, _, _ = select.select([listener], [], [],
+                                        max(0.0, min(deadline - time.monotonic(), 0.2)))
+            if ready:
+                sock, _ = listener.accept()
+                return sock
+            self._check_running()
+            if time.monotonic() >= deadline:
+                raise TimeoutError("QEMU did not connect to the agent socket")
+
+    def _check_running(self) -> None:
+        if self._run.proc is None or self._run.proc.poll() is not None:
+            raise EOFError("QEMU exited")
+
+    def _boot_failure(self, exc: BaseException) -> str:
+        run_dir = self.config.console_log.parent
+        code = self._run.proc.poll() if self._run.proc else None
+        what = (f"QEMU exited with status {code}" if code is not None
+                else f"no agent READY within {float(self.options['boot_timeout']):g} s")
+        details = _tail(run_dir / "qemu.log", 3)
+        console = _tail(self.config.console_log)
+        return (f"{self.name}: guest failed to boot ({what}; {exc})"
+                + (f"; qemu: {details}" if details else "")
+                + (f"; console: {console}" if console else "; console: empty"))
+
+    def run(self, job: Job) -> JobResult:
+        if not self.alive():
+            raise TargetError(f"{self.name}: the guest is not running; prepare it again")
+        self._job_ids += 1
+        start = time.perf_counter()
+        try:
+            self._run.channel.send(encode_job(self._job_ids, job))
+            result = read_result(self._run.channel, self._job_ids,
+                                 time.monotonic() + job.timeout + self.host_margin)
+        except (TimeoutError, EOFError, OSError) as exc:
+            elapsed = time.perf_counter() - start
+            hung = isinstance(exc, TimeoutError)
+            console = _tail(self.config.console_log)
+            self._kill()
+            why = ("the guest did not answer within the job's timeout + "
+                   f"{self.host_margin:g} s and was stopped" if hung else f"the guest died ({exc})")
+            return JobResult(None, "", why + (f"; console: {console}" if console else ""),
+                             elapsed, timed_out=hung)
+        elapsed = time.perf_counter() - start
+        return JobResult(None if result.timed_out else result.exit_code,
+                         result.stdout.decode(errors="replace"),
+                         result.stderr.decode(errors="replace"), elapsed,
+                         guest_elapsed=result.elapsed_ns / 1e9, timed_out=result.timed_out)
+
+    def alive(self) -> bool:
+        return self._run.proc is not None and self._run.proc.poll() is None
+
+    def _kill(self) -> None:
+        # Only while QEMU runs: once reaped, its pid (= its group id) may be reused.
+        if self._run.proc is not None and self._run.proc.poll() is None:
+            proc.kill_group(self._run.proc)
+
+    def cleanup(self) -> None:
+        run = self._run
+        if run.proc is not None and run.proc.poll() is None:
+            try:
+                self.qmp("quit")
+                run.proc.wait(timeout=QMP_TIMEOUT)
+            except Exception:   # a hung or half-started QEMU is killed below either way
+                pass
+        self._kill()
+        for sock in (run.channel.sock if run.channel else None, run.listener):
+            if sock is not None:
+                sock.close()
+        for directory in run.dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+        for token in run.tokens:
+            self.ctx.journal.forget(token)
+        self._run = _Running()
+
+    # -- QMP --
+
+    def qmp(self, command: str, arguments: dict | None = None) -> Any:
+        """Run one QMP command on the running QEMU and return its result."""
+        from qemu.qmp import QMPClient
+
+        async def call() -> Any:
+            client = QMPClient(self.name)
+            await asyncio.wait_for(client.connect(str(self.config.qmp_socket)), QMP_TIMEOUT)
+            try:
+                return await asyncio.wait_for(client.execute(command, arguments), QMP_TIMEOUT)
+            finally:
+                await client.disconnect()
+        return asyncio.run(call())
+
+    def vcpu_threads(self) -> list[int]:
+        """Host thread ids of the guest's vCPUs, in vCPU order (for pinning)."""
+        if not self.alive():
+            raise TargetError(f"{self.name}: the guest is not running")
+        cpus = self.qmp("query-cpus-fast")
+        return [c["thread-id"] for c in sorted(cpus, key=lambda c: c["cpu-index"])]
+
+    # -- identity --
+
+    def qemu_version(self) -> str:
+        if self._qemu_version is None:
+            out = proc.run([find_qemu(self.options["qemu"]), "--version"], timeout=30)
+            self._qemu_version = (out.stdout.splitlines() or ["unknown"])[0].strip()
+        return self._qemu_version
+
+    def fingerprint(self) -> dict[str, Any]:
+        cfg = self.config
+        image = self.image()
+        accel = cfg.accel if cfg else resolve_accel(self.options["accel"])
+        return {
+            "kind": "vm",
+            "qemu": find_qemu(self.options["qemu"]),
+            "qemu_version": self.qemu_version(),
+            "accel": accel,
+            "machine": self.options["machine"],
+            "cpu": self.options["cpu"] or ("host" if accel == "kvm" else "max"),
+            "vcpus": int(self.options["vcpus"]),
+            "memory": str(self.options["memory"]),
+            "disk_cache": cfg.disk_cache if cfg else None,
+            "append": cfg.append if cfg else kernel_cmdline(
+                self.options["machine"], host_tsc_khz(), image.kernel_info().hz),
+            **image.fingerprint(),
+        }

@@ -1,0 +1,409 @@
+"""VM target without booting a guest: QEMU argv, accel choice, the agent protocol (host half
+against canned bytes, guest half run by busybox on the host), and boot-failure handling."""
+
+import os
+import pty
+import shutil
+import socket
+import stat
+import subprocess
+import time
+import tty
+from pathlib import Path
+
+import pytest
+
+from vmtax import kvm
+from vmtax.errors import TargetError, VmtaxError
+from vmtax.image import GuestImage, guest_file
+from vmtax.journal import Journal
+from vmtax.targets import vm
+from vmtax.targets.base import Job, TargetContext
+from vmtax.targets.vm import (Channel, VmConfig, encode_job, kernel_cmdline, parse_size,
+                              qemu_argv, read_result, resolve_accel)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Images these tests make (fake kernels) stay out of the user's cache."""
+    monkeypatch.setenv("VMTAX_CACHE", str(tmp_path / "default-cache"))
+
+
+def config(accel: str, machine: str, cpu: str) -> VmConfig:
+    return VmConfig(qemu="/usr/bin/qemu-system-x86_64", accel=accel, machine=machine, cpu=cpu,
+                    vcpus=2, memory="1G", kernel=Path("/c/vmlinux"),
+                    initramfs=Path("/c/initrd.cpio"), append="console=ttyS0 quiet",
+                    agent_socket=Path("/r/agent.sock"), qmp_socket=Path("/r/qmp.sock"),
+                    console_log=Path("/r/console.log"), disk=Path("/w/scratch.img"),
+                    disk_cache="none")
+
+
+def expected(accel_arg: str, machine_arg: str, cpu: str, bus: str) -> list[str]:
+    return [
+        "/usr/bin/qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none",
+        "-no-reboot", "-accel", accel_arg, "-machine", machine_arg, "-cpu", cpu,
+        "-smp", "2", "-m", "1G", "-kernel", "/c/vmlinux", "-initrd", "/c/initrd.cpio",
+        "-append", "console=ttyS0 quiet",
+        "-chardev", "file,id=console,path=/r/console.log", "-serial", "chardev:console",
+        "-chardev", "socket,id=agent,path=/r/agent.sock",
+        "-device", f"virtio-serial-{bus},id=vser",
+        "-device", "virtserialport,bus=vser.0,chardev=agent,name=vmtax.agent",
+        "-drive", "if=none,id=scratch,format=raw,file=/w/scratch.img,cache=none",
+        "-device", f"virtio-blk-{bus},drive=scratch",
+        "-qmp", "unix:/r/qmp.sock,server=on,wait=off"]
+
+
+@pytest.mark.parametrize("accel,accel_arg,cpu", [("kvm", "kvm", "host"),
+                                                 ("tcg", "tcg,thread=multi", "max")])
+@pytest.mark.parametrize("machine,machine_arg,bus", [
+    ("microvm", "microvm,x-option-roms=off", "device"), ("q35", "q35", "pci")])
+def test_qemu_argv_exact(accel, accel_arg, cpu, machine, machine_arg, bus):
+    assert qemu_argv(config(accel, machine, cpu)) == expected(accel_arg, machine_arg, cpu, bus)
+
+
+def test_qemu_argv_escapes_commas_in_paths():
+    cfg = VmConfig(**{**config("tcg", "microvm", "max").__dict__,
+                      "disk": Path("/w/a,b/scratch.img"), "console_log": Path("/r,1/c.log")})
+    argv = qemu_argv(cfg)
+    assert "if=none,id=scratch,format=raw,file=/w/a,,b/scratch.img,cache=none" in argv
+    assert "file,id=console,path=/r,,1/c.log" in argv
+
+
+def test_qemu_argv_without_disk():
+    argv = qemu_argv(VmConfig(**{**config("tcg", "microvm", "max").__dict__, "disk": None}))
+    assert "-drive" not in argv and not any("virtio-blk" in a for a in argv)
+
+
+def test_kernel_cmdline():
+    micro = kernel_cmdline("microvm", 2596122, 250).split()
+    assert micro[:4] == ["console=ttyS0", "quiet", "panic=-1", "vmtax.bus=mmio"]
+    assert "tsc_early_khz=2596122" in micro and "lpj=10384488" in micro
+    assert "acpi=off" not in micro and "tsc=reliable" in micro
+    q35 = kernel_cmdline("q35", 2596122, 250).split()
+    assert "vmtax.bus=pci" in q35 and not any(a.startswith("tsc_early_khz") for a in q35)
+    unknown = kernel_cmdline("microvm", None, None)
+    assert "lpj=" not in unknown and "tsc_early_khz" not in unknown
+    assert "lpj=" not in kernel_cmdline("microvm", 2596122, None)
+
+
+def test_parse_size():
+    assert parse_size("4G") == 4 << 30
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size("4096") == 4096
+    with pytest.raises(VmtaxError, match="bad size"):
+        parse_size("lots")
+
+
+# --- accel -------------------------------------------------------------------------------
+
+def fake_probe(monkeypatch, usable: bool, reason: str = "KVM is present but unusable: test"):
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return kvm.KvmStatus(usable, reason, "kvm_pvm")
+    monkeypatch.setattr(kvm, "probe", probe)
+    return calls
+
+
+def test_accel_tcg_never_probes(monkeypatch):
+    calls = fake_probe(monkeypatch, True)
+    assert resolve_accel("tcg") == "tcg"
+    assert calls == []
+
+
+@pytest.mark.parametrize("usable,want", [(True, "kvm"), (False, "tcg")])
+def test_accel_auto(monkeypatch, usable, want):
+    fake_probe(monkeypatch, usable)
+    assert resolve_accel("auto") == want
+
+
+def test_accel_kvm_unusable_is_one_line_error(monkeypatch):
+    fake_probe(monkeypatch, False, "KVM is present but unusable: kvm_pvm boots only PVM guests")
+    with pytest.raises(VmtaxError) as err:
+        resolve_accel("kvm")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("--accel kvm: KVM is present but unusable: kvm_pvm")
+    assert msg.endswith("use --accel tcg or auto")
+
+
+def test_accel_kvm_usable(monkeypatch):
+    fake_probe(monkeypatch, True)
+    assert resolve_accel("kvm") == "kvm"
+
+
+def test_accel_unknown():
+    with pytest.raises(VmtaxError, match="unknown accel"):
+        resolve_accel("hvf")
+
+
+# --- host half of the protocol -----------------------------------------------------------
+
+def test_encode_job_tokens():
+    line = encode_job(7, Job(["sysbench", "cpu", "--cpu-max-prime=2000", "two words", "$HOME",
+                              "*", "a\nb\n"], env={"LANG": "C", "X": "1 2"}, timeout=5,
+                             in_scratch=True)).decode()
+    assert line.endswith("\n") and line.count("\n") == 1
+    fields = line.split()
+    assert fields[:5] == ["JOB", "7", "5.000", "1", "2"]
+    tokens = fields[5:]
+    assert tokens[0] == "p:LANG=C"
+    assert tokens[2:5] == ["p:sysbench", "p:cpu", "p:--cpu-max-prime=2000"]
+    import base64
+    decoded = [base64.b64decode(t[2:]).decode() for t in (tokens[1], *tokens[5:])]
+    assert decoded == ["X=1 2", "two words", "$HOME", "*", "a\nb\n"]
+    assert all(t[:2] in ("p:", "b:") for t in tokens)
+
+
+def test_encode_job_rejects_bad_env_name_and_empty_argv():
+    with pytest.raises(VmtaxError, match="environment variable"):
+        encode_job(1, Job(["true"], env={"A B": "x"}))
+    with pytest.raises(VmtaxError, match="command"):
+        encode_job(1, Job([]))
+
+
+def frame(job_id, status, out: bytes, err: bytes, timed_out=0, elapsed=123) -> bytes:
+    return (f"RESULT {job_id} {status} {timed_out} {elapsed} {len(out)} {len(err)}\n".encode()
+            + out + err)
+
+
+def test_read_result_payload_that_looks_like_protocol():
+    tricky = b"RESULT 1 0 0 5 3 3\nabcdef\nREADY x\n"
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(frame(1, 3, tricky, b"RESULT 2 0 0 0 0 0\n"))
+        res = read_result(Channel(b), 1, time.monotonic() + 5)
+    assert (res.exit_code, res.timed_out, res.elapsed_ns) == (3, False, 123)
+    assert res.stdout == tricky
+    assert res.stderr == b"RESULT 2 0 0 0 0 0\n"
+
+
+def test_read_result_skips_stale_answers_and_splits_frames():
+    a, b = socket.socketpair()
+    with a, b:
+        data = frame(4, 0, b"old\n", b"") + frame(5, 0, b"new", b"e", timed_out=1)
+        channel = Channel(b)
+        for i in range(0, len(data), 3):   # arbitrary chunking must not matter
+            a.sendall(data[i:i + 3])
+        res = read_result(channel, 5, time.monotonic() + 5)
+    assert (res.stdout, res.stderr, res.timed_out) == (b"new", b"e", True)
+
+
+def test_read_result_errors():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"hello world\n")
+        with pytest.raises(TargetError, match="protocol error"):
+            read_result(Channel(b), 1, time.monotonic() + 5)
+        with pytest.raises(TimeoutError):
+            read_result(Channel(b), 1, time.monotonic() + 0.2)
+        a.close()
+        with pytest.raises(EOFError):
+            read_result(Channel(b), 1, time.monotonic() + 5)
+
+
+def test_channel_check_gives_up_early():
+    def dead():
+        raise EOFError("QEMU exited")
+    a, b = socket.socketpair()
+    with a, b:
+        start = time.monotonic()
+        with pytest.raises(EOFError, match="QEMU exited"):
+            Channel(b, dead).readline(time.monotonic() + 30)
+        assert time.monotonic() - start < 2
+
+
+# --- guest half: the real agent script, run by busybox on the host over a raw pty ---------
+
+APPLETS = ("sh", "base64", "setsid", "sleep", "wc", "cat", "rm", "printf", "echo", "true",
+           "false", "kill", "pwd", "env", "yes", "head")
+
+
+class PtyEnd:
+    """The master side of a pty, shaped like the socket Channel expects."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return os.read(self.fd, n)
+        except OSError:   # EIO once the agent has gone
+            return b""
+
+    def sendall(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+@pytest.fixture
+def agent(tmp_path):
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox is not installed")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for applet in APPLETS:
+        (bindir / applet).symlink_to(busybox)
+    script = tmp_path / "agent"
+    script.write_bytes(guest_file("agent"))
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    proc = subprocess.Popen(
+        [busybox, "sh", str(script), os.ttyname(slave)], start_new_session=True,
+        env={"PATH": str(bindir), "HOME": str(tmp_path), "VMTAX_AGENT_TMP": str(tmp_path)},
+        stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    channel = Channel(PtyEnd(master))
+    ids = iter(range(1, 1000))
+
+    def run(job: Job):
+        job_id = next(ids)
+        channel.send(encode_job(job_id, job))
+        return read_result(channel, job_id, time.monotonic() + job.timeout + 10)
+    ready = channel.readline(time.monotonic() + 10).split()
+    assert ready[0] == b"READY" and float(ready[2]) > 0
+    yield run
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    os.close(master)
+    os.close(slave)   # open until now: a pty with no slave open reads as EIO
+
+
+def test_agent_runs_argv_without_a_shell(agent):
+    res = agent(Job(["printf", "%s|", "two words", "$HOME", "*", "a\nb\n", "", "-n"]))
+    assert res.exit_code == 0 and not res.timed_out
+    assert res.stdout == b"two words|$HOME|*|a\nb\n||-n|"
+    assert res.elapsed_ns > 0
+
+
+def test_agent_exit_status_stderr_and_env(agent):
+    res = agent(Job(["sh", "-c", 'echo "$GREETING" >&2; exit 3'],
+                    env={"GREETING": "hi there; $(rm -rf /)"}))
+    assert (res.exit_code, res.stdout, res.stderr) == (3, b"", b"hi there; $(rm -rf /)\n")
+
+
+def test_agent_output_that_looks_like_protocol(agent):
+    text = "RESULT 1 0 0 0 999 0\nREADY\nJOB 1 1 0 0 p:x\n"
+    res = agent(Job(["printf", "%s", text]))
+    assert res.stdout == text.encode()
+    assert agent(Job(["echo", "still in sync"])).stdout == b"still in sync\n"
+
+
+def test_agent_large_binary_output(agent):
+    res = agent(Job(["head", "-c", "200000", "/dev/urandom"]))
+    assert len(res.stdout) == 200000
+
+
+def test_agent_kills_job_and_its_children_at_timeout(agent):
+    start = time.monotonic()
+    res = agent(Job(["sh", "-c", "sleep 30 & sleep 30; echo never"], timeout=0.5))
+    assert res.timed_out and res.stdout == b""
+    assert time.monotonic() - start < 5
+    assert 0.4e9 < res.elapsed_ns < 5e9
+    assert agent(Job(["echo", "alive"])).stdout == b"alive\n"
+
+
+def test_agent_kills_what_a_job_leaves_behind(agent, tmp_path):
+    marker = tmp_path / "leftover"
+    res = agent(Job(["sh", "-c", f"(sleep 1; echo late > {marker}) & echo started"]))
+    assert (res.exit_code, res.stdout) == (0, b"started\n")
+    time.sleep(1.5)
+    assert not marker.exists()
+
+
+def test_agent_missing_command(agent):
+    res = agent(Job(["no-such-command-here"]))
+    assert res.exit_code == 127 and not res.timed_out
+
+
+# --- target lifecycle without a real guest -----------------------------------------------
+
+def fake_kernel(tmp_path: Path) -> Path:
+    kernel = tmp_path / "vmlinux"
+    kernel.write_bytes(b"\x7fELF" + b"\0" * 60 + b"Linux version 6.6.6-fake (x@y) #1\0")
+    return kernel
+
+
+def fake_qemu(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-qemu"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    journal = Journal(tmp_path / "journal")
+    (tmp_path / "journal").mkdir(exist_ok=True)
+    image = GuestImage([], fake_kernel(tmp_path), cache=tmp_path / "cache")
+    return TargetContext(work_dir=work, journal=journal, image=image)
+
+
+def target(ctx, tmp_path, qemu_body: str, **options):
+    return vm.VmTarget("vm:test", {"accel": "tcg", "kernel": str(tmp_path / "vmlinux"),
+                                   "disk_size": "64M", "qemu": fake_qemu(tmp_path, qemu_body),
+                                   **options}, ctx)
+
+
+def assert_clean(ctx, t):
+    assert ctx.journal.entries == {}
+    assert list(ctx.work_dir.iterdir()) == []
+    assert not t.alive()
+
+
+def test_boot_failure_when_qemu_exits(ctx, tmp_path):
+    t = target(ctx, tmp_path, 'echo "qemu-system-x86_64: cannot frobnicate" >&2; exit 1')
+    with pytest.raises(TargetError) as err:
+        t.prepare()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "QEMU exited with status 1" in msg and "cannot frobnicate" in msg
+    assert_clean(ctx, t)
+
+
+def test_boot_timeout_kills_qemu(ctx, tmp_path):
+    t = target(ctx, tmp_path, "exec sleep 60", boot_timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(TargetError, match=r"no agent READY within 0.5 s"):
+        t.prepare()
+    assert time.monotonic() - start < 10
+    assert_clean(ctx, t)
+    t.cleanup()   # idempotent
+
+
+def test_missing_qemu_is_one_line_error(ctx, tmp_path):
+    t = vm.VmTarget("vm", {"accel": "tcg", "qemu": "/nonexistent/qemu"}, ctx)
+    with pytest.raises(VmtaxError, match="QEMU binary '/nonexistent/qemu' not found"):
+        t.prepare()
+    assert_clean(ctx, t)
+
+
+def test_missing_kernel_is_one_line_error(ctx, tmp_path):
+    t = vm.VmTarget("vm", {"accel": "tcg", "kernel": "/nonexistent/vmlinuz"}, ctx)
+    with pytest.raises(VmtaxError, match="kernel /nonexistent/vmlinuz not found"):
+        t.prepare()
+    assert_clean(ctx, t)
+
+
+def test_unknown_machine():
+    with pytest.raises(VmtaxError, match="unknown machine"):
+        vm.VmTarget("vm", {"machine": "isapc"}, TargetContext(Path("/tmp"), None))
+
+
+def test_fingerprint_without_boot(ctx, tmp_path, monkeypatch):
+    monkeypatch.setattr(vm, "host_tsc_khz", lambda: 2000000)
+    t = target(ctx, tmp_path, 'echo "QEMU emulator version 9.9.9"')
+    fp = t.fingerprint()
+    assert fp["qemu_version"] == "QEMU emulator version 9.9.9"
+    assert (fp["accel"], fp["machine"], fp["cpu"], fp["vcpus"], fp["memory"]) == (
+        "tcg", "microvm", "max", 2, "1G")
+    assert fp["kernel_version"] == "6.6.6-fake"
+    assert "tsc_early_khz=2000000" in fp["append"]
+    assert fp["initramfs"] and fp["binaries"] == []
