@@ -341,6 +341,11 @@ def test_clock_skew():
     assert clock_skew(None, 1.0) is None
     assert clock_skew(0.0, 1.0) is None
     assert clock_skew(1.0, math.nan) is None
+    # A 15 ms channel round trip is not skew, once taken off; nor is jitter within slack.
+    assert clock_skew(0.215, 0.2) is True
+    assert clock_skew(0.215, 0.2, overhead=0.015) is False
+    assert clock_skew(0.22, 0.2, overhead=0.015, slack=0.01) is False
+    assert clock_skew(0.25, 0.2, overhead=0.015, slack=0.01) is True
 
 
 def test_noisy_and_faster_than_baseline():

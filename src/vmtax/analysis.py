@@ -18,6 +18,7 @@ from vmtax.store import Rep, Run
 
 NOISY_CV = 0.05
 CLOCK_TOLERANCE = 0.02
+CLOCK_SLACK = 0.01   # seconds: timer and scheduling jitter around a job, not drift
 
 
 @dataclass
@@ -60,8 +61,11 @@ def _varying(reps: list[Rep]) -> set[str]:
     return {k for (_, k), vs in values.items() if len(vs) > 1}
 
 
-def _clock_skewed(reps: list[Rep]) -> bool:
-    return any(stats.clock_skew(r.host_elapsed, r.guest_elapsed, CLOCK_TOLERANCE)
+def _clock_skewed(reps: list[Rep], overhead: float) -> bool:
+    """Did the guest's clock disagree with the host's on any repetition? `overhead` is the
+    target's measured fixed cost of a job round trip (fingerprint job_overhead_s)."""
+    return any(stats.clock_skew(r.host_elapsed, r.guest_elapsed, CLOCK_TOLERANCE,
+                                overhead, CLOCK_SLACK)
                for r in reps if r.guest_elapsed is not None and r.host_elapsed)
 
 
@@ -106,11 +110,15 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                     if (ci_target and cell.summary.median
                             and not stats.precise_enough(samples[t], ci_target)):
                         cell.flags.append(f"CI wider than ±{ci_target:.0%}")
-                if t != baseline and samples[t] and samples.get(baseline):
+                if (t != baseline and samples[t] and samples.get(baseline)
+                        and cell.summary.median and stats.summarize(samples[baseline]).median):
+                    # A ratio to or of a zero median (a stddev of 0) says nothing.
                     cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
                     if stats.faster_than_baseline(cell.ratio):
                         cell.flags.append("faster than baseline")
-                if _clock_skewed(reps):
+                overhead = (run.targets.get(t, {}).get("fingerprint", {})
+                            .get("job_overhead_s") or 0.0)
+                if _clock_skewed(reps, overhead):
                     cell.flags.append("clock skew")
                 cells[t] = cell
             rows.append(Row(workload, json.loads(shown_key), metric, unit, hib, cells))

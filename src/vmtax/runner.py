@@ -184,25 +184,34 @@ class Runner:
     # -- one job ---------------------------------------------------------------------------
     def _run_job(self, name: str, job: Job) -> JobResult | None:
         """Run job on target name; reboot a target that died. None if the target is broken."""
+        target = self.targets[name]
+        if name not in self.broken:
+            target.resume()
+            if not target.alive():
+                self._restart(name, "it could not be resumed")
         if name in self.broken:
             return None
-        target = self.targets[name]
-        target.resume()
         try:
             result = target.run(job)
         finally:
             if target.alive():
                 target.pause()
         if not target.alive():
-            self.reporter.warn(f"{name} stopped responding ({_failure(result, job)}); restarting it")
-            target.cleanup()
-            try:
-                target.prepare()
+            self._restart(name, f"it stopped responding ({_failure(result, job)})")
+            if name not in self.broken:
                 target.pause()
-            except VmtaxError as exc:
-                self.broken[name] = f"could not be restarted: {exc}"
-                self.reporter.warn(f"{name} {self.broken[name]}; its remaining runs are skipped")
         return result
+
+    def _restart(self, name: str, why: str) -> None:
+        """A fresh target (running) in place of one that died; or mark it broken."""
+        target = self.targets[name]
+        self.reporter.warn(f"{name}: {why}; restarting it")
+        target.cleanup()
+        try:
+            target.prepare()
+        except VmtaxError as exc:
+            self.broken[name] = f"could not be restarted: {exc}"
+            self.reporter.warn(f"{name} {self.broken[name]}; its remaining runs are skipped")
 
     def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
                  parse, store: bool = True) -> list[Metric]:

@@ -342,16 +342,20 @@ def next_action(values: Iterable[float], min_runs: int, max_runs: int,
 
 
 def clock_skew(host_elapsed: float | None, guest_elapsed: float | None,
-               tolerance: float = 0.02) -> bool | None:
+               tolerance: float = 0.02, overhead: float = 0.0,
+               slack: float = 0.0) -> bool | None:
     """True if the guest's own timing of a run differs from the host's by more than
-    `tolerance` (relative to the host); None when either is missing or unusable."""
+    `tolerance` (relative to the host), after taking off the host's fixed per-job
+    `overhead` (channel round trip) and allowing `slack` seconds of timer jitter;
+    None when either is missing or unusable."""
     if host_elapsed is None or guest_elapsed is None:
         return None
     if not (math.isfinite(host_elapsed) and math.isfinite(guest_elapsed)):
         return None
-    if host_elapsed <= 0 or guest_elapsed < 0:
+    host = host_elapsed - overhead
+    if host <= 0 or guest_elapsed < 0:
         return None
-    return abs(guest_elapsed - host_elapsed) / host_elapsed > tolerance
+    return abs(guest_elapsed - host) > max(tolerance * host, slack)
 
 
 def noisy(summary: Summary, threshold: float = 0.05) -> bool:

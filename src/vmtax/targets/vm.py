@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from vmtax import proc
+from vmtax import host, proc
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.image import AGENT_PORT, GuestImage
 from vmtax.targets.base import Job, JobResult, Target
@@ -39,47 +39,15 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Tokens made only of these characters reach the guest shell unencoded: it never splits
 # them (no whitespace) or expands them (no quotes, $, globs, backslashes).
 _PLAIN = re.compile(r"[A-Za-z0-9_./=:,+-]+")
-_TSC_LINE = re.compile(r"tsc: (?:Detected|Refined TSC clocksource calibration:) ([\d.]+) MHz")
 
 
 # --- host facts ---------------------------------------------------------------------------
 
 @functools.cache
 def host_tsc_khz() -> int | None:
-    """The host's TSC frequency in kHz, as its kernel determined it.
-
-    Guests see the host TSC rate under TCG and KVM alike; telling the guest (tsc_early_khz)
-    avoids its TSC calibration, which hangs microvm boots when the host is busy.
-    """
-    khz = None
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        fd = None
-    if fd is not None:
-        try:
-            while True:
-                try:
-                    record = os.read(fd, 8192).decode(errors="replace")
-                except BrokenPipeError:   # a record was overwritten while we read: go on
-                    continue
-                except BlockingIOError:
-                    break
-                m = _TSC_LINE.search(record)
-                if m:   # the last one wins: a refined calibration follows the first guess
-                    khz = round(float(m.group(1)) * 1000)
-        finally:
-            os.close(fd)
-    if khz is None:
-        # Without the kernel's log, cpuinfo's MHz is the TSC rate on constant-TSC CPUs.
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-        m = re.search(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.MULTILINE)
-        if m and re.search(r"^flags\s*:.*\bconstant_tsc\b", cpuinfo, re.MULTILINE):
-            khz = round(float(m.group(1)) * 1000)
-    return khz
+    """Guests see the host TSC rate under TCG and KVM alike; telling the guest
+    (tsc_early_khz) avoids its TSC calibration, which hangs microvm boots on a busy host."""
+    return host.tsc_khz()
 
 
 def parse_size(text: str) -> int:
@@ -132,6 +100,7 @@ class VmConfig:
     console_log: Path
     disk: Path | None = None
     disk_cache: str = "none"
+    icount: str | None = None   # TCG only: guest time from the instruction count
 
 
 MACHINES = {
@@ -177,7 +146,11 @@ def _opt(path: Path) -> str:
 
 
 def _accel_args(cfg: VmConfig) -> list[str]:
-    return ["-accel", "kvm" if cfg.accel == "kvm" else "tcg,thread=multi"]
+    if cfg.accel == "kvm":
+        return ["-accel", "kvm"]
+    if cfg.icount:   # icount needs single-threaded TCG
+        return ["-accel", "tcg", "-icount", cfg.icount]
+    return ["-accel", "tcg,thread=multi"]
 
 
 def _machine_args(cfg: VmConfig) -> list[str]:
@@ -345,6 +318,9 @@ class VmTarget(Target):
         "disk_size": "4G",
         "boot_timeout": 60.0,
         "binaries": ["sysbench"],
+        # TCG's -icount (e.g. "shift=0,sleep=off"): guest time then follows the instruction
+        # count, not the host clock — a deliberately skewed guest clock.
+        "icount": None,
     }
 
     def __init__(self, name, options, ctx):
@@ -359,6 +335,7 @@ class VmTarget(Target):
         self._job_ids = 0
         self._qemu_version: str | None = None
         self.host_margin = HOST_MARGIN
+        self.job_overhead: float | None = None
 
     # -- configuration --
 
@@ -387,7 +364,8 @@ class VmTarget(Target):
             kernel=image.kernel(), initramfs=image.initramfs(),
             append=kernel_cmdline(machine, host_tsc_khz(), image.kernel_info().hz),
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
-            console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache)
+            console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache,
+            icount=self.options["icount"] if accel == "tcg" else None)
 
     # -- lifecycle --
 
@@ -449,6 +427,10 @@ class VmTarget(Target):
         if not mounted.ok:
             raise TargetError(f"{self.name}: mounting the scratch disk in the guest failed: "
                               + (mounted.stderr.strip() or mounted.stdout.strip())[-300:])
+        # What a job costs the host beyond the guest's own timing (channel, agent): taken
+        # off before the guest clock is checked against the host's.
+        trivial = [self.run(Job(["true"], timeout=30)) for _ in range(3)]
+        self.job_overhead = sorted(r.host_elapsed - (r.guest_elapsed or 0) for r in trivial)[1]
 
     def _accept(self, deadline: float) -> socket.socket:
         listener = self._run.listener
@@ -503,6 +485,22 @@ class VmTarget(Target):
 
     def alive(self) -> bool:
         return self._run.proc is not None and self._run.proc.poll() is None
+
+    def pause(self) -> None:
+        # A stopped guest costs no host CPU while other targets are measured (an idle TCG
+        # guest takes 7-13% of a core); best effort: a QMP hiccup must not end the plan.
+        if self.alive():
+            try:
+                self.qmp("stop")
+            except Exception:
+                pass
+
+    def resume(self) -> None:
+        if self.alive():
+            try:
+                self.qmp("cont")
+            except Exception:   # a guest that cannot be resumed is as good as hung
+                self._kill()
 
     def _kill(self) -> None:
         # Only while QEMU runs: once reaped, its pid (= its group id) may be reused.
@@ -570,6 +568,8 @@ class VmTarget(Target):
             "cpu": self.options["cpu"] or ("host" if accel == "kvm" else "max"),
             "vcpus": int(self.options["vcpus"]),
             "memory": str(self.options["memory"]),
+            "icount": cfg.icount if cfg else None,
+            "job_overhead_s": self.job_overhead,
             "disk_cache": cfg.disk_cache if cfg else None,
             "append": cfg.append if cfg else kernel_cmdline(
                 self.options["machine"], host_tsc_khz(), image.kernel_info().hz),
