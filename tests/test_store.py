@@ -45,3 +45,13 @@ def test_unwritable_results_dir_under_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(VmtaxError, match="results directory .* is not writable.*--results"):
         Store(tmp_path / "file" / "results")
+
+
+def test_a_run_whose_vmtax_died_is_marked_interrupted(tmp_path):
+    store = Store(tmp_path)
+    run_id = store.new_run({}, {}, "0")
+    store.db.execute("UPDATE runs SET pid = 999999999 WHERE id = ?", (run_id,))
+    store.db.commit()
+    assert Store(tmp_path).load_run(run_id).status == "interrupted"
+    live = store.new_run({}, {}, "0")   # this process is alive: left alone
+    assert Store(tmp_path).load_run(live).status == "running"

@@ -100,8 +100,12 @@ class Runner:
                 target.prepare()
                 target.pause()
             # Stored only once every target is up: bad input leaves no empty run behind.
-            self.run_id = self.resume_id or self.store.new_run(
-                self.plan.to_dict(), host.fingerprint(), __version__)
+            if self.resume_id:
+                self.run_id = self.resume_id
+                self.store.reopen_run(self.run_id)
+            else:
+                self.run_id = self.store.new_run(self.plan.to_dict(), host.fingerprint(),
+                                                 __version__)
             for name, target in self.targets.items():
                 self.store.set_target(self.run_id, name, target.kind, target.fingerprint())
             for wspec in self.plan.workloads:

@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS runs (
     status TEXT NOT NULL,            -- running | done | interrupted | failed
     plan TEXT NOT NULL,              -- JSON: the plan as run
     host TEXT NOT NULL,              -- JSON: host fingerprint
-    version TEXT NOT NULL
+    version TEXT NOT NULL,
+    pid INTEGER                      -- the vmtax process running it, while it runs
 );
 CREATE TABLE IF NOT EXISTS targets (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -100,6 +101,16 @@ class Run:
     reps: list[Rep]
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Store:
     def __init__(self, results_dir: str | os.PathLike):
         self.dir = Path(results_dir)
@@ -116,6 +127,16 @@ class Store:
         self.db.row_factory = sqlite3.Row
         self.db.executescript(SCHEMA)
         self.db.commit()
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Runs whose vmtax was killed (SIGKILL, power loss) never said so: say it for them."""
+        orphans = [r["id"] for r in self.db.execute(
+            "SELECT id, pid FROM runs WHERE status = 'running'")
+            if r["pid"] is None or not _process_alive(r["pid"])]
+        with self.db:
+            self.db.executemany("UPDATE runs SET status = 'interrupted' WHERE id = ?",
+                                [(run_id,) for run_id in orphans])
 
     def close(self) -> None:
         self.db.close()
@@ -124,9 +145,9 @@ class Store:
     def new_run(self, plan: dict[str, Any], host: dict[str, Any], version: str) -> str:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
         with self.db:
-            self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?)",
+            self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?)",
                             (run_id, time.time(), None, "running", json.dumps(plan),
-                             json.dumps(host), version))
+                             json.dumps(host), version, os.getpid()))
         return run_id
 
     def set_target(self, run_id: str, name: str, kind: str, fingerprint: dict[str, Any]) -> None:
@@ -157,8 +178,14 @@ class Store:
 
     def finish_run(self, run_id: str, status: str) -> None:
         with self.db:
-            self.db.execute("UPDATE runs SET finished=?, status=? WHERE id=?",
+            self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL WHERE id=?",
                             (time.time(), status, run_id))
+
+    def reopen_run(self, run_id: str) -> None:
+        """A resumed run is running again, in this process."""
+        with self.db:
+            self.db.execute("UPDATE runs SET status='running', pid=? WHERE id=?",
+                            (os.getpid(), run_id))
 
     # -- reading ---------------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
