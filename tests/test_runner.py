@@ -50,6 +50,16 @@ def test_warmups_are_marked_and_every_rep_stored(tmp_path):
     assert all(r.metrics == [Metric("value", 7.0, "u", True)] for r in run.reps)
     assert run.targets["native"]["kind"] == "native"
     assert not list(tmp_path.glob(".work-*")), "work dir left behind"
+    assert store.flags(run_id) == []   # identical values: nothing to flag
+
+
+def test_sanity_flags_are_stored(tmp_path, monkeypatch):
+    values = iter([100, 100, 150, 60])   # warm-up, then a noisy spread
+    monkeypatch.setattr(Echo, "run_job", lambda self: Job(
+        [sys.executable, "-c", f"print({next(values)})"], timeout=5))
+    store = Store(tmp_path)
+    run_id = Runner(make_plan(), store).execute()
+    assert store.flags(run_id) == [("native", "echo-test", {}, "value", "noisy")]
 
 
 @pytest.mark.parametrize("mode, status, error", [

@@ -55,6 +55,8 @@ def cell_text(cell: Cell | None) -> Text:
         return text
     text.append(fmt(cell.summary.median))
     text.append(interval(cell.summary), style="dim")
+    if cell.summary.cv is not None:
+        text.append(f" cv {cell.summary.cv:.1%}", style="dim")
     if cell.ratio is not None:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
@@ -70,7 +72,8 @@ def cell_text(cell: Cell | None) -> Text:
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created))
     table = Table(title=f"run {run.id}  ·  {started}  ·  {run.status}",
-                  caption=f"median [95% CI] or (range) when too few runs for a 95% CI; "
+                  caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
+                          "cv = coefficient of variation; "
                           f"×ratio to {summary.baseline} [95% CI]: below 1 = worse, "
                           "whatever the metric's direction (↑ higher is better, ↓ lower)")
     table.add_column("workload")

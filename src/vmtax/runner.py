@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vmtax import __version__, host, stats, targets as target_registry
+from vmtax import __version__, analysis, host, stats, targets as target_registry
 from vmtax.errors import ParseError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.plan import Plan
@@ -121,7 +121,14 @@ class Runner:
             self.journal.undo_all()
             if self.run_id:
                 self.store.finish_run(self.run_id, status)
+                self._store_flags()
         return self.run_id
+
+    def _store_flags(self) -> None:
+        summary = analysis.summarize_run(self.store.load_run(self.run_id))
+        self.store.set_flags(self.run_id, [
+            (target, row.workload, row.params, row.metric, flag)
+            for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
 
     def _already_done(self) -> set[tuple]:
         if self.resume_id is None:

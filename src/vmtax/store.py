@@ -64,6 +64,14 @@ CREATE TABLE IF NOT EXISTS metrics (
     higher_is_better INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_rep ON metrics(rep_id);
+CREATE TABLE IF NOT EXISTS flags (   -- sanity flags of a finished run, as last computed
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    target TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    params TEXT NOT NULL,            -- JSON: the parameters that vary within the run
+    metric TEXT NOT NULL,
+    flag TEXT NOT NULL
+);
 """
 
 
@@ -180,6 +188,18 @@ class Store:
         with self.db:
             self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL WHERE id=?",
                             (time.time(), status, run_id))
+
+    def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:
+        """Replace the run's stored sanity flags: (target, workload, params, metric, flag)."""
+        with self.db:
+            self.db.execute("DELETE FROM flags WHERE run_id = ?", (run_id,))
+            self.db.executemany("INSERT INTO flags VALUES (?,?,?,?,?,?)",
+                                [(run_id, t, w, json.dumps(p, sort_keys=True), m, f)
+                                 for t, w, p, m, f in flags])
+
+    def flags(self, run_id: str) -> list[tuple[str, str, dict, str, str]]:
+        return [(r["target"], r["workload"], json.loads(r["params"]), r["metric"], r["flag"])
+                for r in self.db.execute("SELECT * FROM flags WHERE run_id = ?", (run_id,))]
 
     def reopen_run(self, run_id: str) -> None:
         """A resumed run is running again, in this process."""

@@ -1,0 +1,63 @@
+"""A guest that stops answering is killed at its timeout, the repetition is stored as a
+timeout, the guest is booted again and the plan goes on."""
+
+import itertools
+
+import pytest
+
+from vmtax import plan as plan_mod, workloads
+from vmtax.errors import ParseError
+from vmtax.runner import Runner
+from vmtax.store import Store
+from vmtax.targets import vm
+from vmtax.targets.base import Job
+from vmtax.workloads.base import Metric, Workload
+
+pytestmark = pytest.mark.live
+
+
+class FreezeOnce(Workload):
+    """The second repetition hangs the guest agent: it kills the agent's watchdog (the
+    pattern [w]atchdog does not match its own command line) and outlives its timeout, so
+    the agent never answers — what a hung guest looks like from the host. The others
+    print a number."""
+    name = "freeze-once-test"
+    primary_metric = "value"
+    calls = itertools.count()
+
+    def run_job(self):
+        if next(self.calls) == 1:
+            return Job(["sh", "-c", "sleep 0.5; for p in /proc/[0-9]*; do "
+                        "tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '[w]atchdog' "
+                        "&& kill -KILL ${p#/proc/}; done; sleep 60"], timeout=2)
+        return Job(["echo", "7"], timeout=10)
+
+    def parse(self, stdout):
+        try:
+            return [Metric("value", float(stdout), "u", True)]
+        except ValueError:
+            raise ParseError("no number") from None
+
+
+def test_hung_guest_is_killed_rebooted_and_the_plan_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setitem(workloads.WORKLOADS, FreezeOnce.name, FreezeOnce)
+    monkeypatch.setattr(vm, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
+    warnings = []
+
+    class Collect:
+        def start(self, total): pass
+        def step(self, text): pass
+        def advance(self): pass
+        def warn(self, text): warnings.append(text)
+
+    store = Store(tmp_path)
+    plan = plan_mod.Plan(targets=plan_mod.target_specs(["vm:tcg"], {}),
+                         workloads=[plan_mod.WorkloadSpec(FreezeOnce.name)],
+                         runs=4, warmup=0, time=None)
+    run = store.load_run(Runner(plan, store, Collect()).execute())
+    assert [(r.idx, r.status) for r in run.reps] == [
+        (0, "ok"), (1, "timeout"), (2, "ok"), (3, "ok")]
+    assert run.reps[1].error.startswith("timed out after 2 s")
+    assert run.reps[1].host_elapsed >= 4   # the job's 2 s, then the host's 2 s of grace
+    assert any("stopped responding" in w and "restarting it" in w for w in warnings)
+    assert run.status == "done"
