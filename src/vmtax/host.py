@@ -336,11 +336,11 @@ _TOOLS: tuple[tuple[str, str, Callable[[str], str] | None], ...] = (
     ("unshare", "apt-get install util-linux (namespace containers)", None),
     ("runc", "apt-get install runc (OCI container targets)", None),
     ("crun", "apt-get install crun (OCI container targets)", _crun_note),
-    ("podman", "apt-get install podman (podman targets)", None),
-    ("runsc", "CGO_ENABLED=0 go install gvisor.dev/gvisor/runsc@latest (gVisor targets)", None),
+    ("podman", "apt-get install podman (not a vmtax target yet)", None),
+    ("runsc", "CGO_ENABLED=0 go install gvisor.dev/gvisor/runsc@latest (not a vmtax target yet)", None),
     ("sysbench", "apt-get install sysbench (the standard workloads)", None),
-    ("fio", "apt-get install fio (disk workloads)", None),
-    ("perf", "apt-get install linux-perf (VM-exit recording)", None),
+    ("fio", "apt-get install fio (not a vmtax workload yet)", None),
+    ("perf", "apt-get install linux-perf (VM-exit recording is not in vmtax yet)", None),
 )
 
 
