@@ -86,7 +86,7 @@ class Runner:
     # -- the plan --------------------------------------------------------------------------
     def execute(self) -> str:
         work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=self.store.dir))
-        work_token = self.journal.add(type="rmtree", path=str(work_dir))
+        self.journal.add(type="rmtree", path=str(work_dir))
         ctx = TargetContext(work_dir=work_dir, journal=self.journal)
         done = self._already_done()
         status = "failed"
@@ -117,8 +117,7 @@ class Runner:
         finally:
             for target in self.targets.values():
                 target.cleanup()
-            self.journal.undo(work_token)
-            self.journal.undo_all()
+            self.journal.undo_all()   # the work dir, and anything a target left
             if self.run_id:
                 self.store.finish_run(self.run_id, status)
                 self._store_flags()
