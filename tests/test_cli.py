@@ -15,6 +15,8 @@ from conftest import vmtax
      "vmtax: error: --max-runs (3) must be at least --min-runs (9)"),
     (["run", "--targets", "vm", "--qemu", "/nonexistent/qemu-system-x86_64", "--workloads", "cpu"],
      "vmtax: error: "),
+    (["run", "--targets", "native,vm", "--accel", "kvm", "--workloads", "cpu"],
+     "vmtax: error: --accel kvm: KVM is present but provided by kvm_pvm"),
     (["show", "nope"], "vmtax: error: unknown run id 'nope'"),
     (["compare", "a", "b"], "vmtax: error: unknown run id 'a'"),
 ])
