@@ -46,8 +46,16 @@ def test_recover_undoes_a_dead_process_journal_and_kills_its_children(tmp_path):
     assert not list(tmp_path.glob("journal-*.json"))
 
 
-def test_recover_leaves_a_running_vmtax_alone(tmp_path):
-    running = proc.spawn([sys.executable, "-c", "import time; time.sleep(30)", "vmtax"])
+def test_a_reused_pid_does_not_keep_a_dead_journal_alive(tmp_path):
+    made = tmp_path / "left"
+    made.mkdir()
+    # Our own pid, but a start time that is not ours: the owner is gone.
+    journal.Journal(tmp_path, pid=os.getpid(), start=1).add(type="rmtree", path=str(made))
+    assert len(journal.recover(tmp_path)) == 1 and not made.exists()
+
+
+def test_recover_leaves_a_running_owner_alone_whatever_its_name(tmp_path):
+    running = proc.spawn([sys.executable, "-c", "import time; time.sleep(30)"])
     made = tmp_path / "theirs"
     made.mkdir()
     journal.Journal(tmp_path, pid=running.pid).add(type="rmtree", path=str(made))

@@ -18,14 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from vmtax import paths
-from vmtax.proc import process_start_time
+from vmtax.proc import process_start_time, running
 
 
 class Journal:
-    def __init__(self, directory: Path | None = None, pid: int | None = None):
+    """The journal of the process (pid, start): its start time tells a live owner from a
+    dead one whose pid was reused, whatever program the owner is (vmtax, a script, tests)."""
+
+    def __init__(self, directory: Path | None = None, pid: int | None = None,
+                 start: int | None = None):
         self.dir = directory or paths.runtime_dir()
         self.pid = pid or os.getpid()
-        self.path = self.dir / f"journal-{self.pid}.json"
+        self.start = start if start is not None else (process_start_time(self.pid) or 0)
+        self.path = self.dir / f"journal-{self.pid}-{self.start}.json"
         self._ids = itertools.count(1)
         self.entries: dict[int, dict[str, Any]] = {}
         if self.path.exists():
@@ -101,29 +106,14 @@ def recover(directory: Path | None = None) -> list[str]:
     """Undo what crashed vmtax processes left behind. Returns one line per recovered journal."""
     directory = directory or paths.runtime_dir()
     recovered = []
-    for path in sorted(directory.glob("journal-*.json")):
-        pid = int(path.stem.split("-", 1)[1])
-        if pid != os.getpid() and _alive(pid):
+    for path in sorted(directory.glob("journal-*-*.json")):
+        pid, start = (int(x) for x in path.stem.split("-")[1:3])
+        if running(pid, start):
             continue
-        journal = Journal(directory, pid)
+        journal = Journal(directory, pid, start)
         n = len(journal.entries)
         errors = journal.undo_all()
         path.unlink(missing_ok=True)
         recovered.append(f"undid {n} host change(s) left by vmtax process {pid}"
                          + (f" ({len(errors)} failed)" if errors else ""))
     return recovered
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie or a reused pid that is not vmtax counts as dead.
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"vmtax" in cmdline

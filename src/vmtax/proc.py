@@ -89,3 +89,15 @@ def process_start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def running(pid: int, start: int | None) -> bool:
+    """Is the process that started at `start` (process_start_time) still running? A pid
+    reused by another process, or a zombie, is not."""
+    if start is None or process_start_time(pid) != start:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

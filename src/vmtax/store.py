@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from vmtax.errors import VmtaxError
+from vmtax.proc import process_start_time, running
 from vmtax.workloads.base import Metric
 
 DB_NAME = "vmtax.sqlite"
@@ -28,7 +29,8 @@ CREATE TABLE IF NOT EXISTS runs (
     plan TEXT NOT NULL,              -- JSON: the plan as run
     host TEXT NOT NULL,              -- JSON: host fingerprint
     version TEXT NOT NULL,
-    pid INTEGER                      -- the vmtax process running it, while it runs
+    pid INTEGER,                     -- the process running it, while it runs,
+    pid_start INTEGER                -- and that process's start time (pids are reused)
 );
 CREATE TABLE IF NOT EXISTS targets (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -109,16 +111,6 @@ class Run:
     reps: list[Rep]
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Store:
     def __init__(self, results_dir: str | os.PathLike):
         self.dir = Path(results_dir)
@@ -140,8 +132,8 @@ class Store:
     def _reap_orphans(self) -> None:
         """Runs whose vmtax was killed (SIGKILL, power loss) never said so: say it for them."""
         orphans = [r["id"] for r in self.db.execute(
-            "SELECT id, pid FROM runs WHERE status = 'running'")
-            if r["pid"] is None or not _process_alive(r["pid"])]
+            "SELECT id, pid, pid_start FROM runs WHERE status = 'running'")
+            if r["pid"] is None or not running(r["pid"], r["pid_start"])]
         with self.db:
             self.db.executemany("UPDATE runs SET status = 'interrupted' WHERE id = ?",
                                 [(run_id,) for run_id in orphans])
@@ -153,9 +145,10 @@ class Store:
     def new_run(self, plan: dict[str, Any], host: dict[str, Any], version: str) -> str:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
         with self.db:
-            self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?)",
+            self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
                             (run_id, time.time(), None, "running", json.dumps(plan),
-                             json.dumps(host), version, os.getpid()))
+                             json.dumps(host), version, os.getpid(),
+                             process_start_time(os.getpid())))
         return run_id
 
     def set_target(self, run_id: str, name: str, kind: str, fingerprint: dict[str, Any]) -> None:
@@ -186,7 +179,8 @@ class Store:
 
     def finish_run(self, run_id: str, status: str) -> None:
         with self.db:
-            self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL WHERE id=?",
+            self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL, pid_start=NULL"
+                            " WHERE id=?",
                             (time.time(), status, run_id))
 
     def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:
@@ -204,8 +198,8 @@ class Store:
     def reopen_run(self, run_id: str) -> None:
         """A resumed run is running again, in this process."""
         with self.db:
-            self.db.execute("UPDATE runs SET status='running', pid=? WHERE id=?",
-                            (os.getpid(), run_id))
+            self.db.execute("UPDATE runs SET status='running', pid=?, pid_start=? WHERE id=?",
+                            (os.getpid(), process_start_time(os.getpid()), run_id))
 
     # -- reading ---------------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
