@@ -1,11 +1,13 @@
 """Unit tests of the container target: generated configs and argv, runtime choice, errors."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from vmtax import proc
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.targets import container
@@ -101,7 +103,8 @@ def test_crun_workaround_only_after_hybrid_refusal(tmp_path):
 
 def test_defaults(ctx):
     assert ContainerTarget("container", {}, ctx).options == {"runtime": "auto",
-                                                             "binaries": ["sysbench"]}
+                                                             "binaries": ["sysbench"],
+                                                             "cpus": None}
 
 
 def test_auto_candidates_follow_which(ctx, monkeypatch):
@@ -172,3 +175,67 @@ def test_fingerprint_and_run_need_prepare(ctx):
         target.fingerprint()
     with pytest.raises(TargetError):
         target.run(Job(["true"]))
+
+
+# --- cpus: a cpuset where the runtime has a cgroup, CPU affinity where it has none ---------
+
+def test_oci_config_cpuset():
+    assert "cpu" not in oci_config(Job(["true"]), Path("/r"))["linux"]["resources"]
+    resources = oci_config(Job(["true"]), Path("/r"), [3, 1])["linux"]["resources"]
+    assert resources["cpu"] == {"cpus": "1,3"}
+    assert resources["devices"] == [{"allow": False, "access": "rwm"}]
+
+
+def test_runc_puts_cpus_in_the_cpuset(tmp_path):
+    rt = Runc("/usr/sbin/runc", tmp_path, [1])
+    launch = rt.launch(Job(["true"]))
+    assert rt.placement() == "cpuset" and launch.preexec is None
+    cfg = json.loads((tmp_path / "bundle" / "config.json").read_text())
+    assert cfg["linux"]["resources"]["cpu"] == {"cpus": "1"}
+
+
+def test_crun_without_cgroups_pins_by_affinity(tmp_path):
+    rt = Crun("/usr/bin/crun", tmp_path, [1])
+    assert rt.placement() == "cpuset"
+    rt.adapt("cgroups in hybrid mode not supported")
+    launch = rt.launch(Job(["true"]))
+    assert rt.placement() == "affinity"
+    cfg = json.loads((tmp_path / "bundle" / "config.json").read_text())
+    assert "cpu" not in cfg["linux"]["resources"]
+    assert launch.preexec is not None and launch.preexec is not container._hide_cgroup2
+
+
+def test_no_cpus_no_placement(tmp_path):
+    for rt in (Unshare("/usr/bin/unshare", tmp_path), Runc("/usr/sbin/runc", tmp_path)):
+        assert rt.placement() is None and rt.launch(Job(["true"])).preexec is None
+
+
+def test_unshare_affinity_is_inherited_by_what_it_starts(tmp_path):
+    cpu = max(os.sched_getaffinity(0))
+    launch = Unshare("/usr/bin/unshare", tmp_path, [cpu]).launch(Job(["true"]))
+    assert Unshare("/usr/bin/unshare", tmp_path, [cpu]).placement() == "affinity"
+    # The preexec runs in the child before exec, as proc.spawn does for a real container.
+    done = proc.run(["sh", "-c", "grep Cpus_allowed_list /proc/self/status"],
+                    preexec=launch.preexec, timeout=30)
+    assert done.stdout.split() == ["Cpus_allowed_list:", str(cpu)]
+
+
+@pytest.mark.parametrize("cpus", [[], [4096], [0, 4096]])
+def test_cpus_vmtax_may_not_use_are_refused(ctx, cpus):
+    usable = ", ".join(map(str, sorted(os.sched_getaffinity(0))))
+    with pytest.raises(VmtaxError) as err:
+        ContainerTarget("c", {"cpus": cpus}, ctx)
+    assert str(err.value) == f"c: cpus: expected host CPUs vmtax may use ({usable}), got {cpus!r}"
+
+
+def test_fingerprint_records_cpus_and_placement(ctx, monkeypatch, fake_rootfs):
+    monkeypatch.setattr(shutil, "which", fake_which("runc"))
+    monkeypatch.setattr(ContainerTarget, "probe", lambda self, runtime: None)
+    monkeypatch.setattr(Runc, "version", lambda self: "runc version 1.1.5")
+    target = ContainerTarget("c", {"runtime": "runc", "cpus": [0]}, ctx)
+    target.prepare()
+    try:
+        fp = target.fingerprint()
+        assert (fp["cpus"], fp["cpu_placement"]) == ([0], "cpuset")
+    finally:
+        target.cleanup()

@@ -65,6 +65,9 @@ def test_hugepages_plan_is_the_e5_matrix():
     assert len(p.workloads) == len(points) == 3 * 2 * 3 * 2
     assert {pt[0] for pt in points} == {1, 2, 4} and {pt[1] for pt in points} == {"seq", "rnd"}
     assert {pt[3] for pt in points} == {"on", "off"}
+    quick = planfile.load(ROOT / "plans" / "hugepages.toml", quick=True)
+    assert (quick.runs, quick.warmup, quick.time) == (1, 0, 1)
+    assert quick.targets == p.targets and quick.workloads == p.workloads
 
 
 @pytest.mark.skipif(1 not in CPUS, reason="pins a vCPU to host CPU 1")
@@ -156,9 +159,11 @@ def test_a_list_valued_option_sweeps_only_with_a_list_of_lists():
     p = load(f"""
         [targets.a]
         kind = "vm"
+        vcpus = 1
         pin = [{cpu}]
         [targets.b]
         kind = "vm"
+        vcpus = 1
         pin = [[{cpu}], "none"]
         hugepages = "none"
         [[workloads]]
@@ -231,7 +236,7 @@ ERRORS = [
      """, 'x.toml:12: targets.vm.memory: expected a size like "2G", got "lots"'),
     ("rnus = 3\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      'x.toml:1: top level: expected one of runs, warmup, time, baseline, interleave, max_runs, '
-     'ci_target, targets, workloads, got "rnus"'),
+     'ci_target, targets, workloads, quick, got "rnus"'),
     ("runs = 0\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      "x.toml:1: runs: expected a whole number of at least 1, got 0"),
     ("warmup = -1\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
@@ -261,7 +266,8 @@ ERRORS = [
      'x.toml:2: targets.box.kind: expected a target kind (native, container, vm), got "lxc"'),
     ("[targets.vm]\nvcpu = 2\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
-     'disk_size, guest_hugepages, hugepages, kernel, machine, memory, pin, qemu, vcpus), '
+     'disk_size, guest_hugepages, hugepages, icount, kernel, machine, memory, pin, qemu, '
+     'vcpus), '
      'got "vcpu"'),
     ("[targets.native]\nvcpus = 2\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.native: expected no options (native takes none), got "vcpus"'),
@@ -402,7 +408,8 @@ def test_every_problem_is_reported_in_line_order():
         'x.toml:4: workloads[0]: expected one of name, params, zip, got "extra"',
         'x.toml:6: targets.vm.memory: expected a size like "2G", got "lots"',
         'x.toml:7: targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
-        'disk_size, guest_hugepages, hugepages, kernel, machine, memory, pin, qemu, vcpus), '
+        'disk_size, guest_hugepages, hugepages, icount, kernel, machine, memory, pin, qemu, '
+     'vcpus), '
         'got "runs"']
 
 
@@ -510,3 +517,219 @@ def test_every_target_option_has_a_check(kind):
 def test_every_plan_setting_has_a_check():
     fields = {f.name for f in dataclasses.fields(plan.Plan)} - {"targets", "workloads"}
     assert set(planfile.SETTINGS) == fields
+
+
+# -- what only several values or the host can tell -------------------------------------------
+
+ONE_CPU = min(CPUS)
+
+
+@pytest.mark.parametrize("text,message", [
+    (f"[targets.vm]\nvcpus = 2\npin = [{ONE_CPU}]\n[[workloads]]\nname = 'cpu'",
+     f"x.toml:3: targets.vm.pin: expected one host CPU per vCPU (vcpus = 2), got [{ONE_CPU}]"),
+    # Not written down: the default vcpus (2) is what pin is held against, at the table's line.
+    (f"[targets.vm]\npin = [[{ONE_CPU}], 'none']\n[[workloads]]\nname = 'cpu'",
+     f"x.toml:2: targets.vm.pin: expected one host CPU per vCPU (vcpus = 2), got [{ONE_CPU}] "
+     f"(in vm[pin={ONE_CPU}])"),
+    ("[targets.vm]\nhugepages = '1G'\nmemory = '1536M'\n[[workloads]]\nname = 'cpu'",
+     'x.toml:3: targets.vm.memory: expected a whole number of 1 GiB huge pages '
+     '(hugepages = "1G"), got "1536M"'),
+    ("[targets.vm]\nguest_hugepages = 200\nzip = { memory = ['512M', '1G'] }\n"
+     "[[workloads]]\nname = 'cpu'",
+     "x.toml:2: targets.vm.guest_hugepages: expected at most 128 2 MiB pages, which leaves "
+     "the guest 256 MiB of its memory (512M); or more memory, got 200 (in vm[memory=512M])"),
+])
+def test_options_that_do_not_fit_together(text, message):
+    assert problems(text) == [message]
+
+
+def test_host_huge_pages_of_all_vms_together(monkeypatch):
+    asked = []
+
+    def capacity(wanted):
+        asked.append(wanted)
+        return "too many"
+    monkeypatch.setattr(planfile.hugepages, "capacity_problem", capacity)
+    assert problems("""
+        [targets.vm]
+        hugepages = ["2M", "1G", "none"]
+        memory = "2G"
+        [[workloads]]
+        name = "cpu"
+    """) == ["x.toml:3: targets.vm.hugepages: too many (for vm[hugepages=2M], "
+             "vm[hugepages=1G], up together)"]
+    assert asked == [{"2M": 1024, "1G": 2}]
+
+
+def test_host_huge_pages_that_fit_are_not_a_problem(monkeypatch):
+    monkeypatch.setattr(planfile.hugepages, "capacity_problem", lambda wanted: None)
+    p = load('[targets.vm]\nhugepages = "2M"\n[[workloads]]\nname = "cpu"')
+    assert p.targets[0].options["hugepages"] == "2M"
+
+
+@needs_sysbench
+def test_a_hugetlb_block_must_fit_in_each_targets_huge_pages(monkeypatch):
+    monkeypatch.setattr(planfile, "_host_free_hugepages", lambda: 2)
+    assert problems("""
+        [targets.native]
+        [targets.vm]
+        guest_hugepages = 34
+        [[workloads]]
+        name = "memory"
+        params = { memory-hugetlb = "on", memory-block-size = ["16K", "64M", "65M"] }
+    """) == [
+        'x.toml:7: workloads[0]: memory-hugetlb = "on" with a buffer of "16K" takes 3 2 MiB '
+        "huge pages (sysbench rounds each up by up to 4 MiB), but native runs on the host, "
+        "which has 2 free",
+        'x.toml:7: workloads[0]: memory-hugetlb = "on" with a buffer of "64M" takes 32 2 MiB '
+        "huge pages (sysbench rounds each up by up to 4 MiB), but native runs on the host, "
+        "which has 2 free",
+        'x.toml:7: workloads[0]: memory-hugetlb = "on" with a buffer of "65M" takes 35 2 MiB '
+        "huge pages (sysbench rounds each up by up to 4 MiB), but native runs on the host, "
+        "which has 2 free",
+        'x.toml:7: workloads[0]: memory-hugetlb = "on" with a buffer of "65M" takes 35 2 MiB '
+        "huge pages (sysbench rounds each up by up to 4 MiB), but vm reserves 34 "
+        "(guest_hugepages)"]
+
+
+@needs_sysbench
+def test_a_local_scope_takes_a_buffer_per_thread():
+    assert problems("""
+        [targets.vm]
+        guest_hugepages = 31
+        [[workloads]]
+        name = "memory"
+        zip = { threads = [1, 4], memory-block-size = ["16M", "16M"] }
+        params = { memory-hugetlb = true, memory-scope = "local" }
+    """) == [
+        "x.toml:6: workloads[0]: memory-hugetlb = \"on\" with 4 threads' buffers of \"16M\" "
+        "takes 32 2 MiB huge pages (sysbench rounds each up by up to 4 MiB), but vm reserves "
+        "31 (guest_hugepages)"]
+
+
+def test_hugetlb_off_needs_no_huge_pages():
+    p = load("""
+        [targets.native]
+        [[workloads]]
+        name = "memory"
+        params = { memory-hugetlb = "off", memory-block-size = "1G" }
+    """)
+    assert p.workloads[0].params["memory-hugetlb"] == "off"
+
+
+def test_a_sysbench_without_hugetlb_is_named_as_such(monkeypatch):
+    full = planfile.sysbench_options("memory") if shutil.which("sysbench") else ({}, {})
+    without = ({k: v for k, v in full[0].items() if k != "memory-hugetlb"}, full[1])
+    monkeypatch.setattr(planfile, "sysbench_options", lambda test: without)
+    assert problems("""
+        [targets.vm]
+        [[workloads]]
+        name = "memory"
+        params = { memory-hugetlb = "on" }
+    """) == [
+        "x.toml:5: workloads[0].params.memory-hugetlb: the host's sysbench (which the targets "
+        "run) has no --memory-hugetlb: it was built without large-page support "
+        "(HAVE_LARGE_PAGES, Linux only), so the workload cannot use huge pages; use a sysbench "
+        "that lists it in `sysbench memory help` (Debian's 1.0.20 does)"]
+
+
+def test_container_cpus_and_vm_icount_are_options():
+    p = load(f"""
+        [targets.container]
+        cpus = [[{ONE_CPU}], "none"]
+        [targets.vm]
+        icount = "shift=0,sleep=off"
+        [[workloads]]
+        name = "cpu"
+    """)
+    assert [(t.name, t.options.get("cpus")) for t in p.targets[:2]] == [
+        (f"container[cpus={ONE_CPU}]", [ONE_CPU]), ("container[cpus=none]", None)]
+    assert p.targets[2].options["icount"] == "shift=0,sleep=off"
+
+
+# -- [quick] ---------------------------------------------------------------------------------
+
+QUICK = """
+    runs = 5
+    time = 4
+    [targets.vm]
+    vcpus = [1, 2]
+    memory = "2G"
+    [[workloads]]
+    name = "memory"
+    params = { threads = [1, 2, 4], memory-access-mode = ["seq", "rnd"] }
+    zip = { memory-block-size = ["16K", "1M"], memory-total-size = ["1G", "8G"] }
+    [[workloads]]
+    name = "cpu"
+    [quick]
+    runs = 1
+    warmup = 0
+    params = { threads = 1, memory-block-size = "4K" }
+    [quick.targets.vm]
+    vcpus = 1
+"""
+
+
+@needs_sysbench
+def test_quick_replaces_settings_options_and_params_where_taken_even_swept_ones():
+    full = load(QUICK)
+    assert (full.runs, full.warmup, len(full.targets), len(full.workloads)) == (5, 1, 2, 13)
+    quick = planfile.loads(textwrap.dedent(QUICK), "x.toml", quick=True)
+    assert (quick.runs, quick.warmup, quick.time) == (1, 0, 4)
+    assert [(t.name, t.options) for t in quick.targets] == [
+        ("vm", {"vcpus": 1, "memory": "2G"})]
+    # threads and the zipped block size are single values now; the rest of the zip stays.
+    assert [w.params for w in quick.workloads] == [
+        {"threads": 1, "memory-access-mode": mode, "memory-block-size": "4K",
+         "memory-total-size": total}
+        for mode in ("seq", "rnd") for total in ("1G", "8G")] + [{"threads": 1}]
+
+
+@needs_sysbench
+def test_quick_problems_are_named_and_placed_at_the_quick_table():
+    text = (QUICK.replace("runs = 1", "runs = 0").replace("vcpus = 1", "vcpu = 1")
+            .replace("warmup = 0", "warmup = 0\n    extra = true")
+            .replace('"4K" }', '"4K", cpu-max-time = 1 }')
+            + "    [quick.targets.nope]\n")
+    assert problems(text) == [
+        "x.toml:14: quick.runs: expected a whole number of at least 1, got 0",
+        'x.toml:16: quick: expected one of runs, warmup, time, baseline, interleave, max_runs, '
+        'ci_target, targets, params, got "extra"',
+        'x.toml:17: quick.params: expected a param of a workload of the plan (cpu, memory), '
+        'got "cpu-max-time"',
+        'x.toml:19: quick.targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
+        'disk_size, guest_hugepages, hugepages, icount, kernel, machine, memory, pin, qemu, '
+        'vcpus), got "vcpu"',
+        'x.toml:20: quick.targets.nope: expected a target table of the plan (vm), got "nope"']
+
+
+def test_both_forms_are_checked_and_a_shared_problem_is_reported_once():
+    text = QUICK.replace('memory = "2G"', 'memory = "lots"')
+    assert problems(text) == ['x.toml:6: targets.vm.memory: expected a size like "2G", '
+                              'got "lots"']
+    with pytest.raises(PlanError) as err:
+        planfile.loads(textwrap.dedent(QUICK.replace("runs = 1", "runs = 0")), "x.toml")
+    assert err.value.lines == ["x.toml:14: quick.runs: expected a whole number of at least 1, "
+                               "got 0"]
+
+
+def test_quick_without_a_quick_table():
+    with pytest.raises(PlanError) as err:
+        planfile.loads(textwrap.dedent(TWO_TARGETS + '[[workloads]]\nname = "cpu"'), "x.toml",
+                       quick=True)
+    assert err.value.lines == ["x.toml: --quick: the plan has no [quick] table"]
+
+
+def test_plan_command_quick():
+    result = CliRunner().invoke(planfile.plan_command,
+                                [str(ROOT / "plans" / "hugepages.toml"), "--quick"])
+    assert result.exit_code == 0, result.output
+    assert ("2 targets × 36 workload configurations × (0 warm-up + 1 measured) = 72"
+            in result.output)
+
+
+def test_run_quick_needs_a_plan_file():
+    result = vmtax("run", "--quick")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("vmtax: error: --quick runs a plan file's [quick] form: "
+                                     "give the plan file")

@@ -407,3 +407,130 @@ def test_fingerprint_without_boot(ctx, tmp_path, monkeypatch):
     assert fp["kernel_version"] == "6.6.6-fake"
     assert "tsc_early_khz=2000000" in fp["append"]
     assert fp["initramfs"] and fp["binaries"] == []
+
+
+# --- huge pages and pinning ----------------------------------------------------------------
+
+def hugepage_config(machine: str, size: str | None) -> VmConfig:
+    return VmConfig(**{**config("tcg", machine, "max").__dict__, "hugepages": size,
+                       "mem_path": Path("/tmp/vmtax-hugetlbfs-x") if size else None})
+
+
+@pytest.mark.parametrize("machine,machine_arg", [("microvm", "microvm,x-option-roms=off"),
+                                                 ("q35", "q35")])
+@pytest.mark.parametrize("size", ["2M", "1G"])
+def test_qemu_argv_guest_ram_on_host_huge_pages(machine, machine_arg, size):
+    argv = qemu_argv(hugepage_config(machine, size))
+    assert argv[argv.index("-machine") + 1] == f"{machine_arg},memory-backend=ram"
+    i = argv.index("-m")
+    # The page size is the mount's: the backend only names the hugetlbfs directory.
+    assert argv[i:i + 4] == ["-m", "1G", "-object",
+                             "memory-backend-file,id=ram,size=1G,mem-path=/tmp/vmtax-hugetlbfs-x,"
+                             "prealloc=on,share=off"]
+    assert argv.count("-object") == 1 and "-numa" not in argv
+
+
+@pytest.mark.parametrize("machine", ["microvm", "q35"])
+def test_qemu_argv_without_huge_pages_is_plain_memory(machine):
+    argv = qemu_argv(hugepage_config(machine, None))
+    assert "-object" not in argv and "memory-backend" not in " ".join(argv)
+    assert argv[argv.index("-m"):argv.index("-m") + 2] == ["-m", "1G"]
+
+
+def test_qemu_argv_escapes_commas_in_the_hugetlbfs_path():
+    cfg = VmConfig(**{**hugepage_config("microvm", "2M").__dict__, "mem_path": Path("/t/a,b")})
+    assert "mem-path=/t/a,,b,prealloc=on" in qemu_argv(cfg)[qemu_argv(cfg).index("-object") + 1]
+
+
+def test_kernel_cmdline_guest_hugepages():
+    assert kernel_cmdline("microvm", 2596122, 250, 48).split()[-1] == "hugepages=48"
+    assert "hugepages=" not in kernel_cmdline("q35", None, None, 0)
+    assert "hugepages=" not in kernel_cmdline("microvm", 2596122, 250)
+
+
+def vm_options(**options):
+    return {**vm.VmTarget.option_defaults, **options}
+
+
+@pytest.mark.parametrize("options,problem", [
+    (dict(hugepages="1G", memory="1536M"),
+     ("memory", 'a whole number of 1 GiB huge pages (hugepages = "1G")')),
+    (dict(hugepages="4M"), ("hugepages", 'one of "2M", "1G", "none"')),
+    (dict(memory="1G", guest_hugepages=385),
+     ("guest_hugepages", "at most 384 2 MiB pages, which leaves the guest 256 MiB of its "
+                         "memory (1G); or more memory")),
+    (dict(guest_hugepages=-1), ("guest_hugepages", "a whole number of at least 0")),
+    (dict(vcpus=2, pin=[0]), ("pin", "one host CPU per vCPU (vcpus = 2)")),
+    (dict(vcpus=2, pin=[0, 0]),
+     ("pin", "distinct host CPUs vmtax may use ("
+             + ", ".join(map(str, sorted(os.sched_getaffinity(0)))) + ")")),
+    (dict(vcpus=1, pin=[4096]),
+     ("pin", "distinct host CPUs vmtax may use ("
+             + ", ".join(map(str, sorted(os.sched_getaffinity(0)))) + ")")),
+])
+def test_option_problems(options, problem):
+    assert vm.option_problems(vm_options(**options)) == [problem]
+
+
+def test_options_that_fit_together():
+    cpu = min(os.sched_getaffinity(0))
+    assert vm.option_problems(vm_options(hugepages="2M", memory="1G", guest_hugepages=384,
+                                         vcpus=1, pin=[cpu])) == []
+    assert vm.option_problems(vm_options(hugepages="1G", memory="2G")) == []
+
+
+def test_pinning_several_vcpus_with_icount_is_refused():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two host CPUs")
+    assert vm.option_problems(vm_options(vcpus=2, pin=cpus[:2], icount="shift=0")) == [
+        ("pin", "no pinning of several vCPUs with icount (TCG then runs them all in one "
+                "thread)")]
+
+
+def test_target_refuses_options_that_do_not_fit_in_one_line(tmp_path):
+    (tmp_path / "j").mkdir()
+    ctx = TargetContext(work_dir=tmp_path, journal=Journal(tmp_path / "j"))
+    with pytest.raises(VmtaxError) as err:
+        vm.VmTarget("vm", {"vcpus": 2, "pin": [0]}, ctx)
+    assert str(err.value) == "vm: pin: expected one host CPU per vCPU (vcpus = 2), got [0]"
+
+
+def test_defaults_include_huge_pages_and_pinning():
+    d = vm.VmTarget.option_defaults
+    assert (d["hugepages"], d["guest_hugepages"], d["pin"]) == (None, 0, None)
+
+
+def test_agent_leaves_no_zombies_behind(agent, tmp_path):
+    """A watchdog per job: over many jobs none may linger as a zombie (a guest's pid space
+    is finite and the agent is its init)."""
+    for _ in range(30):
+        assert agent(Job(["true"])).exit_code == 0
+    script = str(tmp_path / "agent")
+    agents = [p for p in os.listdir("/proc") if p.isdigit()
+              and script.encode() in _cmdline(p)]
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) in agents]
+    zombies = [p for p in children if _state(p) == "Z"]
+    assert len(zombies) <= 1, zombies   # at most the last job's, until the next command
+
+
+def _cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
+
+
+def _stat(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return ["?", "0"]
+
+
+def _ppid(pid):
+    return _stat(pid)[1]
+
+
+def _state(pid):
+    return _stat(pid)[0]

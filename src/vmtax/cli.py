@@ -124,10 +124,11 @@ def cli() -> None:
 @click.option("--no-interleave", is_flag=True,
               help="Run all repetitions of one target before the next (default: A B B A order).")
 @click.option("--resume", metavar="RUN_ID", help="Continue an interrupted run, skipping what it stored.")
+@click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
 @results_option
 @json_option
 def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_, qemu, accel, vcpus, memory, machine, kernel,
-        no_interleave, resume, results, as_json) -> None:
+        no_interleave, resume, quick, results, as_json) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
@@ -145,12 +146,14 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                                         kernel=kernel).items() if v is not None}
     if accel != "auto":
         vm_options["accel"] = accel
+    if quick and not plan_file:
+        raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
     if resume:
         store = Store(results)
         the_plan = plan_mod.Plan.from_dict(store.load_run(resume).plan)
     elif plan_file:
         from vmtax import planfile
-        the_plan = planfile.load(plan_file)
+        the_plan = planfile.load(plan_file, quick)
     else:
         the_plan = plan_mod.classic(
             target_names=_csv(targets) or plan_mod.CLASSIC_TARGETS,

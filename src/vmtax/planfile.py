@@ -27,6 +27,21 @@ length) are a single further dimension, stepped through together. Options that t
 themselves (`pin = [0, 1]`) sweep with a list of such values (`pin = [[0, 1], "none"]`).
 Omitted settings, options and params keep their defaults.
 
+A `[quick]` table is the plan's short form, run by `vmtax run PLAN --quick` (and shown by
+`vmtax plan PLAN --quick`): its settings replace the plan's, `[quick.targets.NAME]` replaces
+options of target NAME and `[quick.params]` replaces params of every workload, swept or
+zipped ones included, that takes it. Both forms are checked whichever is asked for.
+
+    [quick]
+    runs = 1
+    warmup = 0
+    params = { threads = [1, 4] }
+
+Besides each value on its own, what only the host or the other values can tell is checked
+too: a VM's options against each other (one pinned CPU per vCPU, guest huge pages that leave
+the guest memory), whether the host can reserve the huge pages its VMs ask for, and whether a
+`memory-hugetlb = "on"` block fits in each target's huge pages.
+
 `load(path)` validates and expands a file into a plain `vmtax.plan.Plan`, so the runner
 never sees sweeps. Every problem is one line, `FILE:LINE: KEY.PATH: expected WHAT, got
 VALUE`, all of them together in one `PlanError`. Target options are checked by the
@@ -38,6 +53,7 @@ caught wherever sysbench is installed.
 from __future__ import annotations
 
 import bisect
+import copy
 import functools
 import itertools
 import json
@@ -52,9 +68,10 @@ from typing import Any, Callable
 
 import click
 
-from vmtax import targets, workloads
+from vmtax import hugepages, targets, workloads
 from vmtax.errors import VmtaxError
 from vmtax.plan import DEFAULT_TIME, Plan, TargetSpec, WorkloadSpec
+from vmtax.targets import vm as vm_target
 
 KeyPath = tuple[str | int, ...]   # table keys and array indices, outermost first
 
@@ -169,7 +186,7 @@ def _cpulist(cpus: set[int]) -> str:
 
 @_list_valued
 def host_cpus(value: Any) -> list[int] | None:
-    """Host CPU ids vmtax may use here (its affinity), one per vCPU; "none" for no pinning."""
+    """Host CPU ids vmtax may use here (its affinity); "none" for no pinning."""
     if value == "none":
         return None
     usable = os.sched_getaffinity(0)
@@ -199,7 +216,8 @@ SETTINGS: dict[str, Callable[[Any], Any]] = {
     "runs": count(1), "warmup": count(0), "time": time_limit, "baseline": text,
     "interleave": flag, "max_runs": count(1), "ci_target": fraction,
 }
-TOP_LEVEL = (*SETTINGS, "targets", "workloads")
+TOP_LEVEL = (*SETTINGS, "targets", "workloads", "quick")
+QUICK_KEYS = (*SETTINGS, "targets", "params")
 WORKLOAD_KEYS = ("name", "params", "zip")
 
 # Every option a target kind accepts: (kind, option) -> check. An option not here is an error,
@@ -207,6 +225,8 @@ WORKLOAD_KEYS = ("name", "params", "zip")
 TARGET_OPTIONS: dict[tuple[str, str], Callable[[Any], Any]] = {
     ("container", "runtime"): choice("auto", *targets.KINDS["container"][3]),
     ("container", "binaries"): programs,
+    # Host CPUs the container's processes may run on (a cpuset; None: all).
+    ("container", "cpus"): host_cpus,
     ("vm", "qemu"): program,
     ("vm", "accel"): choice(*targets.KINDS["vm"][3]),
     ("vm", "machine"): choice("microvm", "q35"),
@@ -217,6 +237,7 @@ TARGET_OPTIONS: dict[tuple[str, str], Callable[[Any], Any]] = {
     ("vm", "disk_size"): size,
     ("vm", "boot_timeout"): seconds,
     ("vm", "binaries"): programs,
+    ("vm", "icount"): text,
     # E5: guest RAM on host huge pages of this size (None: normal pages) ...
     ("vm", "hugepages"): choice("2M", "1G", none=True),
     # ... and the count of huge pages the guest kernel reserves at boot.
@@ -315,6 +336,15 @@ class Locator:
             if path[:end] in self.lines:
                 return self.lines[path[:end]]
         return 1
+
+    def alias(self, source: KeyPath, dest: KeyPath) -> None:
+        """dest (and what is below it) now holds the value written at source: report it
+        at source's lines."""
+        for path in [p for p in self.lines if p[:len(dest)] == dest]:
+            del self.lines[path]
+        for path, line in list(self.lines.items()):
+            if path[:len(source)] == source:
+                self.lines[dest + path[len(source):]] = line
 
     def _here(self) -> int:
         return bisect.bisect_right(self.starts, self.i)
@@ -496,14 +526,67 @@ def _expand(fixed: dict[str, Any], axes: list[_Axis]) -> list[tuple[dict, dict]]
     return points
 
 
+def _replace(values: dict[str, Any], key: str, value: Any,
+             owner: dict[str, Any] | None = None) -> None:
+    """Set values[key], taking key out of the zip table of owner (values' table by default)
+    when it is swept there: the quick value replaces the whole dimension."""
+    owner = values if owner is None else owner
+    zipped = owner.get("zip")
+    if isinstance(zipped, dict) and key in zipped:
+        del zipped[key]
+        if not zipped:
+            del owner["zip"]
+    values[key] = value
+
+
+@dataclass
+class _Origin:
+    """The table a target or workload configuration was expanded from."""
+    path: KeyPath       # [targets.NAME] or [[workloads]] entry
+    values: KeyPath     # where its options or params are: path, or path + ("params",)
+    given: dict[str, Any]
+    zipped: Any
+
+    def of(self, key: str) -> KeyPath:
+        """Where key was written: among the values, in the zip, else the table itself."""
+        if isinstance(self.zipped, dict) and key in self.zipped:
+            return self.path + ("zip", key)
+        return self.values + (key,) if key in self.given else self.path
+
+
 class _Reader:
     def __init__(self, source: str, text: str):
         self.source = source
         self.where = Locator(text)
         self.errors: list[tuple[int, str]] = []     # (line, message)
+        # Where each expanded target and workload configuration came from, for the checks
+        # that look at several of them.
+        self.target_origin: dict[str, _Origin] = {}
+        self.workload_origin: list[_Origin] = []
+        self.aliases: dict[KeyPath, KeyPath] = {}   # where a [quick] value went -> its key
 
     def bad(self, path: KeyPath, expected: str, got: str, at: KeyPath | None = None) -> None:
-        self.fail(path if at is None else at, f"{dotted(path)}: expected {expected}, got {got}")
+        shown = self.written_at(path)
+        if at is not None and at[:len(path)] == path:
+            # A key in a table, named by the table: a [quick] key by its own table's name.
+            source = self.written_at(at)
+            shown = source[:len(source) - (len(at) - len(path))]
+        self.fail(path if at is None else at, f"{dotted(shown)}: expected {expected}, got {got}")
+
+    def alias(self, source: KeyPath, dest: KeyPath) -> None:
+        """A [quick] value moved from source to dest: name and place problems at source."""
+        self.where.alias(source, dest)
+        self.aliases[dest] = source
+
+    def written_at(self, path: KeyPath) -> KeyPath:
+        """Where the value at path was written: a [quick] value under its own key."""
+        for dest, source in self.aliases.items():
+            if path[:len(dest)] == dest:
+                return source + path[len(dest):]
+        return path
+
+    def dotted(self, path: KeyPath) -> str:
+        return dotted(self.written_at(path))
 
     def fail(self, at: KeyPath, message: str) -> None:
         line = self.where.line(at)
@@ -604,7 +687,8 @@ class _Reader:
 
     # -- the plan's parts --------------------------------------------------------------
 
-    def read(self, data: dict[str, Any]) -> Plan:
+    def read(self, data: dict[str, Any]) -> Plan | None:
+        """The plan, or None when self.errors says why not."""
         for key in data:
             if key not in TOP_LEVEL:
                 self.bad((), "one of " + ", ".join(TOP_LEVEL), json.dumps(key), at=(key,))
@@ -627,8 +711,136 @@ class _Reader:
             self.bad(("baseline",), "one of the targets (" + ", ".join(names) + ")",
                      show(settings["baseline"]))
         if self.errors:
-            raise PlanError(self.source, [m for _, m in sorted(self.errors, key=lambda e: e[0])])
+            return None
+        self.check_vms(target_specs)
+        if not self.errors:
+            self.check_hugetlb(target_specs, workload_specs, settings.get("time", DEFAULT_TIME))
+        if self.errors:
+            return None
         return Plan(targets=target_specs, workloads=workload_specs, **settings)
+
+    def quick(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """The plan's data with its [quick] table applied; its values keep their own lines
+        for any problem found in them."""
+        table = self.table(("quick",), data["quick"],
+                           "a table of settings, targets and params for --quick")
+        if table is None:
+            return None
+        merged = copy.deepcopy({k: v for k, v in data.items() if k != "quick"})
+        for key, value in table.items():
+            at: KeyPath = ("quick", key)
+            if key in SETTINGS:
+                merged[key] = value
+                self.alias(at, (key,))
+            elif key == "targets":
+                self._quick_targets(merged, value)
+            elif key == "params":
+                self._quick_params(merged, value)
+            else:
+                self.bad(("quick",), "one of " + ", ".join(QUICK_KEYS), json.dumps(key), at=at)
+        return merged
+
+    def _quick_targets(self, merged: dict[str, Any], value: Any) -> None:
+        tables = self.table(("quick", "targets"), value, "[quick.targets.NAME] tables")
+        plan_targets = merged.get("targets")
+        if tables is None or not isinstance(plan_targets, dict):
+            return
+        for name, options in tables.items():
+            at: KeyPath = ("quick", "targets", name)
+            if name not in plan_targets or not isinstance(plan_targets[name], dict):
+                self.bad(at, "a target table of the plan (" + ", ".join(plan_targets) + ")",
+                         json.dumps(name))
+            elif self.table(at, options, "a table of target options") is not None:
+                for option, v in options.items():
+                    _replace(plan_targets[name], option, v)
+                    self.alias(at + (option,), ("targets", name, option))
+
+    def _quick_params(self, merged: dict[str, Any], value: Any) -> None:
+        """Each quick param replaces that param in every workload that takes it."""
+        params = self.table(("quick", "params"), value, "a table of workload parameters")
+        entries = merged.get("workloads")
+        if params is None or not isinstance(entries, list):
+            return
+        used: set[str] = set()
+        for index, entry in enumerate(entries):
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if (name not in workloads.WORKLOADS
+                    or not isinstance(entry.get("params", {}), dict)):
+                continue   # the plan itself is wrong there, and says so
+            entry.setdefault("params", {})
+            for param, v in params.items():
+                if _takes(name, param):
+                    used.add(param)
+                    _replace(entry["params"], param, v, entry)
+                    self.alias(("quick", "params", param),
+                               ("workloads", index, "params", param))
+        names = sorted({e.get("name") for e in entries if isinstance(e, dict)
+                        and e.get("name") in workloads.WORKLOADS})
+        for param in params:
+            if param not in used:
+                self.bad(("quick", "params"), "a param of a workload of the plan ("
+                         + ", ".join(names) + ")", json.dumps(param), at=("quick", "params", param))
+
+    # -- what only the host or several values together can tell --------------------------
+
+    def check_vms(self, specs: list[TargetSpec]) -> None:
+        """Each VM's options against each other, then the host huge pages all VMs hold at
+        once (every target is up for the whole plan)."""
+        wanted: dict[str, list[tuple[TargetSpec, int]]] = {}
+        for spec in specs:
+            if spec.kind != "vm":
+                continue
+            origin = self.target_origin[spec.name]
+            options = {**vm_target.VmTarget.option_defaults, **spec.options}
+            for option, expected in vm_target.option_problems(options):
+                self.fail(origin.of(option), f"{self.dotted(origin.values + (option,))}: expected "
+                          f"{expected}, got {show(options[option])}" + self._for(spec))
+            size = options["hugepages"]
+            memory = vm_target.parse_size(options["memory"])
+            if size is not None and memory % hugepages.SIZES[size] == 0:
+                wanted.setdefault(size, []).append(
+                    (spec, hugepages.pages_needed(memory, size)))
+        if wanted:
+            problem = hugepages.capacity_problem(
+                {size: sum(n for _, n in users) for size, users in wanted.items()})
+            if problem:
+                users = [spec for specs_ in wanted.values() for spec, _ in specs_]
+                origin = self.target_origin[users[0].name]
+                self.fail(origin.of("hugepages"), f"{self.dotted(origin.values + ('hugepages',))}: "
+                          f"{problem} (for {', '.join(s.name for s in users)}, up together)")
+
+    def _for(self, spec: TargetSpec) -> str:
+        """Which of a table's swept targets a message is about."""
+        return "" if spec.name == self.target_origin[spec.name].path[-1] else f" (in {spec.name})"
+
+    def check_hugetlb(self, specs: list[TargetSpec], configs: list[WorkloadSpec],
+                      time: int | None) -> None:
+        """A memory-hugetlb = "on" buffer must fit in the huge pages of every target: the
+        guest's own (guest_hugepages) in a VM, the host's free ones elsewhere (vmtax
+        reserves host pages for guest RAM only)."""
+        host_free = _host_free_hugepages()
+        for config, origin in zip(configs, self.workload_origin):
+            params = config.make(time).params
+            if config.name != "memory" or params.get("memory-hugetlb") not in ("on", True):
+                continue
+            block = _bytes(params["memory-block-size"])
+            local = params.get("memory-scope") == "local"
+            buffers = int(params.get("threads", 1)) if local else 1
+            need = hugepages.sysbench_pages(block, buffers)
+            for spec in specs:
+                if spec.kind == "vm":
+                    have = spec.options.get("guest_hugepages", 0)
+                    where = f"{spec.name} reserves {have} (guest_hugepages)"
+                else:
+                    have = host_free
+                    where = f"{spec.name} runs on the host, which has {have} free"
+                if need > have:
+                    each = f"{buffers} threads' buffers of " if local else "a buffer of "
+                    self.fail(origin.of("memory-block-size"),
+                              f"{self.dotted(origin.path)}: memory-hugetlb = \"on\" with "
+                              f"{each}{show(params['memory-block-size'])} takes {need} "
+                              f"2 MiB huge pages (sysbench rounds each up by up to 4 MiB), but "
+                              f"{where}")
 
     def targets(self, tables: Any) -> list[TargetSpec]:
         if tables is None or tables == {}:
@@ -656,6 +868,7 @@ class _Reader:
                 if any(s.name == spec.name for s in specs):
                     self.bad(path, "target names that are unique", show(spec.name))
                 specs.append(spec)
+                self.target_origin[spec.name] = _Origin(path, path, options, table.get("zip"))
         return specs
 
     def _option_check(self, kind: str):
@@ -698,12 +911,14 @@ class _Reader:
                 try:
                     spec.make(time)
                 except VmtaxError as exc:
-                    self.fail(path, f"{dotted(path)}: {exc}")
+                    self.fail(path, f"{self.dotted(path)}: {exc}")
                     break
                 if spec in specs:
                     self.bad(path, "workload configurations that are not already in the plan",
                              f"{name} {show(params_)} again")
                 specs.append(spec)
+                self.workload_origin.append(
+                    _Origin(path, path + ("params",), params, entry.get("zip")))
         return specs
 
     def _param_check(self, name: str):
@@ -715,6 +930,10 @@ class _Reader:
         def check_of(path: KeyPath, param: str):
             if help_ is None or param in cls.defaults or param == cls.time_param:
                 return known.get(param, _any_param)
+            if param not in known and param in BUILD_OPTIONS:
+                self.fail(path, f"{self.dotted(path)}: the host's {SYSBENCH} (which the "
+                                f"targets run) has no --{param}: {BUILD_OPTIONS[param]}")
+                return None
             if param not in known:
                 options = ", ".join(help_[0])
                 self.bad(path[:-1], f"a sysbench {name} option ({options}, or a general one "
@@ -722,6 +941,23 @@ class _Reader:
                 return None
             return known[param]
         return check_of
+
+
+def _takes(workload: str, param: str) -> bool:
+    """Does this workload take this param? When the host's sysbench cannot tell, yes."""
+    cls = workloads.get(workload)
+    if param in cls.defaults or param == cls.time_param:
+        return True
+    help_ = sysbench_options(workload) if "sysbench" in cls.binaries else None
+    return help_ is None or param in help_[0] or param in help_[1]
+
+
+# Options a sysbench build may lack, and why: a missing one is named as such, not as a typo.
+BUILD_OPTIONS = {
+    "memory-hugetlb": "it was built without large-page support (HAVE_LARGE_PAGES, Linux "
+                      "only), so the workload cannot use huge pages; use a sysbench that "
+                      "lists it in `sysbench memory help` (Debian's 1.0.20 does)",
+}
 
 
 def _any_param(value: Any) -> Any:
@@ -738,21 +974,37 @@ def _syntax_error(source: str, text: str, exc: tomllib.TOMLDecodeError) -> str:
     return f"{source}:{max(1, len(text.splitlines()))}: invalid TOML: {message} (at the end)"
 
 
-def loads(text: str, source: str = "<plan>") -> Plan:
-    """Validate and expand a plan file's text; raises PlanError naming every problem."""
+def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
+    """Validate and expand a plan file's text, or with quick its [quick] form; raises
+    PlanError naming every problem of either form."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(source, [_syntax_error(source, text, exc)]) from None
-    return _Reader(source, text).read(data)
+    full = _Reader(source, text)
+    plan = full.read(data)
+    errors = full.errors
+    if "quick" in data:
+        short = _Reader(source, text)
+        merged = short.quick(data)
+        quick_plan = short.read(merged) if merged is not None else None
+        errors += short.errors
+        plan = quick_plan if quick else plan
+    elif quick:
+        errors.append((1, f"{source}: --quick: the plan has no [quick] table"))
+    if errors:
+        # A problem of the plan itself shows in both forms: once is enough.
+        raise PlanError(source, list(dict.fromkeys(m for _, m in sorted(errors,
+                                                                       key=lambda e: e[0]))))
+    return plan
 
 
-def load(path: str | os.PathLike) -> Plan:
+def load(path: str | os.PathLike, quick: bool = False) -> Plan:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise VmtaxError(f"{path}: cannot read the plan file ({exc})") from None
-    return loads(text, str(path))
+    return loads(text, str(path), quick)
 
 
 # -- what a plan will cost ---------------------------------------------------------------
@@ -770,9 +1022,21 @@ class Estimate:
     assumptions: list[str]      # only those that entered the sum
 
 
-def _mib(value: Any) -> float:
+def _bytes(value: Any) -> int:
     m = _SYSBENCH_SIZE.fullmatch(str(value))
-    return (int(m[1]) << _SIZE_SHIFT[m[2].lower()]) / 2**20
+    return int(m[1]) << _SIZE_SHIFT[m[2].lower()]
+
+
+def _mib(value: Any) -> float:
+    return _bytes(value) / 2**20
+
+
+def _host_free_hugepages() -> int:
+    """Free 2 MiB pages on the host: what sysbench on the host (native, containers) gets."""
+    try:
+        return int((hugepages.pool_dir("2M") / "free_hugepages").read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def configurations(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
@@ -879,6 +1143,8 @@ A plan file is TOML (see plans/ for complete examples):
   params = { threads = [1, 2, 4] }    sysbench options; lists multiply
   zip = { memory-block-size = ["16K", "1M"], memory-total-size = ["1G", "8G"] }
                            zip lists vary together (pairwise, not multiplied)
+  [quick]                  the short form (--quick): settings, and
+  params = { threads = 1 } params of every workload / [quick.targets.NAME] options
 
 Every problem is reported as FILE:LINE: KEY: expected WHAT, got VALUE.
 """
@@ -889,8 +1155,9 @@ Every problem is reported as FILE:LINE: KEY: expected WHAT, got VALUE.
 @click.option("--dry-run", is_flag=True,
               help="Print the whole expanded matrix, not only the summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the expanded plan as JSON.")
-def plan_command(plan_file: str, dry_run: bool, as_json: bool) -> None:
-    plan = load(plan_file)
+@click.option("--quick", is_flag=True, help="The plan's [quick] form, as `vmtax run --quick`.")
+def plan_command(plan_file: str, dry_run: bool, as_json: bool, quick: bool) -> None:
+    plan = load(plan_file, quick)
     if as_json:
         low = estimate(plan)
         click.echo(json.dumps({

@@ -5,6 +5,11 @@ modified), so `/work` inside the container is a directory on the host's disk. Ea
 runs in a fresh container with its own pid, mount, network (loopback only), uts and ipc
 namespaces. A runtime is one small class below; `RUNTIMES` lists them and `AUTO_ORDER`
 says which one plain `container` picks.
+
+`cpus` confines a container to host CPUs: an OCI runtime gets them as its cgroup cpuset
+(linux.resources.cpu.cpus); where there is no cgroup to put them in (unshare, crun with its
+cgroup manager disabled) the runtime is started with that CPU affinity, which every process
+of the container inherits.
 """
 
 from __future__ import annotations
@@ -49,9 +54,13 @@ def job_cwd(job: Job) -> str:
     return "/work" if job.in_scratch else "/"
 
 
-def oci_config(job: Job, root: Path) -> dict[str, Any]:
-    """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo."""
+def oci_config(job: Job, root: Path, cpus: list[int] | None = None) -> dict[str, Any]:
+    """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo,
+    on the host CPUs `cpus` (a cpuset) when given."""
     caps = list(CAPABILITIES)
+    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    if cpus:
+        resources["cpu"] = {"cpus": ",".join(map(str, sorted(cpus)))}
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -80,9 +89,28 @@ def oci_config(job: Job, root: Path) -> dict[str, Any]:
         "linux": {
             # OCI calls the network namespace "network".
             "namespaces": [{"type": "network" if ns == "net" else ns} for ns in NAMESPACES],
-            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "resources": resources,
         },
     }
+
+
+def _pin_to(cpus: list[int]) -> Callable[[], None]:
+    """In the child before exec: it and everything it starts run only on cpus."""
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+    return pin
+
+
+def _chain(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One preexec running the given ones in order (None when none is given)."""
+    steps = tuple(s for s in steps if s is not None)
+    if len(steps) <= 1:
+        return steps[0] if steps else None
+
+    def run() -> None:
+        for step in steps:
+            step()
+    return run
 
 
 @dataclass
@@ -100,10 +128,18 @@ class Runtime(abc.ABC):
     name: ClassVar[str]
     install: ClassVar[str]          # how to get it, for the "not installed" error
 
-    def __init__(self, binary: str, home: Path):
+    def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
         self.binary = binary
         self.root = home / "rootfs"
         self.cgroup_workaround = False
+        self.cpus = cpus
+
+    def placement(self) -> str | None:
+        """How `cpus` is enforced: "cpuset" (the runtime's cgroup) or "affinity"."""
+        return "affinity" if self.cpus else None
+
+    def affinity(self) -> Callable[[], None] | None:
+        return _pin_to(self.cpus) if self.placement() == "affinity" else None
 
     def version(self) -> str:
         out = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
@@ -144,14 +180,14 @@ class Unshare(Runtime):
                 "--", *job.argv]
 
     def launch(self, job: Job) -> Launch:
-        return Launch(self.command(job), env=container_env(job))
+        return Launch(self.command(job), env=container_env(job), preexec=self.affinity())
 
 
 class OciRuntime(Runtime):
     """A runc-compatible CLI: `BIN --root STATE run --bundle B ID` with a generated config."""
 
-    def __init__(self, binary: str, home: Path):
-        super().__init__(binary, home)
+    def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
+        super().__init__(binary, home, cpus)
         self.bundle = home / "bundle"
         # Private state instead of /run/<runtime>: nothing of ours lands in host-wide dirs.
         self.state = home / "state"
@@ -165,13 +201,21 @@ class OciRuntime(Runtime):
     def base(self) -> list[str]:
         return [self.binary, "--root", str(self.state), *self.global_flags()]
 
+    def placement(self) -> str | None:
+        # Without a cgroup manager the runtime ignores linux.resources.
+        if self.cpus and not self.cgroup_workaround:
+            return "cpuset"
+        return super().placement()
+
     def launch(self, job: Job) -> Launch:
         self.bundle.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
-        (self.bundle / "config.json").write_text(json.dumps(oci_config(job, self.root), indent=1))
+        cpuset = self.cpus if self.placement() == "cpuset" else None
+        (self.bundle / "config.json").write_text(
+            json.dumps(oci_config(job, self.root, cpuset), indent=1))
         container = f"vmtax-{uuid.uuid4().hex[:12]}"
         return Launch([*self.base(), "run", "--bundle", str(self.bundle), container],
-                      preexec=self.preexec(), container=container,
+                      preexec=_chain(self.preexec(), self.affinity()), container=container,
                       undo=[*self.base(), "delete", "-f", container])
 
     def finish(self, launch: Launch) -> bool:
@@ -231,10 +275,15 @@ AUTO_ORDER = ("runc", "crun", "unshare")
 
 class ContainerTarget(Target):
     kind = "container"
-    option_defaults = {"runtime": "auto", "binaries": ["sysbench"]}
+    option_defaults = {"runtime": "auto", "binaries": ["sysbench"], "cpus": None}
 
     def __init__(self, name: str, options: dict[str, Any], ctx: TargetContext):
         super().__init__(name, options, ctx)
+        cpus = self.options["cpus"]
+        usable = os.sched_getaffinity(0)
+        if cpus is not None and not (cpus and set(cpus) <= usable):
+            raise VmtaxError(f"{name}: cpus: expected host CPUs vmtax may use ("
+                             + ", ".join(map(str, sorted(usable))) + f"), got {cpus!r}")
         self.runtime: Runtime | None = None
         self.dir: Path | None = None
         self._fingerprint: dict[str, Any] | None = None
@@ -288,7 +337,7 @@ class ContainerTarget(Target):
             self.dir.mkdir(parents=True)
             shutil.copytree(source, self.dir / "rootfs", symlinks=True)
             for name, binary in candidates:
-                runtime = RUNTIMES[name](binary, self.dir)
+                runtime = RUNTIMES[name](binary, self.dir, self.options["cpus"])
                 error = self.probe(runtime)
                 if error is None:
                     self.runtime = runtime
@@ -307,6 +356,8 @@ class ContainerTarget(Target):
             "namespaces": list(NAMESPACES),
             "rootfs": source.name,
             "cgroup_workaround": self.runtime.cgroup_workaround,
+            "cpus": self.options["cpus"],
+            "cpu_placement": self.runtime.placement(),
         }
 
     def run(self, job: Job) -> JobResult:

@@ -3,13 +3,20 @@
 The host listens on a UNIX socket before QEMU starts; QEMU connects to it as the backend of a
 named virtio-serial port, so nothing the agent says is lost and kernel messages never mix
 with the protocol (they go to the serial console log). QMP is used to stop QEMU in order and
-to find its vCPU threads.
+to find its vCPU threads, which are pinned to host CPUs when asked.
+
+Huge pages, E5's two sides: `hugepages` backs guest RAM with host huge pages (a hugetlbfs
+file, reserved by vmtax.hugepages before QEMU starts), `guest_hugepages` has the guest kernel
+reserve 2 MiB pages at boot for the workload (sysbench --memory-hugetlb allocates them with
+shmget(SHM_HUGETLB), which needs no hugetlbfs mount in the guest). What was granted on
+each side is in the fingerprint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import os
 import re
@@ -23,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from vmtax import host, proc
+from vmtax import host, hugepages, proc
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.image import AGENT_PORT, GuestImage
 from vmtax.targets.base import Job, JobResult, Target
@@ -101,6 +108,8 @@ class VmConfig:
     disk: Path | None = None
     disk_cache: str = "none"
     icount: str | None = None   # TCG only: guest time from the instruction count
+    hugepages: str | None = None   # host huge page size backing guest RAM ("2M", "1G")
+    mem_path: Path | None = None   # the hugetlbfs directory QEMU puts guest RAM in
 
 
 MACHINES = {
@@ -129,7 +138,8 @@ BOOT_SPEEDUPS = ("tsc=reliable", "no_timer_check", "cryptomgr.notests",
                  "initcall_blacklist=crypto_kdf108_init", "rodata=off")
 
 
-def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None) -> str:
+def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None,
+                   guest_hugepages: int = 0) -> str:
     args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={transport(machine)}",
             *BOOT_SPEEDUPS]
     if tsc_khz:
@@ -137,6 +147,9 @@ def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None) -> 
             args.append(f"lpj={tsc_khz * 1000 // hz}")
         if machine == "microvm":
             args.append(f"tsc_early_khz={tsc_khz}")
+    if guest_hugepages:
+        # Reserved at boot, before guest memory fragments; the default size on x86 is 2 MiB.
+        args.append(f"hugepages={guest_hugepages}")
     return " ".join(args)
 
 
@@ -153,12 +166,23 @@ def _accel_args(cfg: VmConfig) -> list[str]:
     return ["-accel", "tcg,thread=multi"]
 
 
+RAM_ID = "ram"
+
+
 def _machine_args(cfg: VmConfig) -> list[str]:
-    return ["-machine", MACHINES[cfg.machine], "-cpu", cfg.cpu, "-smp", str(cfg.vcpus)]
+    # memory-backend= (QEMU >= 5.0) works on microvm and q35 alike, without a NUMA node.
+    machine = MACHINES[cfg.machine] + (f",memory-backend={RAM_ID}" if cfg.hugepages else "")
+    return ["-machine", machine, "-cpu", cfg.cpu, "-smp", str(cfg.vcpus)]
 
 
 def _memory_args(cfg: VmConfig) -> list[str]:
-    return ["-m", cfg.memory]
+    if not cfg.hugepages:
+        return ["-m", cfg.memory]
+    # prealloc: every page is taken at start, so a short pool fails QEMU at once instead of
+    # killing the guest on a fault mid-run. share=off: nothing but QEMU maps guest RAM.
+    return ["-m", cfg.memory, "-object",
+            f"memory-backend-file,id={RAM_ID},size={cfg.memory},"
+            f"mem-path={_opt(cfg.mem_path)},prealloc=on,share=off"]
 
 
 def _boot_args(cfg: VmConfig) -> list[str]:
@@ -273,6 +297,46 @@ def read_result(channel: Channel, job_id: int, deadline: float) -> AgentResult:
             return AgentResult(status, timed_out == 1, elapsed, stdout, stderr)
 
 
+# --- options that depend on each other ----------------------------------------------------
+
+# What a guest needs beside the huge pages it reserves: kernel, the initramfs rootfs (held
+# in RAM), sysbench's own buffers when it does not use huge pages.
+GUEST_MIN_FREE = 256 << 20
+
+
+def option_problems(options: dict[str, Any]) -> list[tuple[str, str]]:
+    """(option, what it should be) for each option that does not fit the others; the plan
+    file reports them at their lines, VmTarget refuses the first."""
+    problems = []
+    memory = parse_size(options["memory"])
+    size = options["hugepages"]
+    if size is not None and size not in hugepages.SIZES:
+        problems.append(("hugepages", 'one of "2M", "1G", "none"'))
+    elif size is not None and memory % hugepages.SIZES[size]:
+        problems.append(("memory", f"a whole number of {hugepages.label(size)} huge pages "
+                                   f'(hugepages = "{size}")'))
+    guest = options["guest_hugepages"]
+    most = max(0, (memory - GUEST_MIN_FREE) // hugepages.GUEST_PAGE)
+    if not isinstance(guest, int) or guest < 0:
+        problems.append(("guest_hugepages", "a whole number of at least 0"))
+    elif guest > most:
+        problems.append(("guest_hugepages", f"at most {most} 2 MiB pages, which leaves the "
+                         f"guest {GUEST_MIN_FREE >> 20} MiB of its memory "
+                         f"({options['memory']}); or more memory"))
+    pin, vcpus = options["pin"], int(options["vcpus"])
+    if pin is not None:
+        usable = os.sched_getaffinity(0)
+        if len(pin) != vcpus:
+            problems.append(("pin", f"one host CPU per vCPU (vcpus = {vcpus})"))
+        elif len(set(pin)) != len(pin) or not set(pin) <= usable:
+            problems.append(("pin", "distinct host CPUs vmtax may use ("
+                             + ", ".join(map(str, sorted(usable))) + ")"))
+        elif options["icount"] and vcpus > 1:
+            problems.append(("pin", "no pinning of several vCPUs with icount (TCG then runs "
+                                    "them all in one thread)"))
+    return problems
+
+
 # --- the target ---------------------------------------------------------------------------
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -303,6 +367,7 @@ class _Running:
     listener: socket.socket | None = None
     tokens: list[int] = field(default_factory=list)
     dirs: list[Path] = field(default_factory=list)
+    reservation: hugepages.Reservation | None = None
 
 
 class VmTarget(Target):
@@ -321,6 +386,9 @@ class VmTarget(Target):
         # TCG's -icount (e.g. "shift=0,sleep=off"): guest time then follows the instruction
         # count, not the host clock — a deliberately skewed guest clock.
         "icount": None,
+        "hugepages": None,      # "2M" | "1G": guest RAM on host huge pages of that size
+        "guest_hugepages": 0,   # 2 MiB pages the guest kernel reserves at boot
+        "pin": None,            # host CPU of each vCPU's thread, in vCPU order
     }
 
     def __init__(self, name, options, ctx):
@@ -328,6 +396,11 @@ class VmTarget(Target):
         if self.options["machine"] not in MACHINES:
             raise VmtaxError(f"unknown machine {self.options['machine']!r}: use "
                              + " or ".join(MACHINES))
+        problems = option_problems(self.options)
+        if problems:
+            option, expected = problems[0]
+            raise VmtaxError(f"{name}: {option}: expected {expected}, got "
+                             f"{self.options[option]!r}")
         self.boot_seconds: float | None = None
         self.guest_boot_seconds: float | None = None
         self.config: VmConfig | None = None
@@ -336,6 +409,9 @@ class VmTarget(Target):
         self._qemu_version: str | None = None
         self.host_margin = HOST_MARGIN
         self.job_overhead: float | None = None
+        self.host_hugepages_granted: int | None = None
+        self.guest_hugepages_granted: int | None = None
+        self.vcpu_affinity: list[list[int]] | None = None
 
     # -- configuration --
 
@@ -351,7 +427,8 @@ class VmTarget(Target):
                 self.ctx.image = image
         return image
 
-    def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str) -> VmConfig:
+    def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str,
+                mem_path: Path | None = None) -> VmConfig:
         # Cheap checks first: a missing QEMU should not wait for a kernel download.
         qemu = find_qemu(self.options["qemu"])
         accel = resolve_accel(self.options["accel"])
@@ -362,10 +439,15 @@ class VmTarget(Target):
             cpu=self.options["cpu"] or ("host" if accel == "kvm" else "max"),
             vcpus=int(self.options["vcpus"]), memory=str(self.options["memory"]),
             kernel=image.kernel(), initramfs=image.initramfs(),
-            append=kernel_cmdline(machine, host_tsc_khz(), image.kernel_info().hz),
+            append=self._cmdline(image),
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
             console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache,
-            icount=self.options["icount"] if accel == "tcg" else None)
+            icount=self.options["icount"] if accel == "tcg" else None,
+            hugepages=self.options["hugepages"], mem_path=mem_path)
+
+    def _cmdline(self, image: GuestImage) -> str:
+        return kernel_cmdline(self.options["machine"], host_tsc_khz(), image.kernel_info().hz,
+                              int(self.options["guest_hugepages"]))
 
     # -- lifecycle --
 
@@ -389,8 +471,9 @@ class VmTarget(Target):
         run_dir = self._track_dir(Path(tempfile.mkdtemp(prefix="vmtax-vm-")))
         disk_dir = self._track_dir(Path(tempfile.mkdtemp(prefix="vm-", dir=self.ctx.work_dir)))
         disk = disk_dir / "scratch.img"
+        mem_path = self._reserve_hugepages()
         self.config = cfg = self.resolve(
-            run_dir, disk, "none" if _direct_io_works(disk_dir) else "writeback")
+            run_dir, disk, "none" if _direct_io_works(disk_dir) else "writeback", mem_path)
         mkfs = shutil.which("mkfs.ext4")
         if mkfs is None:
             raise VmtaxError("mkfs.ext4 is not installed; install e2fsprogs")
@@ -423,6 +506,8 @@ class VmTarget(Target):
         self.boot_seconds = time.monotonic() - start
         # The guest's own uptime at READY: boot_seconds minus this is QEMU's share.
         self.guest_boot_seconds = float(line.split()[2])
+        if self.options["pin"] is not None:
+            self._pin(self.options["pin"])
         mounted = self.run(Job(["/bin/sh", "/vmtax/disk", DISK_DEVICE, SCRATCH], timeout=60))
         if not mounted.ok:
             raise TargetError(f"{self.name}: mounting the scratch disk in the guest failed: "
@@ -431,6 +516,51 @@ class VmTarget(Target):
         # off before the guest clock is checked against the host's.
         trivial = [self.run(Job(["true"], timeout=30)) for _ in range(3)]
         self.job_overhead = sorted(r.host_elapsed - (r.guest_elapsed or 0) for r in trivial)[1]
+        self._check_guest_hugepages()
+
+    def _reserve_hugepages(self) -> Path | None:
+        """Host huge pages for guest RAM, before QEMU starts; the hugetlbfs to put it on."""
+        size = self.options["hugepages"]
+        if size is None:
+            return None
+        pages = hugepages.pages_needed(parse_size(self.options["memory"]), size)
+        problem = hugepages.capacity_problem({size: pages})
+        if problem:
+            raise VmtaxError(f"{self.name}: hugepages = {size}: {problem}")
+        self._run.reservation = hugepages.pool(self.ctx.journal, size).reserve(pages)
+        self.host_hugepages_granted = self._run.reservation.granted
+        return self._run.reservation.mountpoint
+
+    def _check_guest_hugepages(self) -> None:
+        """What the guest kernel really reserved (it grants fewer when memory is short)."""
+        result = self.run(Job(["cat", "/proc/meminfo"], timeout=30))
+        found = re.search(r"^HugePages_Total:\s+(\d+)$", result.stdout, re.MULTILINE)
+        if not result.ok or not found:
+            raise TargetError(f"{self.name}: no HugePages_Total in the guest's /proc/meminfo")
+        self.guest_hugepages_granted = int(found[1])
+        wanted = int(self.options["guest_hugepages"])
+        if self.guest_hugepages_granted < wanted:
+            raise TargetError(f"{self.name}: the guest kernel reserved only "
+                              f"{self.guest_hugepages_granted} of guest_hugepages = {wanted} "
+                              f"2 MiB pages; give it more memory than {self.options['memory']}")
+
+    def _pin(self, cpus: list[int]) -> None:
+        """vCPU i's thread on host CPU cpus[i]; QEMU's other threads off those CPUs."""
+        threads = self.vcpu_threads()
+        if len(set(threads)) != len(threads):
+            raise TargetError(f"{self.name}: QEMU runs several vCPUs in one thread "
+                              "(single-threaded TCG): they cannot be pinned apart")
+        for tid, cpu in zip(threads, cpus):
+            os.sched_setaffinity(tid, {cpu})
+        # The main loop and I/O threads; threads QEMU starts later inherit the main thread's
+        # affinity. With no CPU left over they stay where they are.
+        rest = os.sched_getaffinity(0) - set(cpus)
+        if rest:
+            for task in os.listdir(f"/proc/{self._run.proc.pid}/task"):
+                if int(task) not in threads:
+                    with contextlib.suppress(ProcessLookupError):   # a thread that just ended
+                        os.sched_setaffinity(int(task), rest)
+        self.vcpu_affinity = [sorted(os.sched_getaffinity(tid)) for tid in threads]
 
     def _accept(self, deadline: float) -> socket.socket:
         listener = self._run.listener
@@ -519,6 +649,8 @@ class VmTarget(Target):
         for sock in (run.channel.sock if run.channel else None, run.listener):
             if sock is not None:
                 sock.close()
+        if run.reservation is not None:   # QEMU is gone: its pages are free again
+            run.reservation.release()
         for directory in run.dirs:
             shutil.rmtree(directory, ignore_errors=True)
         for token in run.tokens:
@@ -559,6 +691,11 @@ class VmTarget(Target):
         cfg = self.config
         image = self.image()
         accel = cfg.accel if cfg else resolve_accel(self.options["accel"])
+        size = self.options["hugepages"]
+        host_pages = {"size": None, "requested": 0, "granted": 0}
+        if size:
+            host_pages = {"size": size, "requested": hugepages.pages_needed(
+                parse_size(self.options["memory"]), size), "granted": self.host_hugepages_granted}
         return {
             "kind": "vm",
             "qemu": find_qemu(self.options["qemu"]),
@@ -571,7 +708,12 @@ class VmTarget(Target):
             "icount": cfg.icount if cfg else None,
             "job_overhead_s": self.job_overhead,
             "disk_cache": cfg.disk_cache if cfg else None,
-            "append": cfg.append if cfg else kernel_cmdline(
-                self.options["machine"], host_tsc_khz(), image.kernel_info().hz),
+            "append": cfg.append if cfg else self._cmdline(image),
+            # Requested and granted on each side: E5's precondition, kept with the results.
+            "host_hugepages": host_pages,
+            "guest_hugepages": {"requested": int(self.options["guest_hugepages"]),
+                                "granted": self.guest_hugepages_granted},
+            "pin": self.options["pin"],
+            "vcpu_affinity": self.vcpu_affinity,
             **image.fingerprint(),
         }
