@@ -77,6 +77,7 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                         or run.targets)
     baseline = baseline or run.plan.get("baseline") or target_names[0]
     measured = [r for r in run.reps if r.phase in ("measure", "prepare")]
+    baseline_native = run.targets.get(baseline, {}).get("kind", "native") == "native"
     # Adaptive runs promised a precision: say where it was missed.
     ci_target = run.plan.get("ci_target") if run.plan.get("max_runs") else None
     varying = _varying(measured)
@@ -117,7 +118,9 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                         and cell.summary.median and stats.summarize(samples[baseline]).median):
                     # A ratio to or of a zero median (a stddev of 0) says nothing.
                     cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
-                    if stats.faster_than_baseline(cell.ratio):
+                    # Beating the bare host is suspicious (clock drift, page cache);
+                    # beating another target (E5's huge pages) is the finding itself.
+                    if baseline_native and stats.faster_than_baseline(cell.ratio):
                         cell.flags.append("faster than baseline")
                 overhead = (run.targets.get(t, {}).get("fingerprint", {})
                             .get("job_overhead_s") or 0.0)
