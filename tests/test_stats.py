@@ -215,14 +215,23 @@ def test_noise_floor_suppresses_real_but_tiny_changes():
     assert compare(a, b, True, noise_floor=0.005).verdict == "better"
 
 
-def test_few_runs_use_welch_on_logs_because_ranks_cannot_reach_alpha():
+def test_few_runs_use_a_t_test_on_logs_because_ranks_cannot_reach_alpha():
     a, b = [1.0, 1.1, 1.2], [5.0, 5.1, 5.2]
     c = compare(a, b, True)
-    assert (c.min_p, c.test, c.verdict) == (pytest.approx(0.1), "welch-log", "better")
+    assert (c.min_p, c.test, c.verdict) == (pytest.approx(0.1), "t-log", "better")
+    # Equal run counts: Student's pooled test; unequal: Welch's.
     assert c.p_value == pytest.approx(
-        sps.ttest_ind(np.log(a), np.log(b), equal_var=False).pvalue)
+        sps.ttest_ind(np.log(a), np.log(b), equal_var=True).pvalue)
+    assert compare(a, b[:2], True).p_value == pytest.approx(
+        sps.ttest_ind(np.log(a), np.log(b[:2]), equal_var=False).pvalue)
     # Constant (quantized) samples: equal -> p 1, different -> systematic.
     assert compare([2.0] * 3, [2.0] * 3, True).p_value == 1.0
+    # ... and identical constants stay out of the adjustment of the others.
+    pairs = [("m", [1.0, 1.1, 1.2], [5.0, 5.1, 5.2], True)] + [
+        (f"c{i}", [2.0] * 3, [2.0] * 3, True) for i in range(5)]
+    many = compare_many(pairs, method="bh")
+    assert many[0].p_adjusted == pytest.approx(many[0].p_value)
+    assert all(c.p_adjusted == 1.0 for c in many[1:])
     assert compare([2.0] * 3, [3.0] * 3, True).verdict == "better"
     assert compare(range(1, 8), range(8, 15), True).test == "mann-whitney"
     # Zeros cannot be logged: the rank test is used.

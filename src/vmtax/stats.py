@@ -29,9 +29,13 @@ Methods and why
     detectable with >= 5 runs per side, more when several metrics are adjusted together
     (`min_runs_to_detect`); at the fewer runs every comparison says "~".
   * So with few runs (rank tests unable to reach alpha / 10, i.e. fewer than 7 vs 7 at
-    alpha 0.01) the p-value comes from Welch's t-test on log values instead: it assumes
-    roughly log-normal noise, which suits rates and times, and can speak at 3 vs 3 (the
-    default run count). `Comparison.test` says which test gave p.
+    alpha 0.01) the p-value comes from a t-test on log values instead: it assumes roughly
+    log-normal noise, which suits rates and times, and can speak at 3 vs 3 (the default
+    run count). With equal run counts it is Student's pooled test (4 degrees of freedom
+    at 3 vs 3, where Welch's has 2-4; with equal n it is robust to unequal variances),
+    else Welch's. `Comparison.test` says which test gave p.
+  * A metric whose two samples are the same constant (a quantized latency, a zero stddev)
+    is no test: it gets p = 1 and stays out of the multiplicity adjustment.
   * A change is significant only if adjusted p < alpha, the (1 - alpha) bootstrap CI of
     the change excludes 0, and |med_b - med_a| >= noise_floor * max(|med_a|, |med_b|).
     The floor is taken relative to the larger median (which implies |change| >= floor) so
@@ -90,7 +94,7 @@ class Comparison:
     n_a: int
     n_b: int
     min_p: float  # smallest p a rank test can produce at these sample sizes
-    test: str = "mann-whitney"  # or "welch-log" for samples too small for a rank test
+    test: str = "mann-whitney"  # or "t-log" for samples too small for a rank test
 
     @property
     def significant(self) -> bool:
@@ -214,7 +218,7 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(stats.mannwhitneyu(a, b, alternative="two-sided", method=method).pvalue)
 
 
-def _welch_log_p(a: np.ndarray, b: np.ndarray) -> float:
+def _t_log_p(a: np.ndarray, b: np.ndarray) -> float:
     la, lb = np.log(a), np.log(b)
     if np.ptp(la) == 0 and np.ptp(lb) == 0:
         # Both samples constant (quantized metrics): any difference is systematic.
@@ -222,16 +226,21 @@ def _welch_log_p(a: np.ndarray, b: np.ndarray) -> float:
     with warnings.catch_warnings():
         # Near-identical samples trip scipy's cancellation warning; the p is still right.
         warnings.simplefilter("ignore", RuntimeWarning)
-        return float(stats.ttest_ind(la, lb, equal_var=False).pvalue)
+        return float(stats.ttest_ind(la, lb, equal_var=a.size == b.size).pvalue)
 
 
 def _p_value(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, str]:
     """Mann-Whitney when the sample sizes let a rank test speak at alpha (with room for a
-    multiplicity adjustment); else Welch on logs, for positive samples of 2+ runs each."""
+    multiplicity adjustment); else a t-test on logs, for positive samples of 2+ runs each."""
     small = min_p_value(a.size, b.size) >= alpha / 10
     if small and min(a.size, b.size) >= 2 and (a > 0).all() and (b > 0).all():
-        return _welch_log_p(a, b), "welch-log"
+        return _t_log_p(a, b), "t-log"
     return _mann_whitney_p(a, b), "mann-whitney"
+
+
+def _no_test(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same constant on both sides: nothing to test."""
+    return np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0]
 
 
 def min_p_value(n_a: int, n_b: int) -> float:
@@ -289,7 +298,10 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
         raw.append((name, a, b, bool(higher_is_better), med_a, med_b,
                     _percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha),
                     *_p_value(a, b, alpha)))
-    adjusted = adjust_pvalues([r[-2] for r in raw], method)
+    tested = [i for i, r in enumerate(raw) if not _no_test(r[1], r[2])]
+    adjusted = [1.0] * len(raw)
+    for i, p_adj in zip(tested, adjust_pvalues([raw[i][-2] for i in tested], method)):
+        adjusted[i] = p_adj
     out = []
     for (name, a, b, hib, med_a, med_b, ci, p, test), p_adj in zip(raw, adjusted):
         significant = (p_adj < alpha and (ci[0] > 0 or ci[1] < 0)
