@@ -98,7 +98,7 @@ def test_sigkill_leaves_nothing_after_the_next_start(tmp_path):
     res = vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "1",
                 "--warmup", "0", "--time", "1", "--results", str(results))
     assert res.returncode == 0, res.stderr
-    assert f"undid" in res.stderr and f"left by vmtax process {proc.pid}" in res.stderr
+    assert "undid" in res.stderr and f"left by vmtax process {proc.pid}" in res.stderr
     assert_nothing_left(results)
     status, reps = committed(results)
     assert status == "interrupted"   # the killed run no longer claims to be running

@@ -8,6 +8,7 @@ always agree.
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -97,10 +98,16 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
             for r in reps:
                 for m in r.metrics:
                     metrics.setdefault(m.name, (m.unit, m.higher_is_better))
+        # The clock check is about a target's repetitions, whatever the metric.
+        skewed = {t: _clock_skewed(reps, run.targets.get(t, {}).get("fingerprint", {})
+                                   .get("job_overhead_s") or 0.0)
+                  for t, reps in by_target.items()}
         for metric, (unit, hib) in metrics.items():
             samples = {t: [m.value for r in reps if r.status == "ok"
                            for m in r.metrics if m.name == metric]
                        for t, reps in by_target.items()}
+            base = samples.get(baseline)
+            base_median = statistics.median(base) if base else 0.0
             cells = {}
             for t in target_names:
                 reps = by_target.get(t, [])
@@ -114,17 +121,14 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                     if (ci_target and cell.summary.median
                             and not stats.precise_enough(samples[t], ci_target)):
                         cell.flags.append(f"CI wider than ±{ci_target:.0%}")
-                if (t != baseline and samples[t] and samples.get(baseline)
-                        and cell.summary.median and stats.summarize(samples[baseline]).median):
+                if t != baseline and samples[t] and base_median and cell.summary.median:
                     # A ratio to or of a zero median (a stddev of 0) says nothing.
                     cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
                     # Beating the bare host is suspicious (clock drift, page cache);
                     # beating another target (E5's huge pages) is the finding itself.
                     if baseline_native and stats.faster_than_baseline(cell.ratio):
                         cell.flags.append("faster than baseline")
-                overhead = (run.targets.get(t, {}).get("fingerprint", {})
-                            .get("job_overhead_s") or 0.0)
-                if _clock_skewed(reps, overhead):
+                if skewed[t]:
                     cell.flags.append("clock skew")
                 cells[t] = cell
             rows.append(Row(workload, json.loads(shown_key), metric, unit, hib, cells))

@@ -15,8 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
     TimeElapsedColumn
 
-from vmtax import __version__, analysis, journal, plan as plan_mod
-from vmtax import report as tables
+from vmtax import __version__, journal, plan as plan_mod
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 
@@ -180,6 +179,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
 
 def _show(store: Store, run_id: str, as_json: bool) -> None:
     run_rec = store.load_run(run_id)
+    from vmtax import analysis, report as tables   # scipy: only where numbers are shown
+
     summary = analysis.summarize_run(run_rec)
     if as_json:
         _print_json({"run": {"id": run_rec.id, "status": run_rec.status,
@@ -211,6 +212,7 @@ def runs(results, as_json) -> None:
     elif not rows:
         out.print(f"no runs stored in {results} yet; start one with `vmtax run`")
     else:
+        from vmtax import report as tables
         tables.print_runs(out, rows)
 
 
@@ -256,6 +258,8 @@ def compare(a, b, alpha, noise_floor, method, results, as_json) -> None:
         if not pairs:
             raise VmtaxError(f"runs {run_a.id} and {run_b.id} share no target; "
                              "compare targets explicitly with RUN:TARGET")
+    from vmtax import analysis, report as tables
+
     rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor, method=method)
     if as_json:
         _print_json({"alpha": alpha, "noise_floor": noise_floor, "method": method,

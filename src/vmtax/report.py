@@ -94,7 +94,7 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         previous = group
     console.print(table)
     for failure in summary.failures[:10]:
-        console.print(f"[red]failed[/red] " + escape(
+        console.print("[red]failed[/red] " + escape(
             f"{failure['target']} · {failure['workload']} · {failure['phase']} "
             f"{failure['idx'] + 1}: {failure['error']}"), highlight=False)
     if len(summary.failures) > 10:
