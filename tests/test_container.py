@@ -76,12 +76,16 @@ def test_unshare_argv():
     assert launch.undo is None
 
 
-def test_oci_launch_writes_bundle_and_journals_delete(tmp_path):
+def test_oci_launch_writes_bundle_and_journals_delete(tmp_path, monkeypatch):
+    monkeypatch.setattr(container.host, "cgroup_mounts", lambda: [
+        ("/sys/fs/cgroup/cpuset", "cgroup"), ("/sys/fs/cgroup/unified", "cgroup2")])
     rt = Runc("/usr/sbin/runc", tmp_path)
     launch = rt.launch(Job(["echo", "hi"]))
     base = ["/usr/sbin/runc", "--root", str(tmp_path / "state")]
     assert launch.argv == [*base, "run", "--bundle", str(tmp_path / "bundle"), launch.container]
     assert launch.undo == [*base, "delete", "-f", launch.container]
+    assert launch.cgroups == [f"/sys/fs/cgroup/cpuset/{launch.container}",
+                              f"/sys/fs/cgroup/unified/{launch.container}"]
     assert launch.preexec is None and launch.env is None
     cfg = json.loads((tmp_path / "bundle" / "config.json").read_text())
     assert cfg["process"]["args"] == ["echo", "hi"]

@@ -157,7 +157,7 @@ def test_journal_recovers_a_killed_vmtax(runtime, tmp_path):
     vmtax.wait()
     assert processes_with(b"sleep\x004713"), "expected the container to outlive vmtax"
     assert journal.recover(tmp_path / "journal") == [
-        f"undid 2 host change(s) left by vmtax process {vmtax.pid}"]
+        f"undid 3 host change(s) left by vmtax process {vmtax.pid}"]
     assert gone(b"sleep\x004713")
     assert list((tmp_path / "work").iterdir()) == []
     assert host_leftovers(tmp_path) == []

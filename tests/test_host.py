@@ -98,6 +98,13 @@ def test_cgroup_layout(tmp_path, layout):
     assert host.cgroup_layout(str(mountinfo)) == layout
 
 
+def test_cgroup_mounts_are_the_hierarchies_under_the_root(tmp_path):
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("\n".join(MOUNTS["hybrid"] + MOUNTS["none"]) + "\n")
+    assert host.cgroup_mounts(str(mountinfo)) == [("/sys/fs/cgroup/cpu", "cgroup"),
+                                                  ("/sys/fs/cgroup/unified", "cgroup2")]
+
+
 def elf(tmp_path, *segment_types):
     """A minimal little-endian ELF64 header plus program headers of the given types."""
     header = bytearray(64)

@@ -1,3 +1,4 @@
+import errno
 import os
 import subprocess
 import sys
@@ -18,6 +19,33 @@ def test_undo_all_restores_values_and_removes_dirs(tmp_path):
     assert j.path.exists()
     assert j.undo_all() == []
     assert value.read_text() == "7" and not made.exists() and not j.path.exists()
+
+
+def test_rmdir_waits_out_a_busy_directory_and_skips_missing_ones(tmp_path, monkeypatch):
+    busy, free = tmp_path / "busy", tmp_path / "free"
+    busy.mkdir()
+    free.mkdir()
+    refusals = iter([True, True])   # like a cgroup whose last task is still exiting
+    real_rmdir = os.rmdir
+
+    def rmdir(path):
+        if path == str(busy) and next(refusals, False):
+            raise OSError(errno.EBUSY, "busy")
+        real_rmdir(path)
+    monkeypatch.setattr(journal.os, "rmdir", rmdir)
+    j = journal.Journal(tmp_path)
+    j.add(type="rmdir", paths=[str(tmp_path / "missing"), str(busy), str(free)])
+    assert j.undo_all() == []
+    assert not busy.exists() and not free.exists() and j.entries == {}
+
+
+def test_rmdir_of_a_directory_in_use_fails_and_says_so(tmp_path):
+    used = tmp_path / "used"
+    (used / "inside").mkdir(parents=True)
+    j = journal.Journal(tmp_path)
+    j.add(type="rmdir", paths=[str(used)])
+    errors = j.undo_all()
+    assert len(errors) == 1 and "Directory not empty" in errors[0] and used.exists()
 
 
 def test_forget_drops_entry_without_undoing(tmp_path):

@@ -161,26 +161,29 @@ def tsc_khz(sys_root: str = "/sys", proc_root: str = "/proc", kmsg: str = "/dev/
     return None
 
 
-def cgroup_layout(mountinfo: str = "/proc/self/mountinfo", root: str = "/sys/fs/cgroup") -> str:
-    """"unified" (cgroup v2 only), "hybrid" (v1 controllers + v2 beside them), "legacy"
-    (v1 only) or "none", from what is mounted at and under root."""
-    v1 = v2_root = v2_elsewhere = False
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo",
+                  root: str = "/sys/fs/cgroup") -> list[tuple[str, str]]:
+    """(mount point, "cgroup" or "cgroup2") of every cgroup hierarchy at or under root."""
+    found = []
     for line in (_read(mountinfo) or "").splitlines():
         fields = line.split()
         if " - " not in line or len(fields) < 5:
             continue
         mount_point = fields[4]
         fstype = line.split(" - ", 1)[1].split()[0]
-        if mount_point != root and not mount_point.startswith(root + "/"):
-            continue
-        if fstype == "cgroup2":
-            if mount_point == root:
-                v2_root = True
-            else:
-                v2_elsewhere = True
-        elif fstype == "cgroup":
-            v1 = True
-    if v2_root:
+        if fstype in ("cgroup", "cgroup2") and (
+                mount_point == root or mount_point.startswith(root + "/")):
+            found.append((mount_point, fstype))
+    return found
+
+
+def cgroup_layout(mountinfo: str = "/proc/self/mountinfo", root: str = "/sys/fs/cgroup") -> str:
+    """"unified" (cgroup v2 only), "hybrid" (v1 controllers + v2 beside them), "legacy"
+    (v1 only) or "none", from what is mounted at and under root."""
+    mounts = cgroup_mounts(mountinfo, root)
+    v1 = any(fstype == "cgroup" for _, fstype in mounts)
+    v2_elsewhere = any(fstype == "cgroup2" and point != root for point, fstype in mounts)
+    if (root, "cgroup2") in mounts:
         return "unified"
     if v1:
         return "hybrid" if v2_elsewhere else "legacy"

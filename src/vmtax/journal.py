@@ -8,12 +8,14 @@ the next vmtax start finds the journal of a dead process and undoes it.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +96,31 @@ def _undo(entry: dict[str, Any]) -> None:
         shutil.rmtree(entry["path"], ignore_errors=True)
     elif kind == "write":
         Path(entry["path"]).write_text(entry["value"])
+    elif kind == "rmdir":
+        _rmdir_all(entry["paths"])
     elif kind == "umount":
         subprocess.run(["umount", "-l", entry["path"]], capture_output=True)
     elif kind == "argv":
         subprocess.run(entry["argv"], capture_output=True, timeout=30)
     else:
         raise ValueError(f"unknown journal entry type {kind!r}")
+
+
+def _rmdir_all(paths: list[str], within: float = 2.0) -> None:
+    """Remove empty directories that may still be busy for a moment (a cgroup whose last
+    task is exiting refuses rmdir with EBUSY); missing ones are already gone."""
+    deadline = time.monotonic() + within
+    for path in paths:
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
 
 def recover(directory: Path | None = None) -> list[str]:

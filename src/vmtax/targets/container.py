@@ -15,6 +15,7 @@ of the container inherits.
 from __future__ import annotations
 
 import abc
+import contextlib
 import ctypes
 import json
 import os
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from vmtax import proc, rootfs
+from vmtax import host, proc, rootfs
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.targets.base import Job, JobResult, Target, TargetContext
 
@@ -121,6 +122,9 @@ class Launch:
     preexec: Callable[[], None] | None = None
     container: str | None = None    # id of the container the runtime makes
     undo: list[str] | None = None   # command that kills and removes it (journaled first)
+    # Cgroup directories the runtime may make for it: removed by vmtax too, because a
+    # runtime's own rmdir can lose the race with the container's last exiting task.
+    cgroups: list[str] | None = None
 
 
 class Runtime(abc.ABC):
@@ -216,7 +220,8 @@ class OciRuntime(Runtime):
         container = f"vmtax-{uuid.uuid4().hex[:12]}"
         return Launch([*self.base(), "run", "--bundle", str(self.bundle), container],
                       preexec=_chain(self.preexec(), self.affinity()), container=container,
-                      undo=[*self.base(), "delete", "-f", container])
+                      undo=[*self.base(), "delete", "-f", container],
+                      cgroups=[f"{point}/{container}" for point, _ in host.cgroup_mounts()])
 
     def finish(self, launch: Launch) -> bool:
         # `run` deletes its container when the process exits; state left means it did not.
@@ -288,7 +293,8 @@ class ContainerTarget(Target):
         self.dir: Path | None = None
         self._fingerprint: dict[str, Any] | None = None
         self._dir_token: int | None = None
-        self._undo: dict[str, int] = {}        # container id -> journal token
+        # container id -> journal tokens: remove its cgroups, then (undone first) delete it
+        self._undo: dict[str, list[int]] = {}
         self._proc: subprocess.Popen | None = None
         self._alive = True
 
@@ -368,7 +374,9 @@ class ContainerTarget(Target):
     def _run_on(self, runtime: Runtime, job: Job) -> JobResult:
         launch = runtime.launch(job)
         if launch.undo is not None:
-            self._undo[launch.container] = self.ctx.journal.add(type="argv", argv=launch.undo)
+            self._undo[launch.container] = [
+                self.ctx.journal.add(type="rmdir", paths=launch.cgroups or []),
+                self.ctx.journal.add(type="argv", argv=launch.undo)]
         start = time.perf_counter()
         self._proc = proc.spawn(launch.argv, preexec=launch.preexec, env=launch.env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -393,7 +401,7 @@ class ContainerTarget(Target):
         finally:
             self._proc = None
         if launch.undo is not None and runtime.finish(launch):
-            self.ctx.journal.forget(self._undo.pop(launch.container))
+            self._remove(launch.container, delete=False)
         return JobResult(exit_code, out.decode(errors="replace"), err.decode(errors="replace"),
                          host_elapsed=elapsed, guest_elapsed=None, timed_out=timed_out)
 
@@ -403,12 +411,23 @@ class ContainerTarget(Target):
         runtime.finish(launch)
         proc.kill_group(self._proc)
 
+    def _remove(self, container: str, delete: bool) -> None:
+        """Delete the container (unless the runtime already did) and its cgroups. A cgroup
+        still busy stays journaled: the owner's final undo or the next start retries it."""
+        rmdir, argv = self._undo.pop(container)
+        if delete:
+            self.ctx.journal.undo(argv)
+        else:
+            self.ctx.journal.forget(argv)
+        with contextlib.suppress(OSError):
+            self.ctx.journal.undo(rmdir)
+
     def cleanup(self) -> None:
         if self._proc is not None:
             proc.kill_group(self._proc)
             self._proc = None
         for container in list(self._undo):
-            self.ctx.journal.undo(self._undo.pop(container))   # `<runtime> delete -f`
+            self._remove(container, delete=True)
         if self._dir_token is not None:
             self.ctx.journal.undo(self._dir_token)
             self._dir_token = None
