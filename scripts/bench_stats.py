@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench-stats`: do vmtax's verdicts deserve trust? Real sysbench runs, default settings.
 
-Each run uses vmtax's defaults: 3 measured runs after 1 warm-up, --time 2.
+Each run uses vmtax's defaults: plan.DEFAULT_RUNS measured runs after 1 warm-up, --time 2.
 1. A vs A: native sysbench cpu and memory, stored runs compared pairwise; the share of
    metrics called significant must be <= 1%.
 2. A real, small difference: sysbench cpu --cpu-max-prime=2000 vs 2100 (about 5% more work
@@ -22,14 +22,14 @@ from vmtax.store import Store
 
 
 def stored_run(store: Store, workloads: list[plan_mod.WorkloadSpec], targets=("native",),
-               options=None, runs: int = 3, time: int = plan_mod.DEFAULT_TIME) -> str:
+               options=None, runs: int = plan_mod.DEFAULT_RUNS, time: int = plan_mod.DEFAULT_TIME) -> str:
     plan = plan_mod.Plan(targets=plan_mod.target_specs(list(targets), options or {}),
                          workloads=workloads, runs=runs, warmup=1, time=time)
     return Runner(plan, store).execute()
 
 
 def a_vs_a(store: Store, trials: int) -> None:
-    print(f"1. A vs A: {trials + 1} runs of native cpu + memory (3 runs each), "
+    print(f"1. A vs A: {trials + 1} runs of native cpu + memory ({plan_mod.DEFAULT_RUNS} runs each), "
           f"{trials} pairwise comparisons")
     ids = [stored_run(store, [plan_mod.WorkloadSpec("cpu"), plan_mod.WorkloadSpec("memory")])
            for _ in range(trials + 1)]

@@ -8,7 +8,7 @@ def test_classic_defaults_are_e1():
     p = plan.classic()
     assert [t.name for t in p.targets] == ["native", "container", "vm"]
     assert [w.name for w in p.workloads] == ["cpu", "threads", "memory", "fileio", "mutex"]
-    assert (p.runs, p.warmup, p.baseline, p.interleave) == (3, 1, "native", True)
+    assert (p.runs, p.warmup, p.baseline, p.interleave) == (5, 1, "native", True)
     assert p.time == plan.DEFAULT_TIME
 
 

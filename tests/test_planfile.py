@@ -94,7 +94,7 @@ def test_settings_and_defaults():
         [[workloads]]
         name = "cpu"
     """)
-    assert (p.runs, p.warmup, p.time, p.baseline, p.interleave) == (3, 1, 2, "native", True)
+    assert (p.runs, p.warmup, p.time, p.baseline, p.interleave) == (5, 1, 2, "native", True)
     p = load("""
         runs = 5
         warmup = 0
@@ -453,7 +453,7 @@ def test_locator_follows_tables_arrays_dotted_keys_and_inline_tables():
 
 def test_estimate_of_the_classic_plan():
     e = planfile.estimate(plan.classic())
-    reps, targets = 4, 3
+    reps, targets = 1 + plan.DEFAULT_RUNS, 3
     expected = (planfile.VM_BOOT
                 + 4 * (2 + planfile.RUN_OVERHEAD) * reps * targets          # time-bounded
                 + (planfile.UNBOUNDED_RUN + planfile.RUN_OVERHEAD) * reps * targets   # mutex
@@ -461,7 +461,7 @@ def test_estimate_of_the_classic_plan():
     assert e.seconds == pytest.approx(expected)
     assert any("VM target boots" in a for a in e.assumptions)
     assert any("mutex" in a for a in e.assumptions)
-    assert planfile.duration(e.seconds) == "6 min 7 s"
+    assert planfile.duration(e.seconds) == "3 min 46 s"
 
 
 def test_plan_dry_run_prints_matrix_and_estimate():
@@ -473,14 +473,14 @@ def test_plan_dry_run_prints_matrix_and_estimate():
     assert re.search(r"vm\[hugepages=2M\]\s+vm\s+guest_hugepages=48 memory=1G hugepages=2M", out)
     assert "memory: memory-total-size=100G time=2" in out
     assert "memory-access-mode=rnd memory-block-size=64M memory-hugetlb=off threads=4" in out
-    assert "estimated run time: " in out and "each VM target boots in 30 s" in out
+    assert "estimated run time: " in out and "each VM target boots in 5 s" in out
 
 
 def test_plan_without_dry_run_prints_the_summary_only():
     result = CliRunner().invoke(planfile.plan_command, [str(ROOT / "plans" / "classic.toml")])
     assert result.exit_code == 0
     assert result.output.startswith(str(ROOT / "plans" / "classic.toml") + ": 3 targets × 5")
-    assert "estimated run time: 6 min 7 s" in result.output
+    assert "estimated run time: 3 min 46 s" in result.output
     assert "workload configurations (" not in result.output
 
 
@@ -491,8 +491,8 @@ def test_plan_json():
     assert plan.Plan.from_dict(data["plan"]) == plan.classic()
     assert data["configurations"][0] == {"workload": "cpu",
                                          "params": {"cpu-max-prime": 2000, "time": 2}}
-    assert data["repetitions"] == 60
-    assert data["estimate"]["seconds"] == 367 and data["estimate"]["assumptions"]
+    assert data["repetitions"] == 90
+    assert data["estimate"]["seconds"] == 226 and data["estimate"]["assumptions"]
 
 
 def test_plan_command_reports_problems_as_lines(tmp_path):

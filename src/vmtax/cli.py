@@ -94,7 +94,7 @@ def cli() -> None:
               "vm[:kvm|tcg]. [default: native,container,vm]")
 @click.option("--workloads", help="Comma-separated sysbench workloads: cpu, threads, memory, "
               "fileio, mutex. [default: all five]")
-@click.option("--runs", default="3", show_default=True, metavar="N|auto",
+@click.option("--runs", default=str(plan_mod.DEFAULT_RUNS), show_default=True, metavar="N|auto",
               help="Measured repetitions per target and workload; 'auto' repeats until the "
                    "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
 @click.option("--min-runs", type=click.IntRange(min=1), default=5, show_default=True,

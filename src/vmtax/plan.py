@@ -17,6 +17,10 @@ CLASSIC_WORKLOADS = ("cpu", "threads", "memory", "fileio", "mutex")
 # Short enough that the classic plan takes a few minutes here even under TCG,
 # long enough that sysbench's start-up is noise next to the measured interval.
 DEFAULT_TIME = 2
+# Run-to-run noise here is ~1% whatever --time is, so runs are what buys precision: at 3
+# per side a 5% change reaches p < 0.01 (t-test, 4 df) only about 2 times in 3; at 5 per
+# side (8 df) nearly always. `make bench-stats` measures it.
+DEFAULT_RUNS = 5
 
 
 @dataclass
@@ -43,7 +47,7 @@ class WorkloadSpec:
 class Plan:
     targets: list[TargetSpec]
     workloads: list[WorkloadSpec]
-    runs: int = 3
+    runs: int = DEFAULT_RUNS
     warmup: int = 1
     time: int | None = DEFAULT_TIME   # seconds (sysbench takes whole seconds)
     baseline: str | None = None   # target the ratios are relative to
