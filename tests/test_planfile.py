@@ -266,7 +266,7 @@ ERRORS = [
      'x.toml:2: targets.box.kind: expected a target kind (native, container, vm), got "lxc"'),
     ("[targets.vm]\nvcpu = 2\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
-     'disk_size, guest_hugepages, hugepages, icount, kernel, machine, memory, pin, qemu, '
+     'disk_size, guest_hugepages, hugepages, icount, kernel, kernel_args, machine, memory, pin, qemu, '
      'vcpus), '
      'got "vcpu"'),
     ("[targets.native]\nvcpus = 2\n[[workloads]]\nname = 'cpu'",
@@ -408,7 +408,7 @@ def test_every_problem_is_reported_in_line_order():
         'x.toml:4: workloads[0]: expected one of name, params, zip, got "extra"',
         'x.toml:6: targets.vm.memory: expected a size like "2G", got "lots"',
         'x.toml:7: targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
-        'disk_size, guest_hugepages, hugepages, icount, kernel, machine, memory, pin, qemu, '
+        'disk_size, guest_hugepages, hugepages, icount, kernel, kernel_args, machine, memory, pin, qemu, '
      'vcpus), '
         'got "runs"']
 
@@ -698,7 +698,7 @@ def test_quick_problems_are_named_and_placed_at_the_quick_table():
         'x.toml:17: quick.params: expected a param of a workload of the plan (cpu, memory), '
         'got "cpu-max-time"',
         'x.toml:19: quick.targets.vm: expected a vm option (accel, binaries, boot_timeout, cpu, '
-        'disk_size, guest_hugepages, hugepages, icount, kernel, machine, memory, pin, qemu, '
+        'disk_size, guest_hugepages, hugepages, icount, kernel, kernel_args, machine, memory, pin, qemu, '
         'vcpus), got "vcpu"',
         'x.toml:20: quick.targets.nope: expected a target table of the plan (vm), got "nope"']
 

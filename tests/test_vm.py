@@ -368,6 +368,15 @@ def test_boot_failure_when_qemu_exits(ctx, tmp_path):
     assert_clean(ctx, t)
 
 
+def test_boot_failure_says_how_to_see_more(ctx, tmp_path):
+    t = target(ctx, tmp_path, "exec sleep 60", boot_timeout=0.5, icount="shift=0", vcpus=2)
+    with pytest.raises(TargetError) as err:
+        t.prepare()
+    assert str(err.value).endswith(
+        '; console: empty; kernel_args = "loglevel=7" shows the kernel\'s messages; icount '
+        'with several vCPUs can hang bringing up the second vCPU; try vcpus = 1')
+
+
 def test_boot_timeout_kills_qemu(ctx, tmp_path):
     t = target(ctx, tmp_path, "exec sleep 60", boot_timeout=0.5)
     start = time.monotonic()
@@ -442,6 +451,12 @@ def test_qemu_argv_escapes_commas_in_the_hugetlbfs_path():
     assert "mem-path=/t/a,,b,prealloc=on" in qemu_argv(cfg)[qemu_argv(cfg).index("-object") + 1]
 
 
+def test_kernel_args_come_last_so_a_repeated_one_wins():
+    line = kernel_cmdline("microvm", 2596122, 250, 0, " tsc_early_khz=5192244 mitigations=off ")
+    assert line.split()[-2:] == ["tsc_early_khz=5192244", "mitigations=off"]
+    assert line.split().index("tsc_early_khz=2596122") < line.split().index("tsc_early_khz=5192244")
+
+
 def test_kernel_cmdline_guest_hugepages():
     assert kernel_cmdline("microvm", 2596122, 250, 48).split()[-1] == "hugepages=48"
     assert "hugepages=" not in kernel_cmdline("q35", None, None, 0)
@@ -467,6 +482,7 @@ def vm_options(**options):
     (dict(vcpus=1, pin=[4096]),
      ("pin", "distinct host CPUs vmtax may use ("
              + ", ".join(map(str, sorted(os.sched_getaffinity(0)))) + ")")),
+    (dict(kernel_args="quiet\ninit=/bin/sh"), ("kernel_args", "arguments on one line")),
 ])
 def test_option_problems(options, problem):
     assert vm.option_problems(vm_options(**options)) == [problem]

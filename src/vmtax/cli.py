@@ -120,6 +120,9 @@ def cli() -> None:
               help="QEMU machine type. [default: microvm]")
 @click.option("--kernel", type=click.Path(), help="Guest kernel (vmlinux or bzImage). "
               "[default: Debian's linux-image-amd64, downloaded into the cache]")
+@click.option("--kernel-args", metavar="ARGS",
+              help="Extra guest kernel command-line arguments, after vmtax's own (a repeated "
+                   "one wins), e.g. 'mitigations=off'.")
 @click.option("--no-interleave", is_flag=True,
               help="Run all repetitions of one target before the next (default: A B B A order).")
 @click.option("--resume", metavar="RUN_ID", help="Continue an interrupted run, skipping what it stored.")
@@ -127,7 +130,7 @@ def cli() -> None:
 @results_option
 @json_option
 def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_, qemu, accel, vcpus, memory, machine, kernel,
-        no_interleave, resume, quick, results, as_json) -> None:
+        kernel_args, no_interleave, resume, quick, results, as_json) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
@@ -142,7 +145,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
     else:
         raise VmtaxError(f"--runs takes a whole number (1 or more) or 'auto', got {runs!r}")
     vm_options = {k: v for k, v in dict(vcpus=vcpus, memory=memory, machine=machine,
-                                        kernel=kernel).items() if v is not None}
+                                        kernel=kernel, kernel_args=kernel_args).items()
+                  if v is not None}
     if accel != "auto":
         vm_options["accel"] = accel
     if quick and not plan_file:

@@ -238,6 +238,7 @@ TARGET_OPTIONS: dict[tuple[str, str], Callable[[Any], Any]] = {
     ("vm", "boot_timeout"): seconds,
     ("vm", "binaries"): programs,
     ("vm", "icount"): text,
+    ("vm", "kernel_args"): text,
     # E5: guest RAM on host huge pages of this size (None: normal pages) ...
     ("vm", "hugepages"): choice("2M", "1G", none=True),
     # ... and the count of huge pages the guest kernel reserves at boot.

@@ -139,7 +139,7 @@ BOOT_SPEEDUPS = ("tsc=reliable", "no_timer_check", "cryptomgr.notests",
 
 
 def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None,
-                   guest_hugepages: int = 0) -> str:
+                   guest_hugepages: int = 0, extra: str | None = None) -> str:
     args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={transport(machine)}",
             *BOOT_SPEEDUPS]
     if tsc_khz:
@@ -150,6 +150,8 @@ def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None,
     if guest_hugepages:
         # Reserved at boot, before guest memory fragments; the default size on x86 is 2 MiB.
         args.append(f"hugepages={guest_hugepages}")
+    if extra:
+        args.append(extra.strip())
     return " ".join(args)
 
 
@@ -323,6 +325,9 @@ def option_problems(options: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("guest_hugepages", f"at most {most} 2 MiB pages, which leaves the "
                          f"guest {GUEST_MIN_FREE >> 20} MiB of its memory "
                          f"({options['memory']}); or more memory"))
+    args = options["kernel_args"]
+    if args is not None and not (isinstance(args, str) and args.isprintable()):
+        problems.append(("kernel_args", "arguments on one line"))
     pin, vcpus = options["pin"], int(options["vcpus"])
     if pin is not None:
         usable = os.sched_getaffinity(0)
@@ -389,6 +394,9 @@ class VmTarget(Target):
         "hugepages": None,      # "2M" | "1G": guest RAM on host huge pages of that size
         "guest_hugepages": 0,   # 2 MiB pages the guest kernel reserves at boot
         "pin": None,            # host CPU of each vCPU's thread, in vCPU order
+        # Extra guest kernel arguments after vmtax's own, so one of them given again wins
+        # (e.g. "mitigations=off", or a wrong tsc_early_khz for a deliberately skewed clock).
+        "kernel_args": None,
     }
 
     def __init__(self, name, options, ctx):
@@ -447,7 +455,7 @@ class VmTarget(Target):
 
     def _cmdline(self, image: GuestImage) -> str:
         return kernel_cmdline(self.options["machine"], host_tsc_khz(), image.kernel_info().hz,
-                              int(self.options["guest_hugepages"]))
+                              int(self.options["guest_hugepages"]), self.options["kernel_args"])
 
     # -- lifecycle --
 
@@ -585,9 +593,18 @@ class VmTarget(Target):
                 else f"no agent READY within {float(self.options['boot_timeout']):g} s")
         details = _tail(run_dir / "qemu.log", 3)
         console = _tail(self.config.console_log)
+        hints = []
+        if not console:   # the kernel boots with `quiet`
+            hints.append('kernel_args = "loglevel=7" shows the kernel\'s messages')
+        if self.config.icount and self.config.vcpus > 1:
+            # Seen with QEMU 7.2 and Debian's 6.1 kernel: shift=0 hangs at "Booting SMP
+            # configuration", shift=auto boots in 25 s instead of 3 s.
+            hints.append("icount with several vCPUs can hang bringing up the second vCPU; "
+                         "try vcpus = 1")
         return (f"{self.name}: guest failed to boot ({what}; {exc})"
                 + (f"; qemu: {details}" if details else "")
-                + (f"; console: {console}" if console else "; console: empty"))
+                + (f"; console: {console}" if console else "; console: empty")
+                + "".join(f"; {hint}" for hint in hints))
 
     def run(self, job: Job) -> JobResult:
         if not self.alive():
