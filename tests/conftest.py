@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,15 @@ def _private_runtime(tmp_path, monkeypatch):
     runtime = tmp_path / "runtime"
     runtime.mkdir()
     monkeypatch.setenv("VMTAX_RUNTIME", str(runtime))
+
+
+def start_vmtax(*args, **kwargs) -> subprocess.Popen:
+    """The real CLI in the background, with Ctrl-C working as at a terminal: a shell starts
+    background jobs (`make test &`) with SIGINT ignored, and vmtax keeps it so."""
+    return subprocess.Popen([*VMTAX, *args], text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            **kwargs)
 
 
 def vmtax(*args, check=False, timeout=600, **kwargs):

@@ -3,7 +3,6 @@ pages, records what was granted on both sides and puts the pool back, also on SI
 
 import os
 import signal
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 from vmtax import hugepages
 from vmtax.store import Store
 
-from conftest import VMTAX, vmtax
+from conftest import start_vmtax, vmtax
 
 pytestmark = [
     pytest.mark.live,
@@ -85,9 +84,7 @@ def test_two_point_sweep_records_granted_pages_and_restores_the_pool(tmp_path):
 def test_sigint_mid_plan_restores_the_pool_and_stops_qemu(tmp_path):
     before = nr()
     results = tmp_path / "results"
-    proc = subprocess.Popen([*VMTAX, "run", str(write_plan(tmp_path, 20)), "--results",
-                             str(results)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = start_vmtax("run", str(write_plan(tmp_path, 20)), "--results", str(results))
     try:
         # Up: the pages are reserved and the run is stored (only once every target booted).
         deadline = time.monotonic() + 60

@@ -5,13 +5,12 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import vmtax
+from conftest import start_vmtax, vmtax
 
 pytestmark = pytest.mark.live
 
@@ -31,11 +30,9 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def start_plan(results: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "vmtax", "run", "--targets", "native,container:runc,vm",
-         "--workloads", "cpu,memory", "--runs", "20", "--warmup", "0", "--time", "1",
-         "--results", str(results)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_vmtax("run", "--targets", "native,container:runc,vm", "--workloads",
+                       "cpu,memory", "--runs", "20", "--warmup", "0", "--time", "1",
+                       "--results", str(results))
 
 
 def wait_for_committed_reps(results: Path, proc: subprocess.Popen, n: int = 4) -> None:

@@ -1,10 +1,11 @@
 """The runner end to end on the native target with tiny test workloads (real processes)."""
 
+import signal
 import sys
 
 import pytest
 
-from vmtax import plan as plan_mod, workloads
+from vmtax import plan as plan_mod, proc, workloads
 from vmtax.errors import ParseError
 from vmtax.runner import Runner, schedule
 from vmtax.store import Store
@@ -108,6 +109,26 @@ def test_interrupt_keeps_committed_reps_and_cleans_up(tmp_path):
     assert resumed == runner.run_id and run.status == "done"
     assert sorted((r.phase, r.idx) for r in run.reps) == [
         ("measure", 1), ("measure", 2), ("measure", 3), ("warmup", 0)]
+
+
+def test_a_stop_whose_keyboardinterrupt_was_dropped_still_stops_the_plan(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(proc, "_stop_requested", False)
+    values = iter(range(100))
+
+    def job(self):
+        if next(values) == 2:   # during run 1: a signal whose exception Python dropped
+            with pytest.raises(KeyboardInterrupt):
+                proc.stop_on_signal(signal.SIGTERM, None)
+        return Job([sys.executable, "-c", "print(1)"], timeout=5)
+    monkeypatch.setattr(Echo, "run_job", job)
+    store = Store(tmp_path)
+    runner = Runner(make_plan(), store)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute()
+    run = store.load_run(runner.run_id)
+    assert run.status == "interrupted"
+    assert [(r.phase, r.idx) for r in run.reps] == [("warmup", 0), ("measure", 1)]
 
 
 def test_schedule_interleaves_targets_and_marks_first_reps_as_warmup():

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
     TimeElapsedColumn
 
-from vmtax import __version__, journal, plan as plan_mod
+from vmtax import __version__, journal, plan as plan_mod, proc
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 
@@ -294,13 +294,12 @@ def doctor(as_json) -> None:
     out.print(table)
 
 
-def _terminate(signum, frame) -> None:
-    # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept.
-    raise KeyboardInterrupt
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+    # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept. SIGINT
+    # stays ignored when vmtax was started so (a background job of a script).
+    signal.signal(signal.SIGTERM, proc.stop_on_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, proc.stop_on_signal)
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

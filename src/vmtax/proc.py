@@ -18,6 +18,24 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+# Set by `stop_on_signal`: a stop was asked for. The KeyboardInterrupt its handler raises
+# is dropped (printed as "Exception ignored") when the signal lands while subprocess runs
+# fork's at-fork hooks; the flag still stops vmtax at its next `check_stop`.
+_stop_requested = False
+
+
+def stop_on_signal(signum, frame) -> None:
+    global _stop_requested
+    _stop_requested = True
+    raise KeyboardInterrupt
+
+
+def check_stop() -> None:
+    """Raise the KeyboardInterrupt of a stop request that was lost on its way."""
+    if _stop_requested:
+        raise KeyboardInterrupt
+
+
 def _die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vmtax import __version__, analysis, host, stats, targets as target_registry
+from vmtax import __version__, analysis, host, proc, stats, targets as target_registry
 from vmtax.errors import ParseError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.plan import Plan
@@ -194,6 +194,7 @@ class Runner:
     # -- one job ---------------------------------------------------------------------------
     def _run_job(self, name: str, job: Job) -> JobResult | None:
         """Run job on target name; reboot a target that died. None if the target is broken."""
+        proc.check_stop()
         target = self.targets[name]
         if name not in self.broken:
             target.resume()
