@@ -22,15 +22,16 @@ from vmtax.store import Store
 
 
 def stored_run(store: Store, workloads: list[plan_mod.WorkloadSpec], targets=("native",),
-               options=None, runs: int = plan_mod.DEFAULT_RUNS, time: int = plan_mod.DEFAULT_TIME) -> str:
+               options=None, runs: int = plan_mod.DEFAULT_RUNS,
+               time: int = plan_mod.DEFAULT_TIME) -> str:
     plan = plan_mod.Plan(targets=plan_mod.target_specs(list(targets), options or {}),
                          workloads=workloads, runs=runs, warmup=1, time=time)
     return Runner(plan, store).execute()
 
 
 def a_vs_a(store: Store, trials: int) -> None:
-    print(f"1. A vs A: {trials + 1} runs of native cpu + memory ({plan_mod.DEFAULT_RUNS} runs each), "
-          f"{trials} pairwise comparisons")
+    print(f"1. A vs A: {trials + 1} runs of native cpu + memory ({plan_mod.DEFAULT_RUNS} runs "
+          f"each), {trials} pairwise comparisons")
     ids = [stored_run(store, [plan_mod.WorkloadSpec("cpu"), plan_mod.WorkloadSpec("memory")])
            for _ in range(trials + 1)]
     called = total = 0

@@ -122,8 +122,9 @@ class Launch:
     preexec: Callable[[], None] | None = None
     container: str | None = None    # id of the container the runtime makes
     undo: list[str] | None = None   # command that kills and removes it (journaled first)
-    # Cgroup directories the runtime may make for it: removed by vmtax too, because a
-    # runtime's own rmdir can lose the race with the container's last exiting task.
+    # Cgroup directories the runtime may make for it, removed by vmtax too: a runtime that
+    # was killed while creating the container, or whose rmdir met a task still exiting,
+    # leaves them behind (CI once found /sys/fs/cgroup/cpuset/vmtax-<id>).
     cgroups: list[str] | None = None
 
 
@@ -195,6 +196,7 @@ class OciRuntime(Runtime):
         self.bundle = home / "bundle"
         # Private state instead of /run/<runtime>: nothing of ours lands in host-wide dirs.
         self.state = home / "state"
+        self.cgroup_roots = [point for point, _ in host.cgroup_mounts()]
 
     def global_flags(self) -> list[str]:
         return []
@@ -221,7 +223,7 @@ class OciRuntime(Runtime):
         return Launch([*self.base(), "run", "--bundle", str(self.bundle), container],
                       preexec=_chain(self.preexec(), self.affinity()), container=container,
                       undo=[*self.base(), "delete", "-f", container],
-                      cgroups=[f"{point}/{container}" for point, _ in host.cgroup_mounts()])
+                      cgroups=[f"{root}/{container}" for root in self.cgroup_roots])
 
     def finish(self, launch: Launch) -> bool:
         # `run` deletes its container when the process exits; state left means it did not.
