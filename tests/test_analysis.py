@@ -3,7 +3,8 @@ from vmtax.store import Store
 from vmtax.workloads.base import Metric
 
 
-def run_with(tmp_path, kinds: dict[str, str], values: dict[str, list[float]], baseline: str):
+def run_with(tmp_path, kinds: dict[str, str], values: dict[str, list[float]], baseline: str,
+             metric: Metric = Metric("events/s", 0, "events/s", True)):
     store = Store(tmp_path)
     plan = {"targets": [{"name": n, "kind": k, "options": {}} for n, k in kinds.items()],
             "baseline": baseline}
@@ -13,7 +14,7 @@ def run_with(tmp_path, kinds: dict[str, str], values: dict[str, list[float]], ba
         for i, v in enumerate(values[name]):
             store.add_rep(run_id, target=name, workload="cpu", params={}, phase="measure",
                           idx=i, status="ok", argv=[], started=0.0,
-                          metrics=[Metric("events/s", v, "events/s", True)])
+                          metrics=[Metric(metric.name, v, metric.unit, metric.higher_is_better)])
     return analysis.summarize_run(store.load_run(run_id))
 
 
@@ -26,6 +27,14 @@ def test_faster_than_native_is_flagged(tmp_path):
                  {"native": [100, 101, 99, 100, 100, 101], "vm": [130, 131, 129, 130, 130, 131]},
                  "native")
     assert "faster than baseline" in cell(s, "vm").flags
+
+
+def test_less_spread_than_native_is_not_flagged_as_faster(tmp_path):
+    # A guest doing fewer events has a smaller stddev of events per thread.
+    s = run_with(tmp_path, {"native": "native", "vm": "vm"},
+                 {"native": [170, 140, 320, 200, 180], "vm": [46, 44, 58, 47, 45]}, "native",
+                 Metric("fairness events stddev", 0, "events", False))
+    assert cell(s, "vm").ratio.ci_low > 1 and "faster than baseline" not in cell(s, "vm").flags
 
 
 def test_faster_than_another_target_is_the_finding_not_a_flag(tmp_path):

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vmtax import stats
+from vmtax import stats, workloads
 from vmtax.errors import VmtaxError
 from vmtax.store import Rep, Run
 
@@ -98,6 +98,8 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
             for r in reps:
                 for m in r.metrics:
                     metrics.setdefault(m.name, (m.unit, m.higher_is_better))
+        kind = workloads.WORKLOADS.get(workload.removesuffix(" prepare"))
+        spread = kind.spread_metrics if kind else frozenset()
         # The clock check is about a target's repetitions, whatever the metric.
         skewed = {t: _clock_skewed(reps, run.targets.get(t, {}).get("fingerprint", {})
                                    .get("job_overhead_s") or 0.0)
@@ -126,7 +128,8 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                     cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
                     # Beating the bare host is suspicious (clock drift, page cache);
                     # beating another target (E5's huge pages) is the finding itself.
-                    if baseline_native and stats.faster_than_baseline(cell.ratio):
+                    if (baseline_native and metric not in spread
+                            and stats.faster_than_baseline(cell.ratio)):
                         cell.flags.append("faster than baseline")
                 if skewed[t]:
                     cell.flags.append("clock skew")

@@ -26,6 +26,9 @@ class Workload(abc.ABC):
     time_param: ClassVar[str | None] = None
     # The metric whose precision decides when adaptive repetition (--runs auto) stops.
     primary_metric: ClassVar[str]
+    # Metrics of spread, not speed: less spread than native (a guest doing fewer events has
+    # a smaller stddev of events per thread) is no sign of a clock artefact.
+    spread_metrics: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: dict[str, Any] | None = None):
         self.params = {**self.defaults, **(params or {})}

@@ -111,6 +111,9 @@ def _latency(lines: list[str]) -> list[Metric]:
     return list(values.values())
 
 
+FAIRNESS = ("fairness events stddev", "fairness time stddev")
+
+
 class _Report:
     """The report every sysbench test ends with: general statistics, latency, fairness."""
 
@@ -125,10 +128,9 @@ class _Report:
         if self.total_events == 0:
             raise ParseError("sysbench ran no events (total number of events: 0)")
         self.latency = _latency(lines)
-        self.fairness = [self._stddev(_FAIR_EVENTS, "events (avg/stddev)",
-                                      "fairness events stddev", "events"),
-                         self._stddev(_FAIR_TIME, "execution time (avg/stddev)",
-                                      "fairness time stddev", "s")]
+        events_sd, time_sd = FAIRNESS
+        self.fairness = [self._stddev(_FAIR_EVENTS, "events (avg/stddev)", events_sd, "events"),
+                         self._stddev(_FAIR_TIME, "execution time (avg/stddev)", time_sd, "s")]
 
     def _stddev(self, regex: re.Pattern[str], what: str, name: str, unit: str) -> Metric:
         m = _find(self.lines, regex, what)
@@ -168,6 +170,7 @@ def _size_mib(value: Any) -> float:
 class _Sysbench(Workload):
     binaries = ("sysbench",)
     time_param = "time"
+    spread_metrics = frozenset(FAIRNESS)
 
     def __init__(self, params: dict[str, Any] | None = None):
         super().__init__(params)
