@@ -43,7 +43,7 @@ def interval(s) -> str:
         return ""
     if s.ci_level >= 0.95:
         return f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]"
-    return f" ({fmt(s.ci_low)}–{fmt(s.ci_high)})"
+    return f" ({fmt(s.ci_low)} – {fmt(s.ci_high)})"   # spaced: a narrow column wraps there
 
 
 def cell_text(cell: Cell | None) -> Text:
@@ -80,7 +80,9 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     table.add_column("metric")
     for name in summary.targets:
         label = target_label(run, name)
-        table.add_column(escape(label) + (" = 1" if name == summary.baseline else ""), justify="right")
+        # fold: a narrow terminal wraps a number rather than cutting it off with "…"
+        table.add_column(escape(label) + (" = 1" if name == summary.baseline else ""),
+                         justify="right", overflow="fold")
     previous = None
     for row in summary.rows:
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
