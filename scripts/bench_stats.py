@@ -29,6 +29,10 @@ def stored_run(store: Store, workloads: list[plan_mod.WorkloadSpec], targets=("n
     return Runner(plan, store).execute()
 
 
+def compare_native(store: Store, a: str, b: str) -> list:
+    return analysis.compare_targets([(store.load_run(a), "native", store.load_run(b), "native")])
+
+
 def a_vs_a(store: Store, trials: int) -> None:
     print(f"1. A vs A: {trials + 1} runs of native cpu + memory ({plan_mod.DEFAULT_RUNS} runs "
           f"each), {trials} pairwise comparisons")
@@ -36,7 +40,7 @@ def a_vs_a(store: Store, trials: int) -> None:
            for _ in range(trials + 1)]
     called = total = 0
     for a, b in zip(ids, ids[1:]):
-        rows = analysis.compare_targets([(store.load_run(a), "native", store.load_run(b), "native")])
+        rows = compare_native(store, a, b)
         total += len(rows)
         significant = [r for r in rows if r.comparison.verdict != "~"]
         called += len(significant)
@@ -53,7 +57,7 @@ def detection(store: Store, trials: int) -> None:
     for _ in range(trials):
         a = stored_run(store, [plan_mod.WorkloadSpec("cpu", {"cpu-max-prime": 2000})])
         b = stored_run(store, [plan_mod.WorkloadSpec("cpu", {"cpu-max-prime": 2100})])
-        rows = analysis.compare_targets([(store.load_run(a), "native", store.load_run(b), "native")])
+        rows = compare_native(store, a, b)
         eps = next(r.comparison for r in rows if r.metric == "events/s")
         found += eps.verdict == "worse"
         print(f"   events/s {eps.median_a:9.1f} -> {eps.median_b:9.1f} ({eps.change:+.1%}, "
@@ -69,10 +73,11 @@ def clock_flag(store: Store) -> None:
              # One vCPU: with two, icount's fixed shift hangs the guest's SMP bring-up.
              ("TCG guest with -icount shift=0,sleep=off (guest time = instruction count)",
               ("vm:tcg",), {"vm": {"icount": "shift=0,sleep=off", "vcpus": 1}})]
-    if host.tsc_khz():
+    khz = host.tsc_khz()
+    if khz:
         cases.append(("TCG guest told its TSC runs at twice its real rate (guest clock at "
                       "half speed)", ("vm:tcg",),
-                      {"vm": {"kernel_args": f"tsc_early_khz={2 * host.tsc_khz()}"}}))
+                      {"vm": {"kernel_args": f"tsc_early_khz={2 * khz}"}}))
     for label, targets, options in cases:
         try:
             run = store.load_run(stored_run(store, cpu, targets, options, runs=2, time=2))
