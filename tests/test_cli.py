@@ -10,7 +10,7 @@ from vmtax import kvm
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "--targets", "native,xen"], "vmtax: error: unknown target 'xen'; known targets: native,"),
+    (["run", "--targets", "native,xen"], "vmtax: error: unknown target 'xen'; known targets: container,"),
     (["run", "--workloads", "oltp"], "vmtax: error: unknown workload 'oltp'; known workloads: cpu,"),
     (["run", "--runs", "many"], "vmtax: error: --runs takes a whole number (1 or more) or 'auto', got 'many'"),
     (["run", "--runs", "auto", "--min-runs", "9", "--max-runs", "3"],

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import proc
+from vmtax import proc, targets
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.targets import container
-from vmtax.targets.base import Job, TargetContext
+from vmtax.targets.base import TargetContext
+from vmtax.types import Job
 from vmtax.targets.container import ContainerTarget, Crun, Runc, Unshare, oci_config
 
 
@@ -106,27 +107,27 @@ def test_crun_workaround_only_after_hybrid_refusal(tmp_path):
 
 
 def test_defaults(ctx):
-    assert ContainerTarget("container", {}, ctx).options == {"runtime": "auto",
-                                                             "binaries": ["sysbench"],
-                                                             "cpus": None}
+    options = targets.create("container", "container", {}, ctx).options
+    assert options.model_dump() == {"runtime": "auto", "binaries": [], "cpus": None}
 
 
 def test_auto_candidates_follow_which(ctx, monkeypatch):
     monkeypatch.setattr(shutil, "which", fake_which("crun", "unshare"))
-    assert ContainerTarget("container", {}, ctx).candidates() == [
+    candidates = targets.create("container", "container", {}, ctx).candidates()
+    assert [(cls.name, binary) for cls, binary in candidates] == [
         ("crun", "/usr/bin/crun"), ("unshare", "/usr/bin/unshare")]
     monkeypatch.setattr(shutil, "which", fake_which())
     with pytest.raises(VmtaxError, match="none of runc, crun, unshare is installed"):
-        ContainerTarget("container", {}, ctx).candidates()
+        targets.create("container", "container", {}, ctx).candidates()
 
 
 def test_missing_runtime_is_one_line(ctx, monkeypatch, fake_rootfs):
     monkeypatch.setattr(shutil, "which", fake_which("runc", "unshare"))
     with pytest.raises(VmtaxError) as err:
-        ContainerTarget("container:crun", {"runtime": "crun"}, ctx).prepare()
+        targets.create("container:crun", "container", {"runtime": "crun"}, ctx).prepare()
     assert str(err.value) == "container:crun: crun is not installed (apt-get install crun)"
-    with pytest.raises(VmtaxError, match="unknown container runtime 'lxc'"):
-        ContainerTarget("container:lxc", {"runtime": "lxc"}, ctx).prepare()
+    with pytest.raises(VmtaxError, match='runtime: expected one of "auto", '):
+        targets.create("container:lxc", "container", {"runtime": "lxc"}, ctx).prepare()
     assert not ctx.work_dir.exists()
 
 
@@ -145,7 +146,7 @@ def test_auto_picks_first_usable(ctx, monkeypatch, fake_rootfs, installed, broke
         return "broken" if runtime.name in broken else None
     monkeypatch.setattr(ContainerTarget, "probe", probe)
     monkeypatch.setattr(container.Runtime, "version", lambda self: f"{self.name} 1.0")
-    target = ContainerTarget("container", {}, ctx)
+    target = targets.create("container", "container", {}, ctx)
     target.prepare()
     assert target.runtime.name == chosen
     assert probed == [*broken, chosen]
@@ -167,14 +168,14 @@ def test_no_usable_runtime_cleans_up(ctx, monkeypatch, fake_rootfs):
     monkeypatch.setattr(shutil, "which", fake_which("runc", "unshare"))
     monkeypatch.setattr(ContainerTarget, "probe", lambda self, rt: f"{rt.name} failed")
     with pytest.raises(VmtaxError) as err:
-        ContainerTarget("container", {}, ctx).prepare()
+        targets.create("container", "container", {}, ctx).prepare()
     assert str(err.value) == ("container: no usable container runtime "
                               "(runc: runc failed; unshare: unshare failed)")
     assert list(ctx.work_dir.iterdir()) == [] and ctx.journal.entries == {}
 
 
 def test_fingerprint_and_run_need_prepare(ctx):
-    target = ContainerTarget("container:runc", {"runtime": "runc"}, ctx)
+    target = targets.create("container:runc", "container", {"runtime": "runc"}, ctx)
     with pytest.raises(TargetError):
         target.fingerprint()
     with pytest.raises(TargetError):
@@ -228,18 +229,30 @@ def test_unshare_affinity_is_inherited_by_what_it_starts(tmp_path):
 def test_cpus_vmtax_may_not_use_are_refused(ctx, cpus):
     usable = ", ".join(map(str, sorted(os.sched_getaffinity(0))))
     with pytest.raises(VmtaxError) as err:
-        ContainerTarget("c", {"cpus": cpus}, ctx)
-    assert str(err.value) == f"c: cpus: expected host CPUs vmtax may use ({usable}), got {cpus!r}"
+        targets.create("c", "container", {"cpus": cpus}, ctx)
+    assert str(err.value).startswith("c: cpus: expected distinct host CPUs vmtax may use")
 
 
 def test_fingerprint_records_cpus_and_placement(ctx, monkeypatch, fake_rootfs):
     monkeypatch.setattr(shutil, "which", fake_which("runc"))
     monkeypatch.setattr(ContainerTarget, "probe", lambda self, runtime: None)
     monkeypatch.setattr(Runc, "version", lambda self: "runc version 1.1.5")
-    target = ContainerTarget("c", {"runtime": "runc", "cpus": [0]}, ctx)
+    target = targets.create("c", "container", {"runtime": "runc", "cpus": [0]}, ctx)
     target.prepare()
     try:
         fp = target.fingerprint()
         assert (fp["cpus"], fp["cpu_placement"]) == ([0], "cpuset")
     finally:
         target.cleanup()
+
+
+def test_a_job_asking_for_real_time_gets_a_budget_where_cgroups_ration_it(tmp_path, monkeypatch):
+    job = Job(["cyclictest"], capabilities=("CAP_SYS_NICE",))
+    monkeypatch.setattr(container, "RT_GROUP_FILE", str(tmp_path / "cpu.rt_runtime_us"))
+    assert "cpu" not in oci_config(job, tmp_path)["linux"]["resources"]
+    (tmp_path / "cpu.rt_runtime_us").write_text("950000\n")
+    config = oci_config(job, tmp_path, [0])
+    assert config["linux"]["resources"]["cpu"] == {
+        "cpus": "0", "realtimeRuntime": 500_000, "realtimePeriod": 1_000_000}
+    assert "CAP_SYS_NICE" in config["process"]["capabilities"]["effective"]
+    assert "CAP_SYS_NICE" not in oci_config(Job(["true"]), tmp_path)["process"]["capabilities"]["bounding"]

@@ -1,62 +1,121 @@
 """`vmtax export`: tidy rows, one per repetition × metric, as CSV and JSON."""
 
 import csv
+import io
 import json
 import re
 
 import pytest
 
 from conftest import vmtax
-from test_report import BLOCKS, make_run
 from vmtax import export
+from vmtax.store import Store
+from vmtax.types import Metric
+
+FINGERPRINTS = {"native": {"kind": "native", "kernel": "6.1.0", "bare_host": True},
+                "container": {"kind": "container", "runtime": "crun",
+                              "namespaces": ["pid", "net"], "bare_host": False},
+                "vm": {"kind": "vm", "accel": "kvm", "qemu": {"version": "7.2.0"},
+                       "bare_host": False}}
+BLOCKS = ["16K", "1M"]
+
+
+def fio_metrics(keep: float) -> list[Metric]:
+    return [Metric("iops", 5000 * keep, "IO/s", True, {"job": "randread"}),
+            Metric("latency", 90 / keep, "us", False, {"job": "randread", "percentile": "50"}),
+            Metric("latency", 400 / keep, "us", False, {"job": "randread", "percentile": "99.9"})]
+
+
+def make_run(results):
+    """native/container/vm × cpu, a fio job with latency percentiles and a memory
+    block-size sweep, 2 runs each, plus one failed vm cpu repetition."""
+    store = Store(results)
+    run_id = store.new_run({"targets": [{"name": t} for t in FINGERPRINTS]},
+                           {"cpu_model": "Synthetic CPU", "cores": 2}, "0.1.0")
+    for name, fingerprint in FINGERPRINTS.items():
+        store.set_target(run_id, name, fingerprint["kind"], fingerprint)
+    configs = [("cpu", {"cpu-max-prime": 2000}, lambda k: [Metric("events/s", 48000 * k,
+                                                                  "events/s", True)]),
+               ("fio", {"rw": "randread"}, fio_metrics)]
+    configs += [("memory", {"memory-block-size": b},
+                 lambda k: [Metric("MiB/s", 9000 * k, "MiB/s", True)]) for b in BLOCKS]
+    for workload, params, metrics in configs:
+        for target in FINGERPRINTS:
+            for idx in range(2):
+                store.add_rep(run_id, target=target, workload=workload, params=params,
+                              phase="measure", idx=idx, status="ok", argv=[workload],
+                              started=float(idx), host_elapsed=1.0, guest_elapsed=1.0,
+                              metrics=metrics({"native": 1, "container": 0.97}.get(target, 0.6)))
+    store.add_rep(run_id, target="vm", workload="cpu", params={"cpu-max-prime": 2000},
+                  phase="measure", idx=2, status="failed", error="exit status 1",
+                  argv=["cpu"], started=4.0)
+    store.finish_run(run_id, "done")
+    return store.load_run(run_id)
 
 
 @pytest.fixture
 def stored(tmp_path):
-    store, run_id = make_run(tmp_path / "results")
-    return store.load_run(run_id), str(tmp_path / "results")
+    return make_run(tmp_path / "results"), str(tmp_path / "results")
 
 
-def test_csv_has_one_row_per_rep_and_metric_with_params_and_fingerprints(tmp_path, stored):
-    run, results = stored
-    out = vmtax("export", run.id[:15], "--csv", str(tmp_path / "t.csv"), "--results", results)
-    assert out.returncode == 0, out.stderr
-    with open(tmp_path / "t.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+def test_tidy_has_one_row_per_rep_and_metric_with_params_dimensions_and_fingerprints(stored):
+    run, _ = stored
+    columns, rows = export.tidy(run)
     assert len(rows) == sum(max(1, len(r.metrics)) for r in run.reps)
-    assert len([r for r in rows if r["status"] == "ok"]) == sum(len(r.metrics) for r in run.reps)
-    columns = list(rows[0])
     assert columns[:7] == ["run_id", "target", "workload", "phase", "idx", "status", "error"]
-    assert {"param.cpu-max-prime", "param.file-test-mode",
-            "param.memory-block-size"} <= set(columns)
-    assert columns.index("metric") > columns.index("param.memory-block-size")
-    assert {"host.cpu_model", "target.kind", "target.runtime", "target.qemu.version",
-            "target.namespaces"} <= set(columns)
+    assert columns[7:10] == ["param.cpu-max-prime", "param.memory-block-size", "param.rw"]
+    assert columns[10:17] == export.METRIC
+    assert columns[17:19] == ["dim.job", "dim.percentile"]
+    assert columns[19:] == sorted(columns[19:]) and {
+        "host.cpu_model", "target.kind", "target.bare_host", "target.runtime",
+        "target.qemu.version", "target.namespaces"} <= set(columns[19:])
 
-    vm_events = [r for r in rows if (r["target"], r["metric"]) == ("vm", "events/s")]
-    assert len(vm_events) == 3 and vm_events[0]["target.accel"] == "kvm"
-    assert vm_events[0]["unit"] == "events/s" and vm_events[0]["higher_is_better"] == "True"
-    assert vm_events[0]["param.cpu-max-prime"] == "2000" and vm_events[0]["host_elapsed"] == "1.0"
-    container = next(r for r in rows if r["target"] == "container")
+    vm_p999 = [r for r in rows if (r["target"], r["metric"], r.get("dim.percentile"))
+               == ("vm", "latency", "99.9")]
+    assert len(vm_p999) == 2 and vm_p999[0]["dim.job"] == "randread"
+    assert vm_p999[0]["value"] == pytest.approx(400 / 0.6) and vm_p999[0]["unit"] == "us"
+    assert vm_p999[0]["target.accel"] == "kvm" and vm_p999[0]["param.rw"] == "randread"
+    iops = next(r for r in rows if r["metric"] == "iops")
+    assert iops["dim.job"] == "randread" and "dim.percentile" not in iops
+    cpu = next(r for r in rows if r["metric"] == "events/s")
+    assert not any(k.startswith("dim.") for k in cpu)
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert [(r["target"], r["metric"], r["error"]) for r in failed] == [
+        ("vm", None, "exit status 1")]
+    assert {r["param.memory-block-size"] for r in rows if r["workload"] == "memory"} == set(BLOCKS)
+
+
+def test_csv_leaves_absent_columns_empty_and_writes_lists_as_json(stored):
+    run, _ = stored
+    rows = list(csv.DictReader(io.StringIO(export.to_csv(run).decode())))
+    assert list(rows[0]) == export.tidy(run)[0]
+    container = next(r for r in rows if r["target"] == "container" and r["workload"] == "fio"
+                     and r["dim.percentile"] == "50")
     assert json.loads(container["target.namespaces"]) == ["pid", "net"]
     assert container["target.accel"] == ""       # a field other targets lack stays empty
-    failed = [r for r in rows if r["status"] == "failed"]
-    assert [(r["target"], r["metric"], r["error"]) for r in failed] == [("vm", "", "exit status 1")]
-    memory = {r["param.memory-block-size"] for r in rows if r["workload"] == "memory"}
-    assert memory == set(BLOCKS)
+    assert container["higher_is_better"] == "False" and container["target.bare_host"] == "False"
+    cpu = next(r for r in rows if r["workload"] == "cpu")
+    assert cpu["dim.job"] == cpu["dim.percentile"] == ""
 
 
-def test_json_is_the_same_table_as_records(tmp_path, stored):
-    run, results = stored
-    out = vmtax("export", run.id, "--json", str(tmp_path / "t.json"),
-                "--csv", str(tmp_path / "t.csv"), "--results", results)
-    assert out.returncode == 0, out.stderr
-    records = json.loads((tmp_path / "t.json").read_text())
+def test_json_records_have_every_column(stored):
+    run, _ = stored
+    records = json.loads(export.to_json(run))
     columns, rows = export.tidy(run)
     assert len(records) == len(rows) and all(list(r) == columns for r in records)
     first = records[0]
     assert isinstance(first["value"], float) and first["higher_is_better"] is True
-    assert first["target.namespaces"] is None or isinstance(first["target.namespaces"], list)
+    assert first["dim.percentile"] is None
+    assert any(r["dim.percentile"] == "99.9" for r in records)
+
+
+def test_export_command_writes_both_files(tmp_path, stored):
+    run, results = stored
+    out = vmtax("export", run.id[:15], "--json", str(tmp_path / "t.json"),
+                "--csv", str(tmp_path / "t.csv"), "--results", results)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "t.csv").read_bytes() == export.to_csv(run)
+    assert (tmp_path / "t.json").read_bytes() == export.to_json(run)
 
 
 @pytest.mark.parametrize("args, message", [

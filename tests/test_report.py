@@ -10,9 +10,10 @@ from vmtax import analysis, htmlreport, plots
 from vmtax.store import Store
 from vmtax.workloads.base import Metric
 
-TARGETS = {"native": {"kind": "native", "kernel": "6.1.0"},
-           "container": {"kind": "container", "runtime": "crun", "namespaces": ["pid", "net"]},
-           "vm": {"kind": "vm", "accel": "kvm", "qemu": {"version": "7.2.0"}}}
+TARGETS = {"native": {"kind": "native", "bare_host": True, "kernel": "6.1.0"},
+           "container": {"kind": "container", "bare_host": False, "runtime": "crun",
+                         "namespaces": ["pid", "net"]},
+           "vm": {"kind": "vm", "bare_host": False, "accel": "kvm", "qemu": {"version": "7.2.0"}}}
 # Share of native each target keeps per workload metric (throughput; latency gets 1/x).
 KEEPS = {"container": 0.97, "vm": 0.6}
 BLOCKS = ["16K", "1M", "64M", "1G"]

@@ -5,34 +5,44 @@ import sys
 
 import pytest
 
-from vmtax import plan as plan_mod, proc, workloads
+from typing import Literal
+
+from vmtax import plan as plan_mod, plugin, proc
 from vmtax.errors import ParseError
 from vmtax.runner import Runner, schedule
 from vmtax.store import Store
-from vmtax.targets.base import Job
-from vmtax.workloads.base import Metric, Workload
+from vmtax.types import Job, Metric, MetricSpec
+from vmtax.workloads.base import Workload
+
+
+class EchoOptions(plugin.Options):
+    value: int = plugin.option(5, "What it prints")
+    mode: Literal["ok", "fail", "garbage", "hang", "huge"] = plugin.option(
+        "ok", "How it behaves")
 
 
 class Echo(Workload):
     """Prints `value`; `mode` makes it fail, print garbage or hang."""
     name = "echo-test"
-    defaults = {"value": 5, "mode": "ok"}
+    Options = EchoOptions
+    metrics = (MetricSpec("value", "u", True, primary=True),)
 
     def run_job(self):
         code = {"ok": f"print({self.params['value']})", "fail": "import sys; sys.exit(3)",
-                "garbage": "print('no number here')", "hang": "import time; time.sleep(30)"}
+                "garbage": "print('no number here')", "hang": "import time; time.sleep(30)",
+                "huge": "print('9' * 5000)"}
         return Job([sys.executable, "-c", code[self.params["mode"]]], timeout=2)
 
     def parse(self, stdout):
-        try:
-            return [Metric("value", float(stdout), "u", True)]
-        except ValueError:
-            raise ParseError("no number") from None
+        if "no number" in stdout:
+            raise ParseError("no number")
+        # 5,000 digits: int() raises ValueError, not ParseError.
+        return [self.metric("value", int(stdout))]
 
 
 @pytest.fixture(autouse=True)
 def echo_workload(monkeypatch):
-    monkeypatch.setitem(workloads.WORKLOADS, "echo-test", Echo)
+    monkeypatch.setitem(plugin.registry()["workload"], "echo-test", Echo)
 
 
 def make_plan(**params):
@@ -67,6 +77,8 @@ def test_sanity_flags_are_stored(tmp_path, monkeypatch):
     ("fail", "failed", "exit status 3"),
     ("garbage", "failed", "unparseable output: no number"),
     ("hang", "timeout", "timed out after 2 s"),
+    # Any exception of a parser, not only ParseError, fails the repetition, not the plan.
+    ("huge", "failed", "unparseable output: Exceeds the limit"),
 ])
 def test_failures_are_stored_with_raw_output_and_the_plan_goes_on(tmp_path, mode, status, error):
     store = Store(tmp_path)
@@ -132,7 +144,7 @@ def test_a_stop_whose_keyboardinterrupt_was_dropped_still_stops_the_plan(tmp_pat
 
 
 def test_schedule_interleaves_targets_and_marks_first_reps_as_warmup():
-    p = plan_mod.classic(target_names=["native", "container"], runs=2, warmup=1)
+    p = plan_mod.from_names(["native", "container"], ["cpu"], runs=2, warmup=1)
     units = schedule(p)
     per_target = {n: [(u.phase, u.idx) for u in units if u.target == n]
                   for n in ("native", "container")}

@@ -1,27 +1,69 @@
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
 import pytest
 
+from vmtax import analysis, store as store_mod
 from vmtax.errors import VmtaxError
-from vmtax.store import Store
-from vmtax.workloads.base import Metric
+from vmtax.store import DB_NAME, LATEST, Store
+from vmtax.types import Metric
+
+V0 = Path(__file__).parent / "fixtures" / "store" / "v0.sqlite"
+NO_DATABASE = ("no results database at {}; run `vmtax run` first "
+               "(or give --results DIR / VMTAX_RESULTS)")
+
+
+def v0_copy(tmp_path) -> Path:
+    """A results directory holding a database written by vmtax before schema versions."""
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(V0, results / DB_NAME)
+    return results
+
+
+def raw(results) -> sqlite3.Connection:
+    """The database as SQLite sees it, without the Store."""
+    return sqlite3.connect(Path(results) / DB_NAME)
+
+
+def user_version(results) -> int:
+    with raw(results) as db:
+        return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def schema(results) -> dict[str, list[tuple]]:
+    """Every table's and index's columns: (name, type, not null, default, primary key)."""
+    db = raw(results)
+    objects = db.execute("SELECT type, name FROM sqlite_master ORDER BY name").fetchall()
+    return {name: [row[1:] for row in db.execute(
+                f"PRAGMA {'table_info' if kind == 'table' else 'index_info'}({name})")]
+            for kind, name in objects if not name.startswith("sqlite_autoindex")}
 
 
 def test_reps_and_metrics_round_trip(tmp_path):
     store = Store(tmp_path)
     run_id = store.new_run({"targets": []}, {"cpu": "x"}, "0.1")
-    store.set_target(run_id, "native", "native", {"kernel": "6"})
+    store.set_target(run_id, "native", "native", {"kernel": "6", "bare_host": True})
+    metrics = [Metric("events/s", 10.5, "events/s", True),
+               Metric("latency", 0.5, "ms", False, {"percentile": "50", "job": "randread"}),
+               Metric("latency", 2.0, "ms", False, {"percentile": "99", "job": "randread"})]
     rep = store.add_rep(run_id, target="native", workload="cpu", params={"time": 1},
                         phase="measure", idx=0, status="ok", argv=["sysbench"], started=1.0,
-                        exit_code=0, host_elapsed=1.1, stdout="out",
-                        metrics=[Metric("events/s", 10.5, "events/s", True)])
+                        exit_code=0, host_elapsed=1.1, stdout="out", metrics=metrics)
     store.add_rep(run_id, target="native", workload="cpu", params={"time": 1}, phase="measure",
                   idx=1, status="failed", argv=["sysbench"], started=2.0, error="boom")
     store.finish_run(run_id, "done")
 
     again = Store(tmp_path)   # committed: visible to a new connection
     run = again.load_run(run_id[:15])
-    assert run.status == "done" and run.targets["native"]["fingerprint"] == {"kernel": "6"}
+    assert run.status == "done"
+    assert run.targets["native"]["fingerprint"] == {"kernel": "6", "bare_host": True}
     assert [r.id for r in run.reps][0] == rep
-    assert run.reps[0].metrics == [Metric("events/s", 10.5, "events/s", True)]
+    assert run.reps[0].metrics == metrics
+    assert [m.key for m in run.reps[0].metrics] == [
+        "events/s", "latency[job=randread,percentile=50]", "latency[job=randread,percentile=99]"]
     assert run.reps[0].stdout is None and again.load_run(run_id, with_output=True).reps[0].stdout == "out"
     assert run.reps[1].error == "boom"
     listed = again.list_runs()
@@ -52,6 +94,121 @@ def test_a_run_whose_vmtax_died_is_marked_interrupted(tmp_path):
     run_id = store.new_run({}, {}, "0")
     store.db.execute("UPDATE runs SET pid = 999999999 WHERE id = ?", (run_id,))
     store.db.commit()
-    assert Store(tmp_path).load_run(run_id).status == "interrupted"
     live = store.new_run({}, {}, "0")   # this process is alive: left alone
+
+    # A reader says so but leaves the recording to the next writer.
+    reader = Store(tmp_path, readonly=True)
+    assert [r["status"] for r in reader.list_runs()] == ["interrupted", "running"]
+    assert reader.load_run(run_id).status == "interrupted"
+    assert store.load_run(run_id).status == "running"
+
+    assert Store(tmp_path).load_run(run_id).status == "interrupted"
     assert Store(tmp_path).load_run(live).status == "running"
+
+
+def test_a_new_database_is_created_at_the_latest_version(tmp_path):
+    Store(tmp_path)
+    assert user_version(tmp_path) == LATEST
+    columns = [c[0] for c in schema(tmp_path)["metrics"]]
+    assert columns == ["rep_id", "name", "value", "unit", "higher_is_better", "dimensions"]
+
+
+def test_a_database_of_vmtax_before_versions_is_upgraded_in_place(tmp_path):
+    results = v0_copy(tmp_path)
+    assert user_version(results) == 0
+    with raw(results) as db:
+        metric_rows = db.execute("SELECT count(*) FROM metrics").fetchone()[0]
+    store = Store(results)
+
+    assert user_version(results) == LATEST
+    # Migrated and fresh databases must agree, or code would meet two schemas.
+    Store(tmp_path / "fresh").close()
+    assert schema(results) == schema(tmp_path / "fresh")
+    with raw(results) as db:
+        assert db.execute("SELECT DISTINCT dimensions FROM metrics").fetchall() == [("{}",)]
+        assert db.execute("SELECT count(*) FROM metrics").fetchone()[0] == metric_rows
+        fingerprints = {name: json.loads(fp) for name, fp in
+                        db.execute("SELECT name, fingerprint FROM targets")}
+    assert fingerprints["native"] == {"kind": "native", "kernel": "6.1.0-18-amd64",
+                                      "bare_host": True}
+    assert fingerprints["container"]["bare_host"] is False
+    assert fingerprints["container"]["runtime"] == "crun"
+
+    [listed] = store.list_runs()
+    assert listed["status"] == "done" and sorted(listed["targets"]) == ["container", "native"]
+    assert listed["workloads"] == ["cpu", "threads"]
+    assert (listed["reps"], listed["failed"]) == (12, 1)
+    run = store.load_run("last")
+    assert all(m.dimensions == {} for r in run.reps for m in r.metrics)
+    assert store.flags(run.id) == [("container", "cpu", {}, "events/s", "faster than baseline")]
+
+    summary = analysis.summarize_run(run)
+    rows = {(r.workload, r.metric): r for r in summary.rows}
+    cpu = rows[("cpu", "events/s")]
+    assert cpu.dimensions == {} and cpu.cells["container"].ratio.value == pytest.approx(1.3)
+    # The bare-host flag the migration set is what makes beating native suspicious.
+    assert "faster than baseline" in cpu.cells["container"].flags
+    assert rows[("threads", "events/s")].cells["container"].failed == 1
+    assert [(f["target"], f["workload"], f["idx"]) for f in summary.failures] == [
+        ("container", "threads", 2)]
+
+    Store(results)   # already migrated: opening again changes nothing
+    assert user_version(results) == LATEST
+
+
+def test_migration_steps_run_in_order_and_a_failed_step_leaves_its_version(tmp_path, monkeypatch):
+    def broken_step(db):
+        db.execute("CREATE TABLE half_done (x)")
+        raise RuntimeError("step 2 broke")
+    monkeypatch.setattr(store_mod, "MIGRATIONS", (*store_mod.MIGRATIONS, broken_step))
+    monkeypatch.setattr(store_mod, "LATEST", LATEST + 1)
+    results = v0_copy(tmp_path)
+    with pytest.raises(RuntimeError, match="step 2 broke"):
+        Store(results)
+    assert user_version(results) == LATEST   # every earlier step committed, this one not
+    assert "dimensions" in [c[0] for c in schema(results)["metrics"]]
+    assert "half_done" not in schema(results)
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_database_of_a_newer_vmtax_is_refused(tmp_path, readonly):
+    Store(tmp_path).close()
+    with raw(tmp_path) as db:
+        db.execute(f"PRAGMA user_version = {LATEST + 1}")
+    with pytest.raises(VmtaxError) as err:
+        Store(tmp_path, readonly=readonly)
+    assert str(err.value) == (f"{tmp_path / DB_NAME} has schema version {LATEST + 1}, but this "
+                              f"vmtax understands versions up to {LATEST}; upgrade vmtax")
+    assert user_version(tmp_path) == LATEST + 1
+
+
+def test_readonly_creates_nothing(tmp_path):
+    missing = tmp_path / "results"
+    with pytest.raises(VmtaxError) as err:
+        Store(missing, readonly=True)
+    assert str(err.value) == NO_DATABASE.format(missing / DB_NAME)
+    assert not missing.exists()
+
+    missing.mkdir()
+    with pytest.raises(VmtaxError, match="no results database"):
+        Store(missing, readonly=True)
+    assert list(missing.iterdir()) == []
+
+
+def test_readonly_reads_without_being_able_to_write(tmp_path):
+    writer = Store(tmp_path)
+    run_id = writer.new_run({}, {}, "0")
+    writer.finish_run(run_id, "done")
+    reader = Store(tmp_path, readonly=True)
+    assert reader.load_run("last").id == run_id
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.db.execute("DELETE FROM runs")
+
+
+def test_readonly_upgrades_an_old_database_then_reads_it_readonly(tmp_path):
+    results = v0_copy(tmp_path)
+    reader = Store(results, readonly=True)
+    assert user_version(results) == LATEST
+    assert reader.load_run("last").targets["native"]["fingerprint"]["bare_host"] is True
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.db.execute("DELETE FROM runs")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vmtax.errors import ParseError, VmtaxError
-from vmtax.workloads import WORKLOADS
+from vmtax import workloads
 from vmtax.workloads.sysbench import Cpu, Fileio, Memory, Mutex, Threads
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysbench"
@@ -84,26 +84,30 @@ def as_dict(metrics) -> dict[str, float]:
 
 @pytest.mark.parametrize("version, name", sorted(EXPECTED))
 def test_fixture_parses_into_the_expected_metrics(version, name):
-    got = as_dict(WORKLOADS[name]().parse(fixture(version, name)))
+    got = as_dict(workloads.get(name).make({}).parse(fixture(version, name)))
     assert got == pytest.approx(EXPECTED[version, name], rel=1e-12, abs=0)
 
 
 @pytest.mark.parametrize("version", sorted(PREPARE))
 def test_fileio_prepare_reports_its_write_speed(version):
-    metrics = Fileio().parse_prepare(fixture(version, "fileio-prepare"))
+    metrics = Fileio.make({}).parse_prepare(fixture(version, "fileio-prepare"))
     assert as_dict(metrics) == {"prepare MiB/s": PREPARE[version]}
 
 
 def test_disabled_percentile_gives_no_percentile_metric():
-    got = as_dict(Cpu({"percentile": 0}).parse(fixture("1.0.20", "cpu-percentile0")))
+    got = as_dict(Cpu.make({"percentile": 0}).parse(fixture("1.0.20", "cpu-percentile0")))
     assert got == {"events/s": 49227.97,
                    **report(49288, 1.0001, (0.02, 0.02, 0.09, None), (0.0, 0.0))}
 
 
-def test_other_percentile_is_named_after_it():
+def test_only_the_declared_percentile_is_taken():
+    # The manifest declares "latency p95": the option takes 95 or 0 (off), and a report
+    # with another percentile is not silently stored under a metric nobody declared.
+    with pytest.raises(VmtaxError, match="percentile: expected one of 0, 95"):
+        Cpu.make({"percentile": 99})
     text = fixture("1.0.20", "cpu").replace("95th percentile:", "99th percentile:")
-    got = {m.name: m.value for m in Cpu().parse(text)}
-    assert got["latency p99"] == 0.02 and "latency p95" not in got
+    with pytest.raises(ParseError, match="'latency p99' is not in its metric manifest"):
+        Cpu.make({}).parse(text)
 
 
 def test_pre_1_0_spellings_carry_the_same_numbers():
@@ -129,7 +133,7 @@ Threads fairness:
     events (avg/stddev):           131072.0000/0.00
     execution time (avg/stddev):   0.2011/0.00
 """
-    assert as_dict(Memory().parse(text)) == {
+    assert as_dict(Memory.make({}).parse(text)) == {
         "MiB/s": 3221.45, "ops/s": 412345.67,
         **report(131072, 0.3179, (0.0, 0.0, 1.35, 0.01), (0.0, 0.0))}
 
@@ -137,24 +141,24 @@ Threads fairness:
 def test_space_before_units_is_accepted():
     text = (fixture("1.0.20", "mutex").replace("0.0265s", "0.0265 s")
             .replace("21.04\n", "21.04 ms\n"))
-    got = as_dict(Mutex().parse(text))
+    got = as_dict(Mutex.make({}).parse(text))
     assert got["total time"] == 0.0265 and got["latency min"] == 21.04
 
 
 def test_memory_without_data_movement_has_no_bandwidth():
     text = "\n".join(line for line in fixture("1.0.20", "memory").splitlines()
                      if "transferred" not in line)
-    got = as_dict(Memory({"memory-oper": "none"}).parse(text))
+    got = as_dict(Memory.make({"memory-oper": "none"}).parse(text))
     assert "MiB/s" not in got and got["ops/s"] == 2720295.31
 
 
 def test_fileio_read_only_mode_may_write_nothing():
     text = re.sub(r"((?:writes/s|fsyncs/s|written, MiB/s):\s+)\S+", r"\g<1>0.00",
                   fixture("1.0.20", "fileio"))
-    got = as_dict(Fileio({"file-test-mode": "rndrd"}).parse(text))
+    got = as_dict(Fileio.make({"file-test-mode": "rndrd"}).parse(text))
     assert (got["reads/s"], got["writes/s"], got["written MiB/s"]) == (34114.18, 0.0, 0.0)
     with pytest.raises(ParseError, match="writes/s is 0 in rndrw mode"):
-        Fileio().parse(text)
+        Fileio.make({}).parse(text)
 
 
 # -- what must not parse ------------------------------------------------------------------
@@ -170,35 +174,35 @@ THREADS = fixture("1.0.20", "threads")
 
 
 @pytest.mark.parametrize("workload, text, message", [
-    (Cpu(), "", "no total time line"),
-    (Cpu(), "FATAL: invalid option: --cpu-max-primes=2000\n", "no total time line"),
-    (Cpu(), CPU[:CPU.index("Latency")], "no latency header line"),
-    (Cpu(), CPU[:CPU.index("Threads fairness")], r"no events \(avg/stddev\) line"),
-    (Cpu(), _drop(CPU, "events per second"), "no events per second line"),
-    (Cpu(), _drop(CPU, "max:"), "latency block lacks max"),
-    (Cpu(), CPU.replace("48449.65", "12abc"), "events per second: '12abc' is not a number"),
-    (Cpu(), CPU.replace("48449.65", "inf"), "events per second: 'inf' is not a number"),
-    (Cpu(), CPU.replace("48449.65", "0.00"), "events/s is 0"),
-    (Cpu(), CPU.replace("1.0002s", "1.0002x"), "total time: '1.0002x' is not a number"),
-    (Cpu(), CPU.replace("0.13", "n/a"), "latency max: 'n/a' is not a number"),
-    (Cpu(), CPU.replace("48510\n", "48510.5\n"), "'48510.5' is not a whole number"),
-    (Cpu(), CPU.replace("0.9950/0.00", "0.9950/"), r"no execution time \(avg/stddev\) line"),
-    (Cpu(), CPU.replace("sum:", "total:"), "unexpected line in the latency block"),
-    (Cpu(), CPU + CPU, "2 total time lines: more than one report"),
-    (Threads(), THREADS.replace("2979\n", "0\n"), "ran no events"),
-    (Threads(), THREADS.replace("1.0996s", "0.0000s"), "total time is 0 s"),
-    (Memory(), MEMORY.replace("131072 (2720295.31", "0 (    0.00")
+    (Cpu.make({}), "", "no total time line"),
+    (Cpu.make({}), "FATAL: invalid option: --cpu-max-primes=2000\n", "no total time line"),
+    (Cpu.make({}), CPU[:CPU.index("Latency")], "no latency header line"),
+    (Cpu.make({}), CPU[:CPU.index("Threads fairness")], r"no events \(avg/stddev\) line"),
+    (Cpu.make({}), _drop(CPU, "events per second"), "no events per second line"),
+    (Cpu.make({}), _drop(CPU, "max:"), "latency block lacks max"),
+    (Cpu.make({}), CPU.replace("48449.65", "12abc"), "events per second: '12abc' is not a number"),
+    (Cpu.make({}), CPU.replace("48449.65", "inf"), "events per second: 'inf' is not a number"),
+    (Cpu.make({}), CPU.replace("48449.65", "0.00"), "events/s is 0"),
+    (Cpu.make({}), CPU.replace("1.0002s", "1.0002x"), "total time: '1.0002x' is not a number"),
+    (Cpu.make({}), CPU.replace("0.13", "n/a"), "latency max: 'n/a' is not a number"),
+    (Cpu.make({}), CPU.replace("48510\n", "48510.5\n"), "'48510.5' is not a whole number"),
+    (Cpu.make({}), CPU.replace("0.9950/0.00", "0.9950/"), r"no execution time \(avg/stddev\) line"),
+    (Cpu.make({}), CPU.replace("sum:", "total:"), "unexpected line in the latency block"),
+    (Cpu.make({}), CPU + CPU, "2 total time lines: more than one report"),
+    (Threads.make({}), THREADS.replace("2979\n", "0\n"), "ran no events"),
+    (Threads.make({}), THREADS.replace("1.0996s", "0.0000s"), "total time is 0 s"),
+    (Memory.make({}), MEMORY.replace("131072 (2720295.31", "0 (    0.00")
      .replace("1024.00 MiB transferred (21252.31", "0.00 MiB transferred (0.00")
      .replace("131072\n", "0\n"), "ran no events"),
-    (Memory(), MEMORY.replace("2720295.31", "0.00"), "ops/s is 0"),
-    (Memory(), _drop(MEMORY, "transferred"), "no MiB transferred line"),
-    (Memory(), MEMORY.replace("MiB/sec", "GiB/sec"), "no MiB transferred line"),
-    (Memory(), _drop(MEMORY, "Total operations"), "no total operations line"),
-    (Fileio(), _drop(FILEIO, "fsyncs/s"), "no fsyncs/s line"),
-    (Fileio(), FILEIO.replace("34114.18", "0.00"), "reads/s is 0 in rndrw mode"),
-    (Fileio({"file-test-mode": "seqwr"}), FILEIO.replace("22742.79", "0.00"),
+    (Memory.make({}), MEMORY.replace("2720295.31", "0.00"), "ops/s is 0"),
+    (Memory.make({}), _drop(MEMORY, "transferred"), "no MiB transferred line"),
+    (Memory.make({}), MEMORY.replace("MiB/sec", "GiB/sec"), "no MiB transferred line"),
+    (Memory.make({}), _drop(MEMORY, "Total operations"), "no total operations line"),
+    (Fileio.make({}), _drop(FILEIO, "fsyncs/s"), "no fsyncs/s line"),
+    (Fileio.make({}), FILEIO.replace("34114.18", "0.00"), "reads/s is 0 in rndrw mode"),
+    (Fileio.make({"file-test-mode": "seqwr"}), FILEIO.replace("22742.79", "0.00"),
      "writes/s is 0 in seqwr mode"),
-    (Mutex(), "Segmentation fault\n", "no total time line"),
+    (Mutex.make({}), "Segmentation fault\n", "no total time line"),
 ])
 def test_bad_output_raises_parse_error(workload, text, message):
     with pytest.raises(ParseError, match=message):
@@ -215,44 +219,53 @@ def test_bad_output_raises_parse_error(workload, text, message):
 ])
 def test_bad_prepare_output_raises_parse_error(text, message):
     with pytest.raises(ParseError, match=message):
-        Fileio().parse_prepare(text)
+        Fileio.make({}).parse_prepare(text)
 
 
 def test_parse_errors_are_one_line():
     for text in ("", CPU.replace("sum:", "total:"), CPU.replace("48449.65", "4e4"),
                  CPU + CPU):
         with pytest.raises(ParseError) as err:
-            Cpu().parse(text)
+            Cpu.make({}).parse(text)
         assert "\n" not in str(err.value)
 
 
 # -- commands -----------------------------------------------------------------------------
 
 def test_registry_holds_the_five_workloads():
-    assert {n: c for n, c in WORKLOADS.items() if c.__module__.endswith("sysbench")} == {
+    assert {n: c for n, c in workloads.registered().items()
+            if c.__module__.endswith("sysbench")} == {
         "cpu": Cpu, "threads": Threads, "memory": Memory, "fileio": Fileio, "mutex": Mutex}
     for cls in (Cpu, Threads, Memory, Fileio, Mutex):
         assert cls.binaries == ("sysbench",) and cls.description
 
 
 def test_defaults_are_e1():
-    assert Cpu.defaults == {"cpu-max-prime": 2000}
-    assert Threads.defaults == {"threads": 500, "thread-yields": 100, "thread-locks": 4}
-    assert Memory.defaults == {"memory-block-size": "8k", "memory-total-size": "1G"}
-    assert Fileio.defaults == {"file-total-size": "2G", "file-test-mode": "rndrw",
-                               "prepare-threads": 16, "threads": 20}
-    assert Mutex.defaults == {"threads": 4, "mutex-num": 2000, "mutex-locks": 10000,
-                              "mutex-loops": 5000}
-    assert [c.time_param for c in (Cpu, Threads, Memory, Fileio, Mutex)] == [
+    assert Cpu.make({}).params == {"cpu-max-prime": 2000}
+    assert Threads.make({}).params == {"threads": 500, "thread-yields": 100, "thread-locks": 4}
+    assert Memory.make({}).params == {"memory-block-size": "8k", "memory-total-size": "1G"}
+    assert Fileio.make({}).params == {"file-total-size": "2G", "file-test-mode": "rndrw",
+                                      "prepare-threads": 16, "threads": 20}
+    assert Mutex.make({}).params == {"threads": 4, "mutex-num": 2000, "mutex-locks": 10000,
+                                     "mutex-loops": 5000}
+    assert [c.time_option for c in (Cpu, Threads, Memory, Fileio, Mutex)] == [
         "time", "time", "time", "time", None]
 
 
+def test_every_metric_parsed_is_in_the_manifest_with_its_unit():
+    for (version, name), expected in EXPECTED.items():
+        cls = workloads.get(name)
+        for m in cls.make({}).parse(fixture(version, name)):
+            spec = cls.metric_spec(m.name)
+            assert (spec.unit, spec.higher_is_better) == UNITS[m.name]
+
+
 @pytest.mark.parametrize("workload, argv", [
-    (Cpu(), "sysbench cpu --cpu-max-prime=2000 run"),
-    (Threads(), "sysbench threads --thread-locks=4 --thread-yields=100 --threads=500 run"),
-    (Memory(), "sysbench memory --memory-block-size=8k --memory-total-size=1G run"),
-    (Fileio(), "sysbench fileio --file-test-mode=rndrw --file-total-size=2G --threads=20 run"),
-    (Mutex(), "sysbench mutex --mutex-locks=10000 --mutex-loops=5000 --mutex-num=2000 "
+    (Cpu.make({}), "sysbench cpu --cpu-max-prime=2000 run"),
+    (Threads.make({}), "sysbench threads --thread-locks=4 --thread-yields=100 --threads=500 run"),
+    (Memory.make({}), "sysbench memory --memory-block-size=8k --memory-total-size=1G run"),
+    (Fileio.make({}), "sysbench fileio --file-test-mode=rndrw --file-total-size=2G --threads=20 run"),
+    (Mutex.make({}), "sysbench mutex --mutex-locks=10000 --mutex-loops=5000 --mutex-num=2000 "
               "--threads=4 run"),
 ])
 def test_default_commands(workload, argv):
@@ -263,17 +276,17 @@ def test_default_commands(workload, argv):
 
 
 @pytest.mark.parametrize("workload, argv, timeout", [
-    (Cpu({"cpu-max-prime": 20000, "threads": 2, "time": 5}),
+    (Cpu.make({"cpu-max-prime": 20000, "threads": 2, "time": 5}),
      "sysbench cpu --cpu-max-prime=20000 --threads=2 --time=5 run", 75),
-    (Threads({"time": 2.0, "thread-locks": 8}),
+    (Threads.make({"time": 2, "thread-locks": 8}),
      "sysbench threads --thread-locks=8 --thread-yields=100 --threads=500 --time=2 run", 66),
-    (Memory({"memory-access-mode": "rnd", "memory-hugetlb": True, "threads": 4, "time": 30}),
+    (Memory.make({"memory-access-mode": "rnd", "memory-hugetlb": True, "threads": 4, "time": 30}),
      "sysbench memory --memory-access-mode=rnd --memory-block-size=8k --memory-hugetlb=on "
      "--memory-total-size=1G --threads=4 --time=30 run", 150),
-    (Fileio({"file-rw-ratio": 1.5, "file-num": 64, "time": 1}),
+    (Fileio.make({"file-rw-ratio": 1.5, "file-num": 64, "time": 1}),
      "sysbench fileio --file-num=64 --file-rw-ratio=1.5 --file-test-mode=rndrw "
      "--file-total-size=2G --threads=20 --time=1 run", 63),
-    (Mutex({"mutex-locks": 500, "threads": 8}),
+    (Mutex.make({"mutex-locks": 500, "threads": 8}),
      "sysbench mutex --mutex-locks=500 --mutex-loops=5000 --mutex-num=2000 --threads=8 run", 600),
 ])
 def test_overridden_commands(workload, argv, timeout):
@@ -282,13 +295,13 @@ def test_overridden_commands(workload, argv, timeout):
 
 
 def test_option_order_does_not_depend_on_how_params_were_given():
-    a = Memory({"threads": 2, "memory-oper": "read", "time": 3})
-    b = Memory({"time": 3, "memory-oper": "read", "threads": 2})
+    a = Memory.make({"threads": 2, "memory-oper": "read", "time": 3})
+    b = Memory.make({"time": 3, "memory-oper": "read", "threads": 2})
     assert a.run_job().argv == b.run_job().argv
 
 
 def test_fileio_phases_share_the_file_options_and_run_in_scratch():
-    w = Fileio({"file-num": 32, "file-block-size": 4096, "time": 4, "threads": 8,
+    w = Fileio.make({"file-num": 32, "file-block-size": 4096, "time": 4, "threads": 8,
                 "prepare-threads": 2, "file-total-size": "512M"})
     (prepare,), run, (cleanup,) = w.prepare_jobs(), w.run_job(), w.cleanup_jobs()
     files = ["--file-block-size=4096", "--file-num=32", "--file-test-mode=rndrw",
@@ -301,38 +314,39 @@ def test_fileio_phases_share_the_file_options_and_run_in_scratch():
 
 
 def test_e1_fileio_prepare_uses_16_threads():
-    (prepare,) = Fileio().prepare_jobs()
+    (prepare,) = Fileio.make({}).prepare_jobs()
     assert prepare.argv == ("sysbench fileio --file-test-mode=rndrw --file-total-size=2G "
                             "--threads=16 prepare").split()
     assert prepare.timeout == 2048 + 60
-    assert Fileio().cleanup_jobs()[0].argv[-1] == "cleanup"
+    assert Fileio.make({}).cleanup_jobs()[0].argv[-1] == "cleanup"
 
 
 def test_other_workloads_have_no_prepare_or_cleanup():
     for cls in (Cpu, Threads, Memory, Mutex):
-        assert cls().prepare_jobs() == [] and cls().cleanup_jobs() == []
+        assert cls.make({}).prepare_jobs() == [] and cls.make({}).cleanup_jobs() == []
 
 
 @pytest.mark.parametrize("cls, params, message", [
-    (Cpu, {"time": 1.5}, "whole number of seconds"),
-    (Cpu, {"time": 0}, "whole number of seconds"),
-    (Threads, {"time": "10"}, "whole number of seconds"),
-    (Cpu, {"cpu-max-prime": [2000, 4000]}, "option cpu-max-prime needs one"),
-    (Cpu, {"cpu-max-prime": None}, "option cpu-max-prime needs one"),
-    (Memory, {"memory-oper": ""}, "option memory-oper needs one"),
-    (Cpu, {"--threads": 2}, "'--threads' is not a sysbench option name"),
-    (Cpu, {"threads=2 --debug": 1}, "is not a sysbench option name"),
-    (Fileio, {"file-total-size": "2 GB"}, "'2 GB' is not a size"),
+    (Cpu, {"time": 1.5}, "time: expected a whole number of at least 1"),
+    (Cpu, {"time": 0}, "time: expected a whole number of at least 1"),
+    (Threads, {"time": "10"}, "time: expected a whole number of at least 1"),
+    (Cpu, {"cpu-max-prime": [2000, 4000]}, "cpu-max-prime: expected a whole number"),
+    (Cpu, {"cpu-max-prime": None}, "cpu-max-prime: expected a whole number"),
+    (Memory, {"memory-oper": ""}, 'memory-oper: expected one of "read", "write", "none"'),
+    (Cpu, {"--threads": 2}, "cpu: expected a cpu option"),
+    (Cpu, {"threads=2 --debug": 1}, "expected a cpu option"),
+    (Cpu, {"cpu-max-prim": 1}, 'got \'cpu-max-prim\' (did you mean "cpu-max-prime"?)'),
+    (Fileio, {"file-total-size": "2 GB"}, 'file-total-size: expected a size like "8K"'),
 ])
 def test_bad_params_are_rejected_when_the_workload_is_made(cls, params, message):
-    with pytest.raises(VmtaxError, match=message):
-        cls(params)
+    with pytest.raises(VmtaxError, match=re.escape(message)):
+        cls.make(params)
 
 
 # -- the real sysbench --------------------------------------------------------------------
 
 @pytest.mark.live
-@pytest.mark.parametrize("workload", [Cpu({"time": 1}), Memory({"time": 1})])
+@pytest.mark.parametrize("workload", [Cpu.make({"time": 1}), Memory.make({"time": 1})])
 def test_real_sysbench_output_parses(workload):
     if shutil.which("sysbench") is None:
         pytest.skip("sysbench is not installed")

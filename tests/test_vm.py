@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import kvm
+import re
+
+from vmtax import kvm, plugin, targets
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.image import GuestImage, guest_file
 from vmtax.journal import Journal
 from vmtax.targets import vm
-from vmtax.targets.base import Job, TargetContext
+from vmtax.targets.base import TargetContext
+from vmtax.types import Job
 from vmtax.targets.vm import (Channel, VmConfig, encode_job, kernel_cmdline, parse_size,
                               qemu_argv, read_result, resolve_accel)
 
@@ -347,9 +350,9 @@ def ctx(tmp_path):
 
 
 def target(ctx, tmp_path, qemu_body: str, **options):
-    return vm.VmTarget("vm:test", {"accel": "tcg", "kernel": str(tmp_path / "vmlinux"),
-                                   "disk_size": "64M", "qemu": fake_qemu(tmp_path, qemu_body),
-                                   **options}, ctx)
+    return targets.create("vm:test", "vm", {
+        "accel": "tcg", "kernel": str(tmp_path / "vmlinux"), "disk_size": "64M",
+        "qemu": fake_qemu(tmp_path, qemu_body), **options}, ctx)
 
 
 def assert_clean(ctx, t):
@@ -387,23 +390,20 @@ def test_boot_timeout_kills_qemu(ctx, tmp_path):
     t.cleanup()   # idempotent
 
 
-def test_missing_qemu_is_one_line_error(ctx, tmp_path):
-    t = vm.VmTarget("vm", {"accel": "tcg", "qemu": "/nonexistent/qemu"}, ctx)
-    with pytest.raises(VmtaxError, match="QEMU binary '/nonexistent/qemu' not found"):
-        t.prepare()
-    assert_clean(ctx, t)
-
-
-def test_missing_kernel_is_one_line_error(ctx, tmp_path):
-    t = vm.VmTarget("vm", {"accel": "tcg", "kernel": "/nonexistent/vmlinuz"}, ctx)
-    with pytest.raises(VmtaxError, match="kernel /nonexistent/vmlinuz not found"):
-        t.prepare()
-    assert_clean(ctx, t)
-
-
-def test_unknown_machine():
-    with pytest.raises(VmtaxError, match="unknown machine"):
-        vm.VmTarget("vm", {"machine": "isapc"}, TargetContext(Path("/tmp"), None))
+@pytest.mark.parametrize("options, message", [
+    ({"qemu": "/nonexistent/qemu"}, "vm: qemu: expected an executable program (a path, or a "
+                                    "name found on PATH), got '/nonexistent/qemu'"),
+    ({"kernel": "/nonexistent/vmlinuz"}, "vm: kernel: expected the path of an existing file, "
+                                         "got '/nonexistent/vmlinuz'"),
+    ({"machine": "isapc"}, 'vm: machine: expected one of "microvm", "q35", got \'isapc\''),
+    ({"kernel_args": "quiet\ninit=/bin/sh"}, "vm: kernel_args: expected a non-empty string, "
+                                             "without control characters"),
+])
+def test_bad_options_are_one_line_errors_before_anything_starts(ctx, options, message):
+    with pytest.raises(VmtaxError) as err:
+        targets.create("vm", "vm", {"accel": "tcg", **options}, ctx)
+    assert str(err.value).startswith(message)
+    assert list(ctx.work_dir.iterdir()) == []
 
 
 def test_fingerprint_without_boot(ctx, tmp_path, monkeypatch):
@@ -463,43 +463,48 @@ def test_kernel_cmdline_guest_hugepages():
     assert "hugepages=" not in kernel_cmdline("microvm", 2596122, 250)
 
 
-def vm_options(**options):
-    return {**vm.VmTarget.option_defaults, **options}
+def problems(**options):
+    return vm.VmOptions.model_validate(options).problems()
 
 
 @pytest.mark.parametrize("options,problem", [
     (dict(hugepages="1G", memory="1536M"),
      ("memory", 'a whole number of 1 GiB huge pages (hugepages = "1G")')),
-    (dict(hugepages="4M"), ("hugepages", 'one of "2M", "1G", "none"')),
     (dict(memory="1G", guest_hugepages=385),
      ("guest_hugepages", "at most 384 2 MiB pages, which leaves the guest 256 MiB of its "
                          "memory (1G); or more memory")),
-    (dict(guest_hugepages=-1), ("guest_hugepages", "a whole number of at least 0")),
     (dict(vcpus=2, pin=[0]), ("pin", "one host CPU per vCPU (vcpus = 2)")),
-    (dict(vcpus=2, pin=[0, 0]),
-     ("pin", "distinct host CPUs vmtax may use ("
-             + ", ".join(map(str, sorted(os.sched_getaffinity(0)))) + ")")),
-    (dict(vcpus=1, pin=[4096]),
-     ("pin", "distinct host CPUs vmtax may use ("
-             + ", ".join(map(str, sorted(os.sched_getaffinity(0)))) + ")")),
-    (dict(kernel_args="quiet\ninit=/bin/sh"), ("kernel_args", "arguments on one line")),
+    (dict(memory="99T"), ("memory", "at most the host's memory (")),
 ])
 def test_option_problems(options, problem):
-    assert vm.option_problems(vm_options(**options)) == [problem]
+    [(option, expected)] = problems(**options)
+    assert option == problem[0] and expected.startswith(problem[1])
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("hugepages", "4M", 'one of "2M", "1G", "none"'),
+    ("guest_hugepages", -1, "a whole number of at least 0"),
+    ("pin", [0, 0], "distinct host CPUs vmtax may use"),
+    ("pin", [4096], "distinct host CPUs vmtax may use"),
+    ("pin", "0-4096", "distinct host CPUs vmtax may use"),
+])
+def test_each_value_is_checked_by_its_option(option, value, expected):
+    with pytest.raises(plugin.Invalid, match=re.escape(expected)):
+        plugin.option_infos(vm.VmOptions)[option].check(value)
 
 
 def test_options_that_fit_together():
     cpu = min(os.sched_getaffinity(0))
-    assert vm.option_problems(vm_options(hugepages="2M", memory="1G", guest_hugepages=384,
-                                         vcpus=1, pin=[cpu])) == []
-    assert vm.option_problems(vm_options(hugepages="1G", memory="2G")) == []
+    assert problems(hugepages="2M", memory="1G", guest_hugepages=384, vcpus=1, pin=[cpu]) == []
+    assert problems(hugepages="1G", memory="2G") == []
+    assert plugin.option_infos(vm.VmOptions)["pin"].check(f"{cpu}") == [cpu]
 
 
 def test_pinning_several_vcpus_with_icount_is_refused():
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two host CPUs")
-    assert vm.option_problems(vm_options(vcpus=2, pin=cpus[:2], icount="shift=0")) == [
+    assert problems(vcpus=2, pin=cpus[:2], icount="shift=0") == [
         ("pin", "no pinning of several vCPUs with icount (TCG then runs them all in one "
                 "thread)")]
 
@@ -508,13 +513,13 @@ def test_target_refuses_options_that_do_not_fit_in_one_line(tmp_path):
     (tmp_path / "j").mkdir()
     ctx = TargetContext(work_dir=tmp_path, journal=Journal(tmp_path / "j"))
     with pytest.raises(VmtaxError) as err:
-        vm.VmTarget("vm", {"vcpus": 2, "pin": [0]}, ctx)
+        targets.create("vm", "vm", {"vcpus": 2, "pin": [0]}, ctx)
     assert str(err.value) == "vm: pin: expected one host CPU per vCPU (vcpus = 2), got [0]"
 
 
 def test_defaults_include_huge_pages_and_pinning():
-    d = vm.VmTarget.option_defaults
-    assert (d["hugepages"], d["guest_hugepages"], d["pin"]) == (None, 0, None)
+    d = vm.VmOptions()
+    assert (d.hugepages, d.guest_hugepages, d.pin) == (None, 0, None)
 
 
 def test_agent_leaves_no_zombies_behind(agent, tmp_path):

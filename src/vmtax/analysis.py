@@ -16,6 +16,7 @@ from typing import Any
 from vmtax import stats, workloads
 from vmtax.errors import VmtaxError
 from vmtax.store import Rep, Run
+from vmtax.types import Metric, MetricSpec
 
 NOISY_CV = 0.05
 CLOCK_TOLERANCE = 0.02
@@ -38,10 +39,22 @@ class Cell:
 class Row:
     workload: str
     params: dict[str, Any]                  # the parameters that vary within the run
-    metric: str
+    metric: str                             # the name, without its dimensions, which
+    dimensions: dict[str, str]              # tell rows of one metric apart: {"percentile": "99"}
     unit: str
     higher_is_better: bool
     cells: dict[str, Cell]                  # target -> cell
+
+    @property
+    def key(self) -> str:
+        """The metric with its dimensions, as stored flags name it: `IOPS[job=randread]`."""
+        return Metric(self.metric, 0.0, self.unit, self.higher_is_better, self.dimensions).key
+
+    @property
+    def label(self) -> str:
+        """How tables name it: `IOPS job=randread`."""
+        dims = " ".join(f"{k}={v}" for k, v in self.dimensions.items())
+        return f"{self.metric} {dims}" if dims else self.metric
 
 
 @dataclass
@@ -73,12 +86,25 @@ def _clock_skewed(reps: list[Rep], overhead: float) -> bool:
                for r in reps if r.guest_elapsed is not None and r.host_elapsed)
 
 
+def metric_spec(workload: str, metric: str) -> MetricSpec | None:
+    """What the workload's manifest says of a metric; None for one it does not declare (a
+    run stored by an older vmtax, a plugin not installed here)."""
+    cls = workloads.registered().get(workload.removesuffix(" prepare"))
+    return cls.metric_spec(metric) if cls is not None else None
+
+
+def _is_spread(workload: str, metric: str) -> bool:
+    spec = metric_spec(workload, metric)
+    return spec is not None and spec.spread
+
+
 def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
     target_names = list(run.plan.get("targets") and [t["name"] for t in run.plan["targets"]]
                         or run.targets)
     baseline = baseline or run.plan.get("baseline") or target_names[0]
     measured = [r for r in run.reps if r.phase in ("measure", "prepare")]
-    baseline_native = run.targets.get(baseline, {}).get("kind", "native") == "native"
+    baseline_bare_host = bool(run.targets.get(baseline, {}).get("fingerprint", {})
+                              .get("bare_host"))
     # Adaptive runs promised a precision: say where it was missed.
     ci_target = run.plan.get("ci_target") if run.plan.get("max_runs") else None
     varying = _varying(measured)
@@ -93,20 +119,21 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
 
     rows: list[Row] = []
     for (workload, shown_key), by_target in groups.items():
-        metrics: dict[str, tuple[str, bool]] = {}
+        # metric key -> its first value seen, for the name, dimensions, unit and direction
+        metrics: dict[str, Metric] = {}
         for reps in by_target.values():
             for r in reps:
                 for m in r.metrics:
-                    metrics.setdefault(m.name, (m.unit, m.higher_is_better))
-        kind = workloads.WORKLOADS.get(workload.removesuffix(" prepare"))
-        spread = kind.spread_metrics if kind else frozenset()
+                    metrics.setdefault(m.key, m)
         # The clock check is about a target's repetitions, whatever the metric.
         skewed = {t: _clock_skewed(reps, run.targets.get(t, {}).get("fingerprint", {})
                                    .get("job_overhead_s") or 0.0)
                   for t, reps in by_target.items()}
-        for metric, (unit, hib) in metrics.items():
+        for metric_key, metric in metrics.items():
+            hib = metric.higher_is_better
+            spread = _is_spread(workload, metric.name)
             samples = {t: [m.value for r in reps if r.status == "ok"
-                           for m in r.metrics if m.name == metric]
+                           for m in r.metrics if m.key == metric_key]
                        for t, reps in by_target.items()}
             base = samples.get(baseline)
             base_median = statistics.median(base) if base else 0.0
@@ -128,13 +155,14 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
                     cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
                     # Beating the bare host is suspicious (clock drift, page cache);
                     # beating another target (E5's huge pages) is the finding itself.
-                    if (baseline_native and metric not in spread
+                    if (baseline_bare_host and not spread
                             and stats.faster_than_baseline(cell.ratio)):
                         cell.flags.append("faster than baseline")
                 if skewed[t]:
                     cell.flags.append("clock skew")
                 cells[t] = cell
-            rows.append(Row(workload, json.loads(shown_key), metric, unit, hib, cells))
+            rows.append(Row(workload, json.loads(shown_key), metric.name,
+                            dict(metric.dimensions), metric.unit, hib, cells))
 
     failures = [{"target": r.target, "workload": r.workload, "params": r.params,
                  "phase": r.phase, "idx": r.idx, "status": r.status, "error": r.error}
@@ -150,17 +178,19 @@ class CompareRow:
     params: dict[str, Any]                  # A's parameters
     params_b: dict[str, Any]                # B's (differ when one configuration each was run)
     metric: str
+    dimensions: dict[str, str]
     unit: str
     failed_a: int                           # failed repetitions excluded on each side
     failed_b: int
     comparison: stats.Comparison
 
 
-def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[list[float], bool, str]],
+def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[list[float], Metric]],
                                              dict[tuple[str, str], int]]:
-    """(workload, params, metric) -> (values, higher_is_better, unit) of a target's
-    successful measured repetitions, and failed repetitions per (workload, params)."""
-    values: dict[tuple[str, str, str], tuple[list[float], bool, str]] = {}
+    """(workload, params, metric key) -> (values, the first of them as a Metric: name,
+    dimensions, unit, direction) of a target's successful measured repetitions, and failed
+    repetitions per (workload, params)."""
+    values: dict[tuple[str, str, str], tuple[list[float], Metric]] = {}
     failed: dict[tuple[str, str], int] = defaultdict(int)
     for r in run.reps:
         if r.target != target or r.phase != "measure":
@@ -170,12 +200,12 @@ def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[li
             failed[key] += 1
             continue
         for m in r.metrics:
-            values.setdefault((*key, m.name), ([], m.higher_is_better, m.unit))[0].append(m.value)
+            values.setdefault((*key, m.key), ([], m))[0].append(m.value)
     return values, failed
 
 
 def _match_configs(a_values: dict, b_values: dict) -> dict:
-    """A's (workload, params, metric) keys -> B's. Same parameters match; a workload run
+    """A's (workload, params, metric key) keys -> B's. Same parameters match; a workload run
     with exactly one configuration on each side matches even if its parameters differ
     (e.g. cpu-max-prime 2000 vs 2100: the change is what is being measured)."""
     def configs(values):
@@ -208,16 +238,17 @@ def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
         for key in a_values:   # in the order they were measured
             if key not in b_keys:
                 continue
-            (va, hib, unit), (vb, _, _) = a_values[key], b_values[b_keys[key]]
-            rows.append((f"{run_a.id}:{target_a}", f"{run_b.id}:{target_b}", key, unit, hib,
+            (va, metric), (vb, _) = a_values[key], b_values[b_keys[key]]
+            rows.append((f"{run_a.id}:{target_a}", f"{run_b.id}:{target_b}", key, metric,
                          va, vb, a_failed.get(key[:2], 0), b_failed.get(b_keys[key][:2], 0),
                          b_keys[key][1]))
     if not rows:
         raise VmtaxError("nothing to compare: the two sides have no metric in common "
                          "(same workload with the same parameters, at least one successful run each)")
-    comparisons = stats.compare_many([(r[2][2], r[5], r[6], r[4]) for r in rows],
-                                     alpha=alpha, noise_floor=noise_floor, method=method)
-    return [CompareRow(a, b, workload, json.loads(params), json.loads(params_b), metric, unit,
-                       fa, fb, c)
-            for (a, b, (workload, params, metric), unit, _, _, _, fa, fb, params_b), c
+    comparisons = stats.compare_many(
+        [(key[2], va, vb, metric.higher_is_better) for _, _, key, metric, va, vb, *_ in rows],
+        alpha=alpha, noise_floor=noise_floor, method=method)
+    return [CompareRow(a, b, workload, json.loads(params), json.loads(params_b), metric.name,
+                       dict(metric.dimensions), metric.unit, fa, fb, c)
+            for (a, b, (workload, params, _), metric, _, _, fa, fb, params_b), c
             in zip(rows, comparisons)]

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import click
 from rich.console import Console
@@ -25,8 +25,35 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def _csv(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def _csv(value: str | None, flag: str) -> list[str] | None:
+    """A comma-separated list; None when the flag was not given. An empty one is an error:
+    running everything instead would be a surprise (and a long one)."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise VmtaxError(f"{flag}: expected a comma-separated list of names, got {value!r}")
+    return items
+
+
+def _target_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A flag for every target option a plugin marks cli=True (--vcpus, --qemu, ...): it
+    applies to every target whose kind has that option; repeated, or as LABEL=VALUE, it
+    makes one target per value (NAME@LABEL)."""
+    from vmtax import plugin, targets
+
+    found: dict[str, plugin.OptionInfo] = {}
+    for kind in targets.kinds().values():
+        for info in plugin.option_infos(kind.Options).values():
+            if info.cli:
+                found.setdefault(info.field, info)
+    for field, info in sorted(found.items(), reverse=True):
+        unit = f" [{info.unit}]" if info.unit and info.unit != "bytes" else ""
+        default = "" if info.default in (None, [], "") else f" [default: {info.default}]"
+        command = click.option(f"--{field.replace('_', '-')}", field, multiple=True,
+                               metavar="[LABEL=]VALUE",
+                               help=f"{info.doc}{unit}.{default}")(command)
+    return command
 
 
 def _print_json(data: Any) -> None:
@@ -90,10 +117,10 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
-@click.option("--targets", help="Comma-separated targets: native, container[:unshare|runc|crun], "
-              "vm[:kvm|tcg]. [default: native,container,vm]")
-@click.option("--workloads", help="Comma-separated sysbench workloads: cpu, threads, memory, "
-              "fileio, mutex. [default: all five]")
+@click.option("--targets", help="Comma-separated targets, KIND or KIND:VARIANT "
+              "(`vmtax list targets`). [default: those of plans/classic.toml]")
+@click.option("--workloads", help="Comma-separated workloads (`vmtax list workloads`). "
+              "[default: those of plans/classic.toml]")
 @click.option("--runs", default=str(plan_mod.DEFAULT_RUNS), show_default=True, metavar="N|auto",
               help="Measured repetitions per target and workload; 'auto' repeats until the "
                    "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
@@ -108,29 +135,16 @@ def cli() -> None:
               help="Warm-up repetitions run first and discarded.")
 @click.option("--time", "time_", type=click.IntRange(min=1),
               default=plan_mod.DEFAULT_TIME, show_default=True,
-              help="Seconds each time-bounded workload runs (sysbench --time).")
-@click.option("--qemu", multiple=True, metavar="[LABEL=]PATH",
-              help="QEMU binary for VM targets (any build). Repeat it to measure several builds "
-                   "side by side as vm@LABEL targets. [default: qemu-system-x86_64]")
-@click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto",
-              show_default=True, help="VM acceleration; auto uses KVM only where it really runs a vCPU.")
-@click.option("--vcpus", type=click.IntRange(min=1), help="vCPUs of VM targets. [default: 2]")
-@click.option("--memory", help="Memory of VM targets, e.g. 1G or 512M. [default: 1G]")
-@click.option("--machine", type=click.Choice(["microvm", "q35"]),
-              help="QEMU machine type. [default: microvm]")
-@click.option("--kernel", type=click.Path(), help="Guest kernel (vmlinux or bzImage). "
-              "[default: Debian's linux-image-amd64, downloaded into the cache]")
-@click.option("--kernel-args", metavar="ARGS",
-              help="Extra guest kernel command-line arguments, after vmtax's own (a repeated "
-                   "one wins), e.g. 'mitigations=off'.")
+              help="Seconds each time-bounded workload runs (its declared time option).")
+@_target_flags
 @click.option("--no-interleave", is_flag=True,
               help="Run all repetitions of one target before the next (default: A B B A order).")
 @click.option("--resume", metavar="RUN_ID", help="Continue an interrupted run, skipping what it stored.")
 @click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
 @results_option
 @json_option
-def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_, qemu, accel, vcpus, memory, machine, kernel,
-        kernel_args, no_interleave, resume, quick, results, as_json) -> None:
+def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_,
+        no_interleave, resume, quick, results, as_json, **target_options) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
@@ -144,11 +158,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
         repetitions = dict(runs=int(runs))
     else:
         raise VmtaxError(f"--runs takes a whole number (1 or more) or 'auto', got {runs!r}")
-    vm_options = {k: v for k, v in dict(vcpus=vcpus, memory=memory, machine=machine,
-                                        kernel=kernel, kernel_args=kernel_args).items()
-                  if v is not None}
-    if accel != "auto":
-        vm_options["accel"] = accel
+    target_options = {k: list(v) for k, v in target_options.items() if v}
+    target_names, workload_names = _csv(targets, "--targets"), _csv(workloads, "--workloads")
     if quick and not plan_file:
         raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
     if resume:
@@ -158,10 +169,10 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
         from vmtax import planfile
         the_plan = planfile.load(plan_file, quick)
     else:
-        the_plan = plan_mod.classic(
-            target_names=_csv(targets) or plan_mod.CLASSIC_TARGETS,
-            workload_names=_csv(workloads) or plan_mod.CLASSIC_WORKLOADS,
-            options={"vm": vm_options}, qemus=list(qemu), warmup=warmup, time=time_, **repetitions,
+        classic_targets, classic_workloads = plan_mod.classic_names()
+        the_plan = plan_mod.from_names(
+            target_names or classic_targets, workload_names or classic_workloads,
+            target_options, warmup=warmup, time=time_, **repetitions,
             interleave=not no_interleave)
     if not resume:
         store = Store(results)   # only once the plan is valid: a typo creates nothing
@@ -320,5 +331,8 @@ from vmtax.cli_report import export, report  # noqa: E402  (commands live beside
 cli.add_command(report)
 cli.add_command(export)
 
-from vmtax.planfile import plan_command  # noqa: E402  (command lives beside its code)
+from vmtax.cli_plan import plan_command  # noqa: E402  (command lives beside its code)
 cli.add_command(plan_command, "plan")
+
+from vmtax.cli_list import list_command  # noqa: E402
+cli.add_command(list_command, "list")

@@ -2,9 +2,11 @@
 
 A row carries everything needed to filter and group without joins: run id, target,
 workload, phase, repetition index and status, every workload parameter in its own
-`param.<name>` column, the metric, and the host and target fingerprints flattened to
-`host.<field>` / `target.<field>` columns. A failed repetition has no metrics; it still
-gets one row (metric empty, error set) so failures stay visible in the data.
+`param.<name>` column, the metric, each of its dimensions in a `dim.<name>` column (the
+metric's values of one repetition differ in them: `dim.percentile`), and the host and
+target fingerprints flattened to `host.<field>` / `target.<field>` columns. A failed
+repetition has no metrics; it still gets one row (metric empty, error set) so failures
+stay visible in the data.
 """
 
 from __future__ import annotations
@@ -51,13 +53,15 @@ def tidy(run: Run) -> tuple[list[str], list[dict[str, Any]]]:
                 "started": rep.started, **host, **fingerprints.get(rep.target, {})}
         for m in rep.metrics or [None]:
             metric = ({"metric": m.name, "value": m.value, "unit": m.unit,
-                       "higher_is_better": m.higher_is_better} if m else
+                       "higher_is_better": m.higher_is_better,
+                       **{f"dim.{k}": v for k, v in m.dimensions.items()}} if m else
                       dict.fromkeys(("metric", "value", "unit", "higher_is_better")))
             rows.append({**base, **metric, **tail})
     present = {k for row in rows for k in row}
     params = sorted(k for k in present if k.startswith("param."))
+    dimensions = sorted(k for k in present if k.startswith("dim."))
     fields = sorted(k for k in present if k.startswith(("host.", "target.")))
-    return LEADING + params + METRIC + fields, rows
+    return LEADING + params + METRIC + dimensions + fields, rows
 
 
 def _csv_value(value: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import platform
@@ -11,7 +12,7 @@ import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from vmtax import __version__, kvm
 from vmtax.proc import run
@@ -310,13 +311,6 @@ def _cgroup_check() -> Check:
         " (v1 controllers plus cgroup2 at /sys/fs/cgroup/unified)" if layout == "hybrid" else ""))
 
 
-def _crun_note(_path: str) -> str:
-    if cgroup_layout() != "hybrid":
-        return ""
-    return ("; crun refuses this hybrid cgroup layout, vmtax works around it (a private "
-            "mount namespace hiding the cgroup2 mount, --cgroup-manager=disabled)")
-
-
 def _busybox_note(path: str) -> str:
     static = _is_static_elf(path)
     return {True: " (static)", None: "",
@@ -335,16 +329,37 @@ def _busybox_check() -> Check:
     return Check("busybox", True, f"{path}: {line or 'version unknown'}{_busybox_note(path)}")
 
 
-_TOOLS: tuple[tuple[str, str, Callable[[str], str] | None], ...] = (
-    ("unshare", "apt-get install util-linux (namespace containers)", None),
-    ("runc", "apt-get install runc (OCI container targets)", None),
-    ("crun", "apt-get install crun (OCI container targets)", _crun_note),
-    ("podman", "apt-get install podman (not a vmtax target yet)", None),
-    ("runsc", "CGO_ENABLED=0 go install gvisor.dev/gvisor/runsc@latest (not a vmtax target yet)", None),
-    ("sysbench", "apt-get install sysbench (the standard workloads)", None),
-    ("fio", "apt-get install fio (not a vmtax workload yet)", None),
-    ("perf", "apt-get install linux-perf (VM-exit recording is not in vmtax yet)", None),
-)
+def _runtime_check(cls: Any) -> Check:
+    """A container runtime plugin: usable here, or why not."""
+    name = f"container:{cls.name}"
+    why = cls.unavailable()
+    if why is not None:
+        return Check(name, False, why)
+    path = shutil.which(cls.name)
+    version = _version(path) if path else None
+    return Check(name, True, (f"{path}: {version}" if version else cls.description)
+                 + cls.host_note())
+
+
+def _plugin_checks() -> list[Callable[[], Check]]:
+    """A check per container runtime and per program a workload needs, as the plugins
+    declare them."""
+    from vmtax import workloads
+    from vmtax.targets import container
+
+    checks: list[Callable[[], Check]] = [
+        functools.partial(_runtime_check, cls) for cls in container.runtimes().values()]
+    programs: dict[str, list[str]] = {}
+    for w in workloads.registered().values():
+        for binary in w.binaries:
+            programs.setdefault(binary, []).append(w.name)
+    for binary, users in programs.items():
+        packages = sorted({p for w in workloads.registered().values() if w.name in users
+                           for p in w.packages})
+        checks.append(functools.partial(
+            _tool_check, binary, f"apt-get install {' '.join(packages) or binary} "
+            f"(workloads {', '.join(users)})"))
+    return checks
 
 
 def doctor() -> list[Check]:
@@ -353,7 +368,7 @@ def doctor() -> list[Check]:
         # The KVM probe waits up to its timeout; everything else runs beside it.
         kvm_future = pool.submit(_kvm_check)
         qemu_future = pool.submit(_qemu_checks)
-        tool_futures = [pool.submit(_tool_check, *tool) for tool in _TOOLS]
+        tool_futures = [pool.submit(check) for check in _plugin_checks()]
         busybox_future = pool.submit(_busybox_check)
         return [kvm_future.result(), *qemu_future.result(), _hugepages_check(),
                 _ksm_check(), _cgroup_check(),

@@ -8,7 +8,6 @@ nothing: it opens offline and can be mailed as one file.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,29 +20,16 @@ from vmtax.analysis import Cell, Row, RunSummary
 from vmtax.export import flatten
 from vmtax.store import Run
 
-# Which class of performance a workload metric speaks for; first match wins (workload
-# and metric are shell-style patterns). Unmatched metrics stay out of the verdicts:
-# fairness spreads (0 natively, so their ratios are 0 or undefined), totals that --time
-# fixes, and min latency (printed in 0.01 ms steps, so its ratios are mostly rounding).
-CLASSES: list[tuple[str, str, str | None]] = [
-    ("*", "latency min", None),
-    ("*", "latency *", "latency"),
-    ("cpu", "events/s", "CPU"),
-    ("memory", "*/s", "memory"),
-    ("fileio*", "*/s", "disk I/O"),
-    ("threads", "events/s", "threads/scheduling"),
-    ("mutex", "total time", "threads/scheduling"),
-]
-CLASS_ORDER = ["CPU", "memory", "disk I/O", "threads/scheduling", "latency"]
+# The classes of performance that verdicts are given for, in the order they are shown; a
+# metric joins the class its workload's manifest names (`MetricSpec.group`).
+CLASS_ORDER = ["CPU", "memory", "disk I/O", "network", "threads/scheduling", "latency"]
 # Failed repetitions alike in these are listed once, with a count.
 FAILURE_KEYS = ("target", "workload", "phase", "status", "error")
 
 
 def workload_class(workload: str, metric: str) -> str | None:
-    for w, m, cls in CLASSES:
-        if fnmatch.fnmatchcase(workload, w) and fnmatch.fnmatchcase(metric, m):
-            return cls
-    return None
+    spec = analysis.metric_spec(workload, metric)
+    return spec.group if spec is not None else None
 
 
 @dataclass
@@ -101,7 +87,7 @@ def findings(summary: RunSummary) -> Findings:
             if target not in worst or cell.ratio.value < worst[target][1].ratio.value:
                 worst[target] = (row, cell)
     classes = {}
-    for cls in CLASS_ORDER:
+    for cls in [*CLASS_ORDER, *sorted(set(ratios) - set(CLASS_ORDER))]:
         standings = [Standing(t, _geomean([c.ratio.value for _, c in pairs]), pairs)
                      for t, pairs in ratios.get(cls, {}).items()]
         if standings:

@@ -1,19 +1,21 @@
 """A plan: targets × workloads × repetitions, and how to run them.
 
-`classic()` is E1 (native vs container vs VM on the five sysbench metrics), the default
-of `vmtax run`. Plans serialize to plain dicts so the exact plan is stored with each run.
+Without a plan file, `vmtax run` runs E1's classic plan (`classic_names`) or the targets
+and workloads named on its command line (`from_names`). Plans serialize to plain dicts so
+the exact plan is stored with each run.
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from typing import Any
 
-from vmtax import targets, workloads
+from vmtax import plugin, targets, workloads
 from vmtax.errors import VmtaxError
+from vmtax.workloads.base import Workload
 
-CLASSIC_TARGETS = ("native", "container", "vm")
-CLASSIC_WORKLOADS = ("cpu", "threads", "memory", "fileio", "mutex")
 # Short enough that the classic plan takes a few minutes here even under TCG,
 # long enough that sysbench's start-up is noise next to the measured interval.
 DEFAULT_TIME = 2
@@ -21,6 +23,14 @@ DEFAULT_TIME = 2
 # per side a 5% change reaches p < 0.01 (t-test, 4 df) only about 2 times in 3; at 5 per
 # side (8 df) nearly always. `make bench-stats` measures it.
 DEFAULT_RUNS = 5
+
+
+def classic_names() -> tuple[list[str], list[str]]:
+    """The targets and workloads of E1's classic plan (shipped as plans/classic.toml), the
+    default of `vmtax run` without a plan file."""
+    text = resources.files("vmtax").joinpath("plans", "classic.toml").read_text()
+    data = tomllib.loads(text)
+    return list(data["targets"]), [w["name"] for w in data["workloads"]]
 
 
 @dataclass
@@ -35,12 +45,8 @@ class WorkloadSpec:
     name: str                     # workload type, e.g. "cpu"
     params: dict[str, Any] = field(default_factory=dict)
 
-    def make(self, time: int | None):
-        cls = workloads.get(self.name)
-        params = dict(self.params)
-        if time is not None and cls.time_param and cls.time_param not in params:
-            params[cls.time_param] = time
-        return cls(params)
+    def make(self, time: int | None) -> Workload:
+        return workloads.get(self.name).make(self.params, time, strict=False)
 
 
 @dataclass
@@ -81,7 +87,13 @@ class Plan:
         elif self.baseline not in names:
             raise VmtaxError(f"baseline {self.baseline!r} is not one of the targets ({', '.join(names)})")
         for w in self.workloads:
-            w.make(self.time)   # validates the name
+            w.make(self.time)   # validates the name and the parameters
+        for t in self.targets:
+            # Stored as the plugin reads them: "2" from the command line becomes 2.
+            built = plugin.build(targets.get(t.kind).Options, t.options, t.name, strict=False,
+                                 kind=t.kind)
+            dumped = built.model_dump(by_alias=True, mode="json")
+            t.options = {k: dumped[k] for k in t.options}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,42 +105,48 @@ class Plan:
                    **{k: v for k, v in data.items() if k not in ("targets", "workloads")})
 
 
-def target_specs(names: list[str], options: dict[str, dict[str, Any]]) -> list[TargetSpec]:
-    """Target specs from names; options[kind] applies to every target of that kind."""
+def target_specs(names: list[str], options: dict[str, list[str]]) -> list[TargetSpec]:
+    """Target specs from names and command-line option values (`--vcpus 2`): each applies
+    to every target whose kind has that option; an option given several times, or as
+    LABEL=VALUE, makes one target per value, NAME@LABEL: `--qemu stock=/usr/bin/qemu-system-
+    x86_64 --qemu patched=/opt/q/bin/qemu-system-x86_64` measures vm@stock and vm@patched
+    in one interleaved plan, to be compared with `vmtax compare`."""
     specs = []
     for name in names:
-        kind, variant_options = targets.parse_name(name)
-        specs.append(TargetSpec(name, kind, {**options.get(kind, {}), **variant_options}))
+        kind, variant = targets.parse_name(name)
+        specs.append(TargetSpec(name, kind, dict(variant)))
+    for key, values in options.items():
+        specs = _apply(specs, key, values)
     return specs
 
 
-def qemu_builds(specs: list[TargetSpec], qemus: list[str]) -> list[TargetSpec]:
-    """Each VM target once per QEMU build: `--qemu stock=/usr/bin/qemu-system-x86_64
-    --qemu patched=/opt/q/bin/qemu-system-x86_64` gives vm@stock and vm@patched, so two
-    builds are measured in one interleaved plan and can be compared (`vmtax compare`)."""
-    if len(qemus) <= 1:
-        return [TargetSpec(s.name, s.kind, {**s.options, "qemu": qemus[0]})
-                if qemus and s.kind == "vm" else s for s in specs]
-    builds = []
-    for i, value in enumerate(qemus, 1):
-        label, sep, path = value.partition("=")
-        builds.append((label, path) if sep and label and path else (str(i), value))
-    labels = [label for label, _ in builds]
+def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetSpec]:
+    labeled = [_label(value, i) for i, value in enumerate(values, 1)]
+    labels = [label for label, _ in labeled]
     if len(set(labels)) != len(labels):
-        raise VmtaxError(f"--qemu labels must be unique, got {', '.join(labels)}")
+        raise VmtaxError(f"--{key.replace('_', '-')} labels must be unique, got "
+                         f"{', '.join(labels)}")
     out = []
     for s in specs:
-        if s.kind != "vm":
+        infos = plugin.option_infos(targets.get(s.kind).Options)
+        option = next((k for k, info in infos.items() if info.field == key), None)
+        if option is None:
             out.append(s)
-            continue
-        out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, "qemu": path})
-                   for label, path in builds)
+        elif len(values) == 1 and "=" not in values[0]:
+            out.append(TargetSpec(s.name, s.kind, {**s.options, option: values[0]}))
+        else:
+            out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, option: value})
+                       for label, value in labeled)
     return out
 
 
-def classic(*, target_names=CLASSIC_TARGETS, workload_names=CLASSIC_WORKLOADS,
-            options: dict[str, dict[str, Any]] | None = None, qemus: list[str] = (),
-            **settings: Any) -> Plan:
-    """E1: the five sysbench workloads with the study's parameters on each target."""
-    return Plan(targets=qemu_builds(target_specs(list(target_names), options or {}), list(qemus)),
+def _label(value: str, index: int) -> tuple[str, str]:
+    label, sep, rest = value.partition("=")
+    return (label, rest) if sep and label and rest else (str(index), value)
+
+
+def from_names(target_names: list[str], workload_names: list[str],
+               options: dict[str, list[str]] | None = None, **settings: Any) -> Plan:
+    """A plan from the command line: targets and workloads by name, with their defaults."""
+    return Plan(targets=target_specs(target_names, options or {}),
                 workloads=[WorkloadSpec(w) for w in workload_names], **settings)

@@ -88,7 +88,7 @@ def slugify(text: str) -> str:
 
 
 def metric_label(row: Row) -> str:
-    return row.metric if row.unit in row.metric else f"{row.metric} ({row.unit})"
+    return row.label if row.unit in row.metric else f"{row.label} ({row.unit})"
 
 
 def _finite(x: float | None) -> bool:
@@ -214,7 +214,7 @@ def sweeps(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     groups: dict[tuple[str, str], list[Row]] = {}
     for row in summary.rows:
         if row.params:
-            groups.setdefault((row.workload, row.metric), []).append(row)
+            groups.setdefault((row.workload, row.key), []).append(row)
     colors = target_colors(summary)
     charts = []
     for (workload, metric), rows in groups.items():

@@ -90,7 +90,7 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         if previous is not None and group != previous:
             table.add_section()
         table.add_row(escape(row.workload + (f"\n{params}" if params else "")) if group != previous else "",
-                      f"{row.metric}{'' if row.unit == row.metric else f' ({row.unit})'} "
+                      f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
                       f"{'↑' if row.higher_is_better else '↓'}",
                       *[cell_text(row.cells.get(t)) for t in summary.targets])
         previous = group

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Protocol
 
 from vmtax import __version__, analysis, host, proc, stats, targets as target_registry
-from vmtax.errors import ParseError, VmtaxError
+from vmtax.errors import VmtaxError
 from vmtax.journal import Journal
 from vmtax.plan import Plan
 from vmtax.store import Store
-from vmtax.targets.base import Job, JobResult, Target, TargetContext
-from vmtax.workloads.base import Metric, Workload
+from vmtax.targets.base import Target, TargetContext
+from vmtax.types import Job, JobResult, Metric
+from vmtax.workloads.base import Workload
 
 
 class Reporter(Protocol):
@@ -71,6 +72,12 @@ def _failure(result: JobResult, job: Job) -> str:
     return f"exit status {result.exit_code}: {tail[0][:300]}"
 
 
+def _primary(workload: Workload, metrics: list[Metric]) -> list[float]:
+    """The primary metric's value of one repetition (its first, when it has dimensions)."""
+    name = workload.primary_metric()
+    return [m.value for m in metrics if m.name == name][:1]
+
+
 class Runner:
     def __init__(self, plan: Plan, store: Store, reporter: Reporter | None = None,
                  resume: str | None = None, journal: Journal | None = None):
@@ -85,9 +92,13 @@ class Runner:
 
     # -- the plan --------------------------------------------------------------------------
     def execute(self) -> str:
-        work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=self.store.dir))
+        # Absolute: runtimes resolve paths from their own working directories, and a
+        # relative one once made runc fail and the container fall back to unshare.
+        work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=self.store.dir.resolve()))
         self.journal.add(type="rmtree", path=str(work_dir))
-        ctx = TargetContext(work_dir=work_dir, journal=self.journal)
+        made = [w.make(self.plan.time) for w in self.plan.workloads]
+        binaries = tuple(sorted({b for w in made for b in w.binaries}))
+        ctx = TargetContext(work_dir=work_dir, journal=self.journal, binaries=binaries)
         done = self._already_done()
         status = "failed"
         try:
@@ -99,6 +110,8 @@ class Runner:
                 self.targets[spec.name] = target
                 target.prepare()
                 target.pause()
+                for warning in target.warnings:
+                    self.reporter.warn(f"{spec.name}: {warning}")
             # Stored only once every target is up: bad input leaves no empty run behind.
             if self.resume_id:
                 self.run_id = self.resume_id
@@ -107,9 +120,10 @@ class Runner:
                 self.run_id = self.store.new_run(self.plan.to_dict(), host.fingerprint(),
                                                  __version__)
             for name, target in self.targets.items():
-                self.store.set_target(self.run_id, name, target.kind, target.fingerprint())
-            for wspec in self.plan.workloads:
-                self._run_workload(wspec.make(self.plan.time), units, done)
+                self.store.set_target(self.run_id, name, target.kind,
+                                      {**target.fingerprint(), "bare_host": target.bare_host})
+            for workload in made:
+                self._run_workload(workload, units, done)
             status = "done"
         except KeyboardInterrupt:
             status = "interrupted"
@@ -126,7 +140,7 @@ class Runner:
     def _store_flags(self) -> None:
         summary = analysis.summarize_run(self.store.load_run(self.run_id))
         self.store.set_flags(self.run_id, [
-            (target, row.workload, row.params, row.metric, flag)
+            (target, row.workload, row.params, row.key, flag)
             for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
 
     def _already_done(self) -> set[tuple]:
@@ -174,7 +188,7 @@ class Runner:
             if (r.target in values and r.phase == "measure" and r.workload == workload.name
                     and r.params == workload.params):
                 attempts[r.target] += 1
-                values[r.target] += [m.value for m in r.metrics if m.name == workload.primary_metric]
+                values[r.target] += _primary(workload, r.metrics)
         rounds = 0
         while True:
             need = [t for t in active if t not in self.broken and attempts[t] < plan.max_runs
@@ -188,7 +202,7 @@ class Runner:
                 metrics = self._measure(name, workload, workload.run_job(), "measure", idx,
                                         workload.parse)
                 attempts[name] += 1
-                values[name] += [m.value for m in metrics if m.name == workload.primary_metric]
+                values[name] += _primary(workload, metrics)
             rounds += 1
 
     # -- one job ---------------------------------------------------------------------------
@@ -238,8 +252,8 @@ class Runner:
             try:
                 metrics = parse(result.stdout)
                 status = "ok"
-            except ParseError as exc:
-                status, error = "failed", f"unparseable output: {exc}"
+            except Exception as exc:   # any parser failure fails this repetition, not the plan
+                status, error = "failed", f"unparseable output: {str(exc)[:300]}"
         if error:
             self.reporter.warn(f"{name} · {workload.name} · {phase} {idx + 1}: {error}")
         if store:

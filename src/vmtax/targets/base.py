@@ -1,7 +1,7 @@
-"""The contract every target follows: prepare, run jobs, clean up, describe itself.
+"""The contract every target kind follows: options, prepare, run jobs, clean up, describe.
 
-A target is where a workload runs (the host, a container, a QEMU guest). The runner
-only talks to targets through this interface, so a new target is one new module.
+A target is where a workload runs (the host, a container, a QEMU guest). The runner only
+talks to targets through this interface, so a new kind is one new module.
 """
 
 from __future__ import annotations
@@ -11,29 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-
-@dataclass
-class Job:
-    """One command to run inside a target."""
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    timeout: float = 600.0
-    # Run in the target's scratch directory (on a real disk) instead of "/".
-    in_scratch: bool = False
-
-
-@dataclass
-class JobResult:
-    exit_code: int | None          # None when the job was killed at its timeout
-    stdout: str
-    stderr: str
-    host_elapsed: float            # seconds, measured by the host around the job
-    guest_elapsed: float | None = None  # seconds, measured by the target's own clock
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+from vmtax import plugin
+from vmtax.types import Job, JobResult
 
 
 @dataclass
@@ -41,18 +20,70 @@ class TargetContext:
     """What targets share within one invocation of vmtax."""
     work_dir: Path                   # private temporary directory of this invocation
     journal: Any                     # vmtax.journal.Journal: host changes to undo
+    # Host programs the plan's workloads need inside the target (their declared binaries).
+    binaries: tuple[str, ...] = ()
     image: Any = None                # vmtax.image.GuestImage, built lazily
 
 
-class Target(abc.ABC):
-    kind: ClassVar[str]              # "native", "container", "vm"
-    # Options a user may set ("vcpus", "accel", ...) with their defaults.
-    option_defaults: ClassVar[dict[str, Any]] = {}
+class Target(plugin.Plugin, abc.ABC):
+    group = "target"
+    # The option a name's variant sets: `container:runc` sets runtime = "runc".
+    variant_option: ClassVar[str | None] = None
+    # The bare host: results against it may call a "faster than" win suspicious.
+    bare_host: ClassVar[bool] = False
+    # Seconds from prepare() to the first job, for plan estimates.
+    startup_seconds: ClassVar[float] = 0.0
 
-    def __init__(self, name: str, options: dict[str, Any], ctx: TargetContext):
-        self.name = name
-        self.options = {**self.option_defaults, **options}
+    def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
+        self.name = name             # the target's name in the plan; the kind is type(self).name
+        self.options = options
         self.ctx = ctx
+        # What the user must hear about how it was set up (a runtime auto passed over).
+        self.warnings: list[str] = []
+
+    @property
+    def kind(self) -> str:
+        return type(self).name
+
+    # -- what the kind is ----------------------------------------------------------------
+
+    @classmethod
+    def variants(cls) -> dict[str, str | None]:
+        """Variant -> why this host cannot run it (None: it can). Default: the choices of
+        the variant option."""
+        if cls.variant_option is None:
+            return {}
+        info = plugin.option_infos(cls.Options)[cls.variant_option]
+        return {str(c): None for c in info.choices}
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this host cannot run the kind at all (None: it can)."""
+        return None
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        """Everything `vmtax list targets --json` shows."""
+        return {"name": cls.name, "description": cls.description,
+                "available": cls.unavailable() is None, "why_not": cls.unavailable(),
+                "variant_option": cls.variant_option,
+                "variants": [{"name": f"{cls.name}:{v}", "available": why is None,
+                              "why_not": why} for v, why in cls.variants().items()],
+                "options": cls.options_json()}
+
+    # -- what it needs from the host, before anything runs -------------------------------
+
+    @classmethod
+    def host_hugepages(cls, options: plugin.Options) -> dict[str, int]:
+        """Host huge pages (size -> count) the target holds while it is up."""
+        return {}
+
+    @classmethod
+    def workload_hugepages(cls, options: plugin.Options) -> int | None:
+        """2 MiB huge pages a workload can allocate inside it; None: the host's free ones."""
+        return None
+
+    # -- lifecycle -----------------------------------------------------------------------
 
     @abc.abstractmethod
     def prepare(self) -> None:
@@ -84,5 +115,5 @@ class Target(abc.ABC):
         self.prepare()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()

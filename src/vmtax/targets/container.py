@@ -3,8 +3,9 @@
 Every target gets a private writable copy of the cached rootfs (the cache is never
 modified), so `/work` inside the container is a directory on the host's disk. Each job
 runs in a fresh container with its own pid, mount, network (loopback only), uts and ipc
-namespaces. A runtime is one small class below; `RUNTIMES` lists them and `AUTO_ORDER`
-says which one plain `container` picks.
+namespaces. A runtime is a plugin of its own (group "container-runtime"): the built-in ones
+are below, others live in their own modules; `auto_rank` says which one plain `container`
+picks first.
 
 `cpus` confines a container to host CPUs: an OCI runtime gets them as its cgroup cpuset
 (linux.resources.cpu.cpus); where there is no cgroup to put them in (unshare, crun with its
@@ -26,11 +27,15 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Annotated, Any, Callable, ClassVar
 
-from vmtax import host, proc, rootfs
+from pydantic import AfterValidator
+
+from vmtax import host, plugin, proc, rootfs
 from vmtax.errors import TargetError, VmtaxError
-from vmtax.targets.base import Job, JobResult, Target, TargetContext
+from vmtax.option_types import HostCpus, Programs
+from vmtax.targets.base import Target, TargetContext
+from vmtax.types import Job, JobResult
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESPACES = ("pid", "mount", "net", "uts", "ipc")
@@ -55,13 +60,26 @@ def job_cwd(job: Job) -> str:
     return "/work" if job.in_scratch else "/"
 
 
+# Real-time budget of a container's cgroup where the kernel schedules real-time tasks per
+# cgroup (CONFIG_RT_GROUP_SCHED, cgroup v1): a new cgroup gets none, so SCHED_FIFO fails
+# ("Unable to change scheduling policy") even with CAP_SYS_NICE. Half of every second, as
+# the host's default leaves 95% to its own real-time tasks.
+RT_GROUP_FILE = "/sys/fs/cgroup/cpu/cpu.rt_runtime_us"
+RT_RUNTIME_US, RT_PERIOD_US = 500_000, 1_000_000
+
+
 def oci_config(job: Job, root: Path, cpus: list[int] | None = None) -> dict[str, Any]:
     """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo,
-    on the host CPUs `cpus` (a cpuset) when given."""
-    caps = list(CAPABILITIES)
+    on the host CPUs `cpus` (a cpuset) when given, with the capabilities it asks for."""
+    caps = [*CAPABILITIES, *(c for c in job.capabilities if c not in CAPABILITIES)]
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    cpu: dict[str, Any] = {}
     if cpus:
-        resources["cpu"] = {"cpus": ",".join(map(str, sorted(cpus)))}
+        cpu["cpus"] = ",".join(map(str, sorted(cpus)))
+    if "CAP_SYS_NICE" in job.capabilities and os.path.exists(RT_GROUP_FILE):
+        cpu.update(realtimeRuntime=RT_RUNTIME_US, realtimePeriod=RT_PERIOD_US)
+    if cpu:
+        resources["cpu"] = cpu
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -128,10 +146,34 @@ class Launch:
     cgroups: list[str] | None = None
 
 
-class Runtime(abc.ABC):
+class Runtime(plugin.Plugin, abc.ABC):
     """One way of starting a container; `home` holds the rootfs copy and runtime state."""
-    name: ClassVar[str]
+    group = "container-runtime"
     install: ClassVar[str]          # how to get it, for the "not installed" error
+    # Order in which `runtime = "auto"` tries runtimes (lowest first); None: never picked.
+    auto_rank: ClassVar[int | None] = None
+
+    @classmethod
+    def locate(cls) -> str:
+        """The runtime's executable; raises VmtaxError saying how to get it."""
+        found = shutil.which(cls.name)
+        if found is None:
+            raise VmtaxError(f"{cls.name} is not installed ({cls.install})")
+        return found
+
+    @classmethod
+    def host_note(cls) -> str:
+        """A remark for `vmtax doctor` on how the runtime fares on this host ("; ...")."""
+        return ""
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this host cannot use the runtime (None: it may; the probe has the last word)."""
+        try:
+            cls.locate()
+        except VmtaxError as exc:
+            return str(exc)
+        return None
 
     def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
         self.binary = binary
@@ -169,7 +211,10 @@ class Runtime(abc.ABC):
 
 class Unshare(Runtime):
     name = "unshare"
+    description = "util-linux unshare(1): namespaces only, no cgroups, no OCI runtime"
     install = "apt-get install util-linux"
+    packages = ("util-linux",)
+    auto_rank = 3
 
     def setup_root(self) -> None:
         # unshare mounts only /proc, so the copy's own /dev carries the device nodes.
@@ -235,7 +280,10 @@ class OciRuntime(Runtime):
 
 class Runc(OciRuntime):
     name = "runc"
+    description = "runc, the OCI reference runtime (Docker's and containerd's default)"
     install = "apt-get install runc"
+    packages = ("runc",)
+    auto_rank = 1
 
 
 _CLONE_NEWNS = 0x00020000
@@ -260,7 +308,17 @@ def _hide_cgroup2() -> None:
 
 class Crun(OciRuntime):
     name = "crun"
+    description = "crun, the OCI runtime in C (podman's default)"
     install = "apt-get install crun"
+    packages = ("crun",)
+    auto_rank = 2
+
+    @classmethod
+    def host_note(cls) -> str:
+        if host.cgroup_layout() != "hybrid":
+            return ""
+        return ("; crun refuses this hybrid cgroup layout, vmtax works around it (a private "
+                "mount namespace hiding the cgroup2 mount, --cgroup-manager=disabled)")
 
     def adapt(self, failure: str) -> bool:
         if "hybrid mode not supported" in failure and not self.cgroup_workaround:
@@ -276,48 +334,80 @@ class Crun(OciRuntime):
         return _hide_cgroup2 if self.cgroup_workaround else None
 
 
-RUNTIMES: dict[str, type[Runtime]] = {r.name: r for r in (Unshare, Runc, Crun)}
-AUTO_ORDER = ("runc", "crun", "unshare")
+def runtimes() -> dict[str, type[Runtime]]:
+    return plugin.plugins(Runtime.group)  # type: ignore[return-value]
+
+
+def auto_order() -> list[str]:
+    ranked = [(cls.auto_rank, name) for name, cls in runtimes().items()
+              if cls.auto_rank is not None]
+    return [name for _, name in sorted(ranked)]
+
+
+def _known_runtime(value: str) -> str:
+    if value != "auto" and value not in runtimes():
+        raise ValueError("unknown runtime")
+    return value
+
+
+Runtime_ = Annotated[str, AfterValidator(_known_runtime), plugin.Expect(
+    lambda: "one of " + ", ".join(f'"{n}"' for n in ["auto", *runtimes()]))]
+
+
+class ContainerOptions(plugin.Options):
+    runtime: Runtime_ = plugin.option(
+        "auto", "How containers start: auto takes the first usable of runc, crun, unshare")
+    binaries: Programs = plugin.option(
+        [], "Host programs to carry into the rootfs beside those the workloads need")
+    cpus: HostCpus | None = plugin.option(
+        None, "Host CPUs the container may run on (a cpuset); none: all")
 
 
 class ContainerTarget(Target):
-    kind = "container"
-    option_defaults = {"runtime": "auto", "binaries": ["sysbench"], "cpus": None}
+    name = "container"
+    description = ("The host's own binaries in fresh Linux namespaces (pid, mount, net, uts, "
+                   "ipc), one container per job, started by a container runtime")
+    Options = ContainerOptions
+    variant_option = "runtime"
+    startup_seconds = 0.5
 
-    def __init__(self, name: str, options: dict[str, Any], ctx: TargetContext):
+    def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)
-        cpus = self.options["cpus"]
-        usable = os.sched_getaffinity(0)
-        if cpus is not None and not (cpus and set(cpus) <= usable):
-            raise VmtaxError(f"{name}: cpus: expected host CPUs vmtax may use ("
-                             + ", ".join(map(str, sorted(usable))) + f"), got {cpus!r}")
+        self.opts: ContainerOptions = options  # type: ignore[assignment]
         self.runtime: Runtime | None = None
         self.dir: Path | None = None
         self._fingerprint: dict[str, Any] | None = None
         self._dir_token: int | None = None
         # container id -> journal tokens: remove its cgroups, then (undone first) delete it
         self._undo: dict[str, list[int]] = {}
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._alive = True
 
-    def candidates(self) -> list[tuple[str, str]]:
+    @classmethod
+    def variants(cls) -> dict[str, str | None]:
+        return {name: runtime.unavailable() for name, runtime in runtimes().items()}
+
+    def candidates(self) -> list[tuple[type[Runtime], str]]:
         """(runtime, binary) pairs to try in order; raises if an explicit one is missing."""
-        wanted = self.options["runtime"]
-        if wanted == "auto":
-            found = [(name, shutil.which(name)) for name in AUTO_ORDER]
-            found = [(name, binary) for name, binary in found if binary]
-            if not found:
-                raise VmtaxError(f"{self.name}: none of {', '.join(AUTO_ORDER)} is installed "
-                                 f"(apt-get install runc)")
-            return found
-        if wanted not in RUNTIMES:
-            raise VmtaxError(f"{self.name}: unknown container runtime {wanted!r} "
-                             f"(choose from auto, {', '.join(RUNTIMES)})")
-        binary = shutil.which(wanted)
-        if binary is None:
-            raise VmtaxError(f"{self.name}: {wanted} is not installed "
-                             f"({RUNTIMES[wanted].install})")
-        return [(wanted, binary)]
+        wanted = self.opts.runtime
+        if wanted != "auto":
+            cls = runtimes()[wanted]
+            try:
+                return [(cls, cls.locate())]
+            except VmtaxError as exc:
+                raise VmtaxError(f"{self.name}: {exc}") from None
+        found = []
+        for name in auto_order():
+            cls = runtimes()[name]
+            why = cls.unavailable()
+            if why is None:
+                found.append((cls, cls.locate()))
+            else:
+                self.warnings.append(f"runtime {name} passed over: {why}")
+        if not found:
+            raise VmtaxError(f"{self.name}: none of {', '.join(auto_order())} is installed "
+                             f"(apt-get install runc)")
+        return found
 
     def probe(self, runtime: Runtime) -> str | None:
         """Run a trivial container; None if it worked, else why not (one line)."""
@@ -337,26 +427,27 @@ class ContainerTarget(Target):
         if self.runtime is not None:
             return
         candidates = self.candidates()
-        source = rootfs.build(self.options["binaries"])
+        source = rootfs.build([*self.ctx.binaries, *self.opts.binaries])
         self.dir = Path(self.ctx.work_dir) / f"container-{uuid.uuid4().hex[:8]}"
         self._dir_token = self.ctx.journal.add(type="rmtree", path=str(self.dir))
         failures = []
         try:
             self.dir.mkdir(parents=True)
             shutil.copytree(source, self.dir / "rootfs", symlinks=True)
-            for name, binary in candidates:
-                runtime = RUNTIMES[name](binary, self.dir, self.options["cpus"])
+            for cls, binary in candidates:
+                runtime = cls(binary, self.dir, self.opts.cpus)
                 error = self.probe(runtime)
                 if error is None:
                     self.runtime = runtime
                     break
-                failures.append(f"{name}: {error}")
+                failures.append(f"{cls.name}: {error}")
         except BaseException:
             self.cleanup()
             raise
         if self.runtime is None:
             self.cleanup()
             raise VmtaxError(f"{self.name}: no usable container runtime ({'; '.join(failures)})")
+        self.warnings += [f"runtime {f} (passed over)" for f in failures]
         self._fingerprint = {
             "kind": self.kind,
             "runtime": self.runtime.name,
@@ -364,7 +455,7 @@ class ContainerTarget(Target):
             "namespaces": list(NAMESPACES),
             "rootfs": source.name,
             "cgroup_workaround": self.runtime.cgroup_workaround,
-            "cpus": self.options["cpus"],
+            "cpus": self.opts.cpus,
             "cpu_placement": self.runtime.placement(),
         }
 

@@ -8,14 +8,17 @@ import shutil
 import tempfile
 from typing import Any
 
-from vmtax import proc
-from vmtax.targets.base import Job, JobResult, Target
+from vmtax import plugin, proc
+from vmtax.targets.base import Target, TargetContext
+from vmtax.types import Job, JobResult
 
 
 class NativeTarget(Target):
-    kind = "native"
+    name = "native"
+    description = "The bare host: the baseline every other target is compared with"
+    bare_host = True
 
-    def __init__(self, name, options, ctx):
+    def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)
         self.scratch: str | None = None
         self._token: int | None = None
@@ -41,4 +44,4 @@ class NativeTarget(Target):
             self._token = None
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"kind": "native", "kernel": platform.release()}
+        return {"kind": self.kind, "bare_host": True, "kernel": platform.release()}

@@ -28,12 +28,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from vmtax import host, hugepages, proc
+from vmtax import host, hugepages, plugin, proc
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.image import AGENT_PORT, GuestImage
-from vmtax.targets.base import Job, JobResult, Target
+from vmtax.option_types import (ExistingFile, HostCpus, NonEmpty, Program, Programs, Seconds,
+                                Size)
+from vmtax.targets.base import Target, TargetContext
+from vmtax.types import Job, JobResult
 
 # Host-side grace beyond a job's own timeout before the guest is declared hung: the agent
 # kills the job at its timeout itself, this covers decoding and sending the output back.
@@ -306,40 +309,62 @@ def read_result(channel: Channel, job_id: int, deadline: float) -> AgentResult:
 GUEST_MIN_FREE = 256 << 20
 
 
-def option_problems(options: dict[str, Any]) -> list[tuple[str, str]]:
-    """(option, what it should be) for each option that does not fit the others; the plan
-    file reports them at their lines, VmTarget refuses the first."""
-    problems = []
-    memory = parse_size(options["memory"])
-    size = options["hugepages"]
-    if size is not None and size not in hugepages.SIZES:
-        problems.append(("hugepages", 'one of "2M", "1G", "none"'))
-    elif size is not None and memory % hugepages.SIZES[size]:
-        problems.append(("memory", f"a whole number of {hugepages.label(size)} huge pages "
-                                   f'(hugepages = "{size}")'))
-    guest = options["guest_hugepages"]
-    most = max(0, (memory - GUEST_MIN_FREE) // hugepages.GUEST_PAGE)
-    if not isinstance(guest, int) or guest < 0:
-        problems.append(("guest_hugepages", "a whole number of at least 0"))
-    elif guest > most:
-        problems.append(("guest_hugepages", f"at most {most} 2 MiB pages, which leaves the "
-                         f"guest {GUEST_MIN_FREE >> 20} MiB of its memory "
-                         f"({options['memory']}); or more memory"))
-    args = options["kernel_args"]
-    if args is not None and not (isinstance(args, str) and args.isprintable()):
-        problems.append(("kernel_args", "arguments on one line"))
-    pin, vcpus = options["pin"], int(options["vcpus"])
-    if pin is not None:
-        usable = os.sched_getaffinity(0)
-        if len(pin) != vcpus:
-            problems.append(("pin", f"one host CPU per vCPU (vcpus = {vcpus})"))
-        elif len(set(pin)) != len(pin) or not set(pin) <= usable:
-            problems.append(("pin", "distinct host CPUs vmtax may use ("
-                             + ", ".join(map(str, sorted(usable))) + ")"))
-        elif options["icount"] and vcpus > 1:
-            problems.append(("pin", "no pinning of several vCPUs with icount (TCG then runs "
-                                    "them all in one thread)"))
-    return problems
+class VmOptions(plugin.Options):
+    qemu: Program = plugin.option(
+        "qemu-system-x86_64", "QEMU binary (any build); --qemu LABEL=PATH, repeated, "
+        "measures several builds side by side as vm@LABEL", cli=True)
+    accel: Literal["auto", "kvm", "tcg"] = plugin.option(
+        "auto", "Acceleration; auto uses KVM only where it really runs a vCPU", cli=True)
+    machine: Literal["microvm", "q35"] = plugin.option("microvm", "QEMU machine type", cli=True)
+    vcpus: int = plugin.option(2, "Virtual CPUs", unit="vCPUs", ge=1, cli=True)
+    memory: Size = plugin.option("1G", "Guest memory", unit="bytes", cli=True)
+    cpu: NonEmpty | None = plugin.option(None, "QEMU CPU model; none: host under KVM, "
+                                         "max under TCG")
+    kernel: ExistingFile | None = plugin.option(
+        None, "Guest kernel (vmlinux or bzImage); none: Debian's linux-image-amd64", cli=True)
+    disk_size: Size = plugin.option("4G", "Scratch disk (ext4 on virtio-blk) for "
+                                    "workloads that write files", unit="bytes")
+    boot_timeout: Seconds = plugin.option(60.0, "Give up on a boot after this long",
+                                          unit="s")
+    binaries: Programs = plugin.option(
+        [], "Host programs to carry into the guest beside those the workloads need")
+    # TCG's -icount (e.g. "shift=0,sleep=off"): guest time then follows the instruction
+    # count, not the host clock — a deliberately skewed guest clock.
+    icount: NonEmpty | None = plugin.option(None, "TCG only: QEMU -icount (guest time "
+                                            "from the instruction count)")
+    hugepages: Literal["2M", "1G"] | None = plugin.option(
+        None, "Back guest RAM with host huge pages of this size (reserved for the run)")
+    guest_hugepages: int = plugin.option(0, "2 MiB huge pages the guest kernel reserves at "
+                                         "boot", unit="pages", ge=0)
+    pin: HostCpus | None = plugin.option(None, "Host CPU of each vCPU's thread, in vCPU "
+                                         "order; none: the host scheduler decides")
+    # After vmtax's own, so one of them given again wins (e.g. "mitigations=off", or a
+    # wrong tsc_early_khz for a deliberately skewed clock).
+    kernel_args: NonEmpty | None = plugin.option(
+        None, "Extra guest kernel arguments, after vmtax's own", cli=True)
+
+    def problems(self) -> list[tuple[str, str]]:
+        problems = []
+        memory = parse_size(self.memory)
+        host_memory = hugepages.meminfo().get("MemTotal", 0) << 10
+        if host_memory and memory > host_memory:
+            problems.append(("memory", f"at most the host's memory ({hugepages.human(host_memory)})"))
+        size = self.hugepages
+        if size is not None and memory % hugepages.SIZES[size]:
+            problems.append(("memory", f"a whole number of {hugepages.label(size)} huge pages "
+                                       f'(hugepages = "{size}")'))
+        most = max(0, (memory - GUEST_MIN_FREE) // hugepages.GUEST_PAGE)
+        if self.guest_hugepages > most:
+            problems.append(("guest_hugepages", f"at most {most} 2 MiB pages, which leaves the "
+                             f"guest {GUEST_MIN_FREE >> 20} MiB of its memory "
+                             f"({self.memory}); or more memory"))
+        if self.pin is not None:
+            if len(self.pin) != self.vcpus:
+                problems.append(("pin", f"one host CPU per vCPU (vcpus = {self.vcpus})"))
+            elif self.icount and self.vcpus > 1:
+                problems.append(("pin", "no pinning of several vCPUs with icount (TCG then "
+                                        "runs them all in one thread)"))
+        return problems
 
 
 # --- the target ---------------------------------------------------------------------------
@@ -377,38 +402,42 @@ class _Running:
 
 class VmTarget(Target):
     kind = "vm"
-    option_defaults = {
-        "qemu": "qemu-system-x86_64",
-        "accel": "auto",
-        "machine": "microvm",
-        "vcpus": 2,
-        "memory": "1G",
-        "cpu": None,            # host under KVM, max under TCG
-        "kernel": None,         # Debian's kernel
-        "disk_size": "4G",
-        "boot_timeout": 60.0,
-        "binaries": ["sysbench"],
-        # TCG's -icount (e.g. "shift=0,sleep=off"): guest time then follows the instruction
-        # count, not the host clock — a deliberately skewed guest clock.
-        "icount": None,
-        "hugepages": None,      # "2M" | "1G": guest RAM on host huge pages of that size
-        "guest_hugepages": 0,   # 2 MiB pages the guest kernel reserves at boot
-        "pin": None,            # host CPU of each vCPU's thread, in vCPU order
-        # Extra guest kernel arguments after vmtax's own, so one of them given again wins
-        # (e.g. "mitigations=off", or a wrong tsc_early_khz for a deliberately skewed clock).
-        "kernel_args": None,
-    }
+    name = "vm"
+    description = ("A QEMU guest (KVM or TCG, any QEMU build) booting Debian's kernel "
+                   "straight into a busybox agent that runs jobs over virtio-serial")
+    Options = VmOptions
+    variant_option = "accel"
+    # Boot to agent ready under TCG, then calibration (measured: 2-5 s here).
+    startup_seconds = 5.0
 
-    def __init__(self, name, options, ctx):
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            find_qemu(plugin.option_infos(VmOptions)["qemu"].default)
+        except VmtaxError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
+    def variants(cls) -> dict[str, str | None]:
+        from vmtax import kvm   # probing runs a tiny vCPU: only when asked
+        status = kvm.probe()
+        return {"kvm": None if status.usable else status.reason, "tcg": None, "auto": None}
+
+    @classmethod
+    def host_hugepages(cls, options: plugin.Options) -> dict[str, int]:
+        opts: VmOptions = options  # type: ignore[assignment]
+        if opts.hugepages is None:
+            return {}
+        return {opts.hugepages: hugepages.pages_needed(parse_size(opts.memory), opts.hugepages)}
+
+    @classmethod
+    def workload_hugepages(cls, options: plugin.Options) -> int | None:
+        return options.guest_hugepages  # type: ignore[attr-defined, no-any-return]
+
+    def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)
-        if self.options["machine"] not in MACHINES:
-            raise VmtaxError(f"unknown machine {self.options['machine']!r}: use "
-                             + " or ".join(MACHINES))
-        problems = option_problems(self.options)
-        if problems:
-            option, expected = problems[0]
-            raise VmtaxError(f"{name}: {option}: expected {expected}, got "
-                             f"{self.options[option]!r}")
+        self.opts: VmOptions = options  # type: ignore[assignment]
         self.boot_seconds: float | None = None
         self.guest_boot_seconds: float | None = None
         self.config: VmConfig | None = None
@@ -429,8 +458,8 @@ class VmTarget(Target):
             return (a is None) == (b is None) and (a is None or Path(a) == Path(b))
 
         image = self.ctx.image
-        if image is None or not same(image.kernel_arg, self.options["kernel"]):
-            image = GuestImage(self.options["binaries"], self.options["kernel"])
+        if image is None or not same(image.kernel_arg, self.opts.kernel):
+            image = GuestImage([*self.ctx.binaries, *self.opts.binaries], self.opts.kernel)
             if self.ctx.image is None:
                 self.ctx.image = image
         return image
@@ -438,24 +467,24 @@ class VmTarget(Target):
     def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str,
                 mem_path: Path | None = None) -> VmConfig:
         # Cheap checks first: a missing QEMU should not wait for a kernel download.
-        qemu = find_qemu(self.options["qemu"])
-        accel = resolve_accel(self.options["accel"])
+        qemu = find_qemu(self.opts.qemu)
+        accel = resolve_accel(self.opts.accel)
         image = self.image()
-        machine = self.options["machine"]
+        machine = self.opts.machine
         return VmConfig(
             qemu=qemu, accel=accel, machine=machine,
-            cpu=self.options["cpu"] or ("host" if accel == "kvm" else "max"),
-            vcpus=int(self.options["vcpus"]), memory=str(self.options["memory"]),
+            cpu=self.opts.cpu or ("host" if accel == "kvm" else "max"),
+            vcpus=self.opts.vcpus, memory=self.opts.memory,
             kernel=image.kernel(), initramfs=image.initramfs(),
             append=self._cmdline(image),
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
             console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache,
-            icount=self.options["icount"] if accel == "tcg" else None,
-            hugepages=self.options["hugepages"], mem_path=mem_path)
+            icount=self.opts.icount if accel == "tcg" else None,
+            hugepages=self.opts.hugepages, mem_path=mem_path)
 
     def _cmdline(self, image: GuestImage) -> str:
-        return kernel_cmdline(self.options["machine"], host_tsc_khz(), image.kernel_info().hz,
-                              int(self.options["guest_hugepages"]), self.options["kernel_args"])
+        return kernel_cmdline(self.opts.machine, host_tsc_khz(), image.kernel_info().hz,
+                              self.opts.guest_hugepages, self.opts.kernel_args)
 
     # -- lifecycle --
 
@@ -486,7 +515,7 @@ class VmTarget(Target):
         if mkfs is None:
             raise VmtaxError("mkfs.ext4 is not installed; install e2fsprogs")
         with open(disk, "wb") as f:
-            f.truncate(parse_size(self.options["disk_size"]))
+            f.truncate(parse_size(self.opts.disk_size))
         # Inode tables and journal are zeroed here, so no lazy-init thread runs in the guest
         # while it is measured.
         done = proc.run([mkfs, "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
@@ -503,7 +532,7 @@ class VmTarget(Target):
             run.proc = proc.spawn(qemu_argv(cfg), stdin=subprocess.DEVNULL,
                                   stdout=qemu_log, stderr=qemu_log)
         run.tokens.append(self.ctx.journal.process(run.proc.pid))
-        deadline = start + float(self.options["boot_timeout"])
+        deadline = start + self.opts.boot_timeout
         try:
             sock = self._accept(deadline)
             run.channel = Channel(sock, self._check_running)
@@ -514,8 +543,8 @@ class VmTarget(Target):
         self.boot_seconds = time.monotonic() - start
         # The guest's own uptime at READY: boot_seconds minus this is QEMU's share.
         self.guest_boot_seconds = float(line.split()[2])
-        if self.options["pin"] is not None:
-            self._pin(self.options["pin"])
+        if self.opts.pin is not None:
+            self._pin(self.opts.pin)
         mounted = self.run(Job(["/bin/sh", "/vmtax/disk", DISK_DEVICE, SCRATCH], timeout=60))
         if not mounted.ok:
             raise TargetError(f"{self.name}: mounting the scratch disk in the guest failed: "
@@ -528,10 +557,10 @@ class VmTarget(Target):
 
     def _reserve_hugepages(self) -> Path | None:
         """Host huge pages for guest RAM, before QEMU starts; the hugetlbfs to put it on."""
-        size = self.options["hugepages"]
+        size = self.opts.hugepages
         if size is None:
             return None
-        pages = hugepages.pages_needed(parse_size(self.options["memory"]), size)
+        pages = hugepages.pages_needed(parse_size(self.opts.memory), size)
         problem = hugepages.capacity_problem({size: pages})
         if problem:
             raise VmtaxError(f"{self.name}: hugepages = {size}: {problem}")
@@ -546,11 +575,11 @@ class VmTarget(Target):
         if not result.ok or not found:
             raise TargetError(f"{self.name}: no HugePages_Total in the guest's /proc/meminfo")
         self.guest_hugepages_granted = int(found[1])
-        wanted = int(self.options["guest_hugepages"])
+        wanted = self.opts.guest_hugepages
         if self.guest_hugepages_granted < wanted:
             raise TargetError(f"{self.name}: the guest kernel reserved only "
                               f"{self.guest_hugepages_granted} of guest_hugepages = {wanted} "
-                              f"2 MiB pages; give it more memory than {self.options['memory']}")
+                              f"2 MiB pages; give it more memory than {self.opts.memory}")
 
     def _pin(self, cpus: list[int]) -> None:
         """vCPU i's thread on host CPU cpus[i]; QEMU's other threads off those CPUs."""
@@ -590,7 +619,7 @@ class VmTarget(Target):
         run_dir = self.config.console_log.parent
         code = self._run.proc.poll() if self._run.proc else None
         what = (f"QEMU exited with status {code}" if code is not None
-                else f"no agent READY within {float(self.options['boot_timeout']):g} s")
+                else f"no agent READY within {float(self.opts.boot_timeout):g} s")
         details = _tail(run_dir / "qemu.log", 3)
         console = _tail(self.config.console_log)
         hints = []
@@ -700,37 +729,37 @@ class VmTarget(Target):
 
     def qemu_version(self) -> str:
         if self._qemu_version is None:
-            out = proc.run([find_qemu(self.options["qemu"]), "--version"], timeout=30)
+            out = proc.run([find_qemu(self.opts.qemu), "--version"], timeout=30)
             self._qemu_version = (out.stdout.splitlines() or ["unknown"])[0].strip()
         return self._qemu_version
 
     def fingerprint(self) -> dict[str, Any]:
         cfg = self.config
         image = self.image()
-        accel = cfg.accel if cfg else resolve_accel(self.options["accel"])
-        size = self.options["hugepages"]
+        accel = cfg.accel if cfg else resolve_accel(self.opts.accel)
+        size = self.opts.hugepages
         host_pages = {"size": None, "requested": 0, "granted": 0}
         if size:
             host_pages = {"size": size, "requested": hugepages.pages_needed(
-                parse_size(self.options["memory"]), size), "granted": self.host_hugepages_granted}
+                parse_size(self.opts.memory), size), "granted": self.host_hugepages_granted}
         return {
-            "kind": "vm",
-            "qemu": find_qemu(self.options["qemu"]),
+            "kind": self.kind,
+            "qemu": find_qemu(self.opts.qemu),
             "qemu_version": self.qemu_version(),
             "accel": accel,
-            "machine": self.options["machine"],
-            "cpu": self.options["cpu"] or ("host" if accel == "kvm" else "max"),
-            "vcpus": int(self.options["vcpus"]),
-            "memory": str(self.options["memory"]),
+            "machine": self.opts.machine,
+            "cpu": self.opts.cpu or ("host" if accel == "kvm" else "max"),
+            "vcpus": self.opts.vcpus,
+            "memory": self.opts.memory,
             "icount": cfg.icount if cfg else None,
             "job_overhead_s": self.job_overhead,
             "disk_cache": cfg.disk_cache if cfg else None,
             "append": cfg.append if cfg else self._cmdline(image),
             # Requested and granted on each side: E5's precondition, kept with the results.
             "host_hugepages": host_pages,
-            "guest_hugepages": {"requested": int(self.options["guest_hugepages"]),
+            "guest_hugepages": {"requested": self.opts.guest_hugepages,
                                 "granted": self.guest_hugepages_granted},
-            "pin": self.options["pin"],
+            "pin": self.opts.pin,
             "vcpu_affinity": self.vcpu_affinity,
             **image.fingerprint(),
         }

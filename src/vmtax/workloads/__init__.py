@@ -1,26 +1,18 @@
-"""Workload registry: every workload name a plan may use."""
+"""Workloads: every module of this package may define some (see vmtax.plugin)."""
 
 from __future__ import annotations
 
-from vmtax.errors import VmtaxError
-from vmtax.workloads.base import Metric, Workload
-from vmtax.workloads import sysbench
+from vmtax import plugin
+from vmtax.workloads.base import Workload
 
 
-def _workloads_of(module) -> dict[str, type[Workload]]:
-    return {obj.name: obj for obj in vars(module).values()
-            if isinstance(obj, type) and issubclass(obj, Workload) and "name" in vars(obj)}
-
-
-WORKLOADS: dict[str, type[Workload]] = {**_workloads_of(sysbench)}
+def registered() -> dict[str, type[Workload]]:
+    """Workload name -> class, built-in and third-party."""
+    return plugin.plugins(Workload.group)  # type: ignore[return-value]
 
 
 def get(name: str) -> type[Workload]:
-    try:
-        return WORKLOADS[name]
-    except KeyError:
-        raise VmtaxError(f"unknown workload {name!r}; known workloads: "
-                         + ", ".join(WORKLOADS)) from None
+    return plugin.get(Workload.group, name)  # type: ignore[return-value]
 
 
-__all__ = ["Metric", "Workload", "WORKLOADS", "get"]
+__all__ = ["Workload", "get", "registered"]

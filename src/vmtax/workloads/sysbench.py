@@ -17,12 +17,20 @@ headed "response time:" / "per-request statistics:" with "ms"-suffixed values an
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any
+import shutil
+import subprocess
+from typing import Annotated, Any, Callable, Literal
 
-from vmtax.errors import ParseError, VmtaxError
-from vmtax.targets.base import Job
-from vmtax.workloads.base import Metric, Workload
+from pydantic import BeforeValidator
+
+from vmtax import hugepages, plugin
+from vmtax.errors import ParseError
+from vmtax.types import Job, Metric, MetricSpec
+from vmtax.workloads.base import Workload
+
+MetricOf = Callable[[str, float], Metric]
 
 # sysbench's own --time default, in force when a plan sets no time.
 SYSBENCH_DEFAULT_TIME = 10
@@ -31,6 +39,8 @@ SYSBENCH_DEFAULT_TIME = 10
 MUTEX_TIMEOUT = 600.0
 # fileio cleanup only unlinks the test files.
 CLEANUP_TIMEOUT = 120.0
+# Rate at which fileio's prepare step writes its files, for plan estimates (90-280 here).
+PREPARE_MIB_S = 150.0
 
 _OPTION_NAME = re.compile(r"[a-z][a-z0-9-]*")
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
@@ -89,7 +99,7 @@ def _find(lines: list[str], regex: re.Pattern[str], what: str,
     return found[0] if found else None
 
 
-def _latency(lines: list[str]) -> list[Metric]:
+def _latency(lines: list[str], metric: MetricOf) -> list[Metric]:
     header = _find(lines, _LATENCY_HEADER, "latency header")
     values: dict[str, Metric] = {}
     for line in lines[lines.index(header.string) + 1:]:
@@ -99,10 +109,10 @@ def _latency(lines: list[str]) -> list[Metric]:
             name = f"latency {m[1]}"
             value = _number(m[2], name, "ms")
             if m[1] != "sum":   # the sum of all latencies is not a latency itself
-                values[name] = Metric(name, value, "ms", False)
+                values[name] = metric(name, value)
         elif m := _LATENCY_PCT.fullmatch(line):
             name = f"latency p{m[1]}"
-            values[name] = Metric(name, _number(m[2], name, "ms"), "ms", False)
+            values[name] = metric(name, _number(m[2], name, "ms"))
         elif not _LATENCY_NO_PCT.fullmatch(line):
             raise ParseError(f"unexpected line in the latency block: {line!r}")
     missing = [k for k in ("min", "avg", "max") if f"latency {k}" not in values]
@@ -117,7 +127,8 @@ FAIRNESS = ("fairness events stddev", "fairness time stddev")
 class _Report:
     """The report every sysbench test ends with: general statistics, latency, fairness."""
 
-    def __init__(self, stdout: str):
+    def __init__(self, stdout: str, metric: MetricOf):
+        self.metric = metric
         self.lines = _lines(stdout)
         lines = self.lines
         self.total_time = _number(_find(lines, _TOTAL_TIME, "total time")[1], "total time", "s")
@@ -127,26 +138,26 @@ class _Report:
         self.total_events = int(events)
         if self.total_events == 0:
             raise ParseError("sysbench ran no events (total number of events: 0)")
-        self.latency = _latency(lines)
+        self.latency = _latency(lines, metric)
         events_sd, time_sd = FAIRNESS
-        self.fairness = [self._stddev(_FAIR_EVENTS, "events (avg/stddev)", events_sd, "events"),
-                         self._stddev(_FAIR_TIME, "execution time (avg/stddev)", time_sd, "s")]
+        self.fairness = [self._stddev(_FAIR_EVENTS, "events (avg/stddev)", events_sd),
+                         self._stddev(_FAIR_TIME, "execution time (avg/stddev)", time_sd)]
 
-    def _stddev(self, regex: re.Pattern[str], what: str, name: str, unit: str) -> Metric:
+    def _stddev(self, regex: re.Pattern[str], what: str, name: str) -> Metric:
         m = _find(self.lines, regex, what)
         _number(m[1], f"{what} average")
-        return Metric(name, _number(m[2], f"{what} stddev"), unit, False)
+        return self.metric(name, _number(m[2], f"{what} stddev"))
 
     def metrics(self) -> list[Metric]:
-        return [Metric("total events", float(self.total_events), "events", True),
-                Metric("total time", self.total_time, "s", False),
+        return [self.metric("total events", float(self.total_events)),
+                self.metric("total time", self.total_time),
                 *self.latency, *self.fairness]
 
 
-def _rate(value: float, name: str, unit: str) -> Metric:
+def _positive(value: float, name: str) -> float:
     if value <= 0:
         raise ParseError(f"{name} is {value:g}: the run measured no throughput")
-    return Metric(name, value, unit, True)
+    return value
 
 
 def _arg(key: str, value: Any) -> str:
@@ -159,33 +170,93 @@ def _arg(key: str, value: Any) -> str:
     return f"--{key}={text}"
 
 
-def _size_mib(value: Any) -> float:
-    """A sysbench SIZE option ("2G", "512m", 1048576) in MiB."""
-    m = _SIZE.fullmatch(str(value).strip())
-    if not m:
-        raise VmtaxError(f"fileio: file-total-size {value!r} is not a size like 2G or 512M")
-    return (int(m[1]) << _SIZE_SHIFT[m[2].lower()]) / 2**20
+def _bytes(value: str) -> int:
+    """A sysbench SIZE option ("2G", "512m", "1048576") in bytes."""
+    m = _SIZE.fullmatch(value.strip())
+    if m is None:
+        raise ValueError(f"{value!r} is not a size")
+    return int(m[1]) << _SIZE_SHIFT[m[2].lower()]
+
+
+@functools.cache
+def _host_options(test: str) -> frozenset[str]:
+    """Options the host's sysbench lists for a test (targets run the host's binary)."""
+    if shutil.which("sysbench") is None:
+        return frozenset()
+    done = subprocess.run(["sysbench", test, "help"], capture_output=True, text=True,
+                          timeout=30)
+    return frozenset(re.findall(r"^\s+--([a-z][a-z0-9-]*)", done.stdout, re.MULTILINE))
+
+
+# -- options -------------------------------------------------------------------------------
+
+def _on_off(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+def _size_text(value: Any) -> Any:
+    # sysbench takes a byte count or a number with a unit suffix.
+    if type(value) is int and value >= 0:
+        return str(value)
+    if isinstance(value, str) and _SIZE.fullmatch(value):
+        return value
+    raise ValueError("not a size")
+
+
+OnOff = Annotated[Literal["on", "off"], BeforeValidator(_on_off),
+                  plugin.Expect('"on", "off", true or false')]
+SysbenchSize = Annotated[str, BeforeValidator(_size_text),
+                         plugin.Expect('a size like "8K" or "1G", or a number of bytes')]
+
+
+def _option(default: Any, doc: str, key: str, **kw: Any) -> Any:
+    return plugin.option(default, doc, alias=key, **kw)
+
+
+class SysbenchOptions(plugin.Options):
+    """sysbench's general options, shared by every test (`sysbench --help`)."""
+    threads: int | None = plugin.option(None, "Worker threads (sysbench's default: 1)",
+                                        unit="threads", ge=1)
+    time: int | None = plugin.option(None, "Stop after this long (sysbench --time); the "
+                                     "plan's time fills it", unit="s", ge=1)
+    events: int | None = plugin.option(None, "Stop after this many events (0: no limit)",
+                                       unit="events", ge=0)
+    rate: int | None = plugin.option(None, "Average transaction rate (0: unlimited)",
+                                     unit="events/s", ge=0)
+    # Only the 95th: the manifest's "latency p95"; 0 turns the percentile off.
+    percentile: Literal[0, 95] | None = plugin.option(None, "Latency percentile to report "
+                                                      "(0: none)")
+    rand_type: Literal["uniform", "gaussian", "special", "pareto"] | None = _option(
+        None, "Random numbers distribution", "rand-type")
+    rand_seed: int | None = _option(None, "Seed of the random number generator (0: time)",
+                                    "rand-seed", ge=0)
+    thread_stack_size: SysbenchSize | None = _option(None, "Stack size of each thread",
+                                                     "thread-stack-size")
 
 
 class _Sysbench(Workload):
     binaries = ("sysbench",)
-    time_param = "time"
-    spread_metrics = frozenset(FAIRNESS)
-
-    def __init__(self, params: dict[str, Any] | None = None):
-        super().__init__(params)
-        for key, value in self.params.items():
-            if not isinstance(key, str) or not _OPTION_NAME.fullmatch(key):
-                raise VmtaxError(f"{self.name}: {key!r} is not a sysbench option name")
-            if not isinstance(value, (bool, int, float, str)) or value == "":
-                raise VmtaxError(f"{self.name}: option {key} needs one number, word or "
-                                 f"on/off, got {value!r}")
-        time = self.params.get("time")
-        # sysbench 1.0 rejects a fractional --time ("Invalid value for the 'time' option").
-        if time is not None and (isinstance(time, (bool, str)) or time < 1
-                                 or not float(time).is_integer()):
-            raise VmtaxError(f"{self.name}: sysbench --time takes a whole number of seconds "
-                             f"(1 or more), got {time!r}")
+    packages = ("sysbench",)
+    time_option = "time"
+    Options = SysbenchOptions
+    # Metrics every test reports; each test adds its throughput metrics in front.
+    common_metrics = (
+        MetricSpec("total events", "events", True, "Events completed", secondary=True),
+        MetricSpec("total time", "s", False, "Wall time sysbench reports", secondary=True),
+        # Printed in 0.01 ms steps: mostly rounding, so kept out of the verdicts.
+        MetricSpec("latency min", "ms", False, "Fastest event"),
+        MetricSpec("latency avg", "ms", False, "Mean event latency", group="latency"),
+        MetricSpec("latency max", "ms", False, "Slowest event: the clearest sign of "
+                   "preemption by the host", group="latency"),
+        MetricSpec("latency p95", "ms", False, "95th percentile of event latency",
+                   group="latency"),
+        MetricSpec("fairness events stddev", "events", False, "Spread of events per thread",
+                   secondary=True, spread=True),
+        MetricSpec("fairness time stddev", "s", False, "Spread of run time per thread",
+                   secondary=True, spread=True),
+    )
 
     def _argv(self, options: dict[str, Any], command: str) -> list[str]:
         return ["sysbench", self.name, *(_arg(k, options[k]) for k in sorted(options)), command]
@@ -195,9 +266,10 @@ class _Sysbench(Workload):
         # (500 threads yielding, fileio's final fsync of every file) and exits; under TCG
         # start-up and that tail take seconds. Three times the run plus a minute covers
         # both without letting a hung guest hold the plan up for long.
-        if self.time_param is None:
+        time = self.params.get("time")
+        if time is None and self.time_option is None:
             return MUTEX_TIMEOUT
-        return float(self.params.get("time", SYSBENCH_DEFAULT_TIME)) * 3 + 60
+        return float(time or SYSBENCH_DEFAULT_TIME) * 3 + 60
 
     def _run_options(self) -> dict[str, Any]:
         return self.params
@@ -206,70 +278,179 @@ class _Sysbench(Workload):
         return Job(argv=self._argv(self._run_options(), "run"), timeout=self._run_timeout())
 
     def parse(self, stdout: str) -> list[Metric]:
-        report = _Report(stdout)
+        report = _Report(stdout, self.metric)
         return [*self._throughput(report), *report.metrics()]
 
     def _throughput(self, report: _Report) -> list[Metric]:
         return []
 
+    def host_problems(self) -> list[tuple[str, str]]:
+        # Options a sysbench build may lack: named as such, not as a typo.
+        known = _host_options(self.name)
+        if not known:
+            return []
+        return [(key, f"an option the host's sysbench has (its `sysbench {self.name} help` "
+                      f"has no --{key}: {why})")
+                for key, why in BUILD_OPTIONS.items() if key in self.params and key not in known]
+
+
+# Options a sysbench build may lack, and why.
+BUILD_OPTIONS = {
+    "memory-hugetlb": "it was built without large-page support (HAVE_LARGE_PAGES, Linux "
+                      "only); Debian's 1.0.20 has it",
+}
+
+
+class CpuOptions(SysbenchOptions):
+    cpu_max_prime: int = _option(2000, "Search primes up to this number", "cpu-max-prime",
+                                 ge=3)
+
 
 class Cpu(_Sysbench):
     name = "cpu"
-    primary_metric = "events/s"
     description = "Prime-number search: events/s is raw CPU speed; max latency shows preemption."
-    defaults = {"cpu-max-prime": 2000}
+    Options = CpuOptions
+    metrics = (MetricSpec("events/s", "events/s", True, "Prime searches per second",
+                          group="CPU", primary=True), *_Sysbench.common_metrics)
 
     def _throughput(self, report: _Report) -> list[Metric]:
         eps = _find(report.lines, _CPU_EPS, "events per second")[1]
-        return [_rate(_number(eps, "events per second"), "events/s", "events/s")]
+        return [self.metric("events/s", _positive(_number(eps, "events per second"),
+                                                  "events/s"))]
+
+
+class ThreadsOptions(SysbenchOptions):
+    threads: int = plugin.option(500, "Worker threads", unit="threads", ge=1)
+    thread_yields: int = _option(100, "Yields per lock request", "thread-yields", ge=0)
+    thread_locks: int = _option(4, "Locks per thread", "thread-locks", ge=1)
 
 
 class Threads(_Sysbench):
     name = "threads"
-    primary_metric = "events/s"
     description = "500 threads yielding and taking locks: scheduler and futex cost."
-    defaults = {"threads": 500, "thread-yields": 100, "thread-locks": 4}
+    Options = ThreadsOptions
+    metrics = (MetricSpec("events/s", "events/s", True, "Events per second (derived from "
+                          "total events and time)", group="threads/scheduling", primary=True),
+               *_Sysbench.common_metrics)
 
     def _throughput(self, report: _Report) -> list[Metric]:
         # sysbench prints no rate for this test; the study compared events in a fixed time.
         if report.total_time <= 0:
             raise ParseError("total time is 0 s: no events/s can be derived")
-        return [_rate(report.total_events / report.total_time, "events/s", "events/s")]
+        return [self.metric("events/s", _positive(report.total_events / report.total_time,
+                                                  "events/s"))]
+
+
+class MemoryOptions(SysbenchOptions):
+    memory_block_size: SysbenchSize = _option("8k", "Size of the block each event moves",
+                                              "memory-block-size")
+    memory_total_size: SysbenchSize = _option("1G", "Data moved in all", "memory-total-size")
+    memory_scope: Literal["global", "local"] | None = _option(
+        None, "One buffer for all threads, or one each", "memory-scope")
+    memory_hugetlb: OnOff | None = _option(
+        None, "Allocate the buffers from huge pages (the target must reserve them)",
+        "memory-hugetlb")
+    memory_oper: Literal["read", "write", "none"] | None = _option(
+        None, "Memory operation", "memory-oper")
+    memory_access_mode: Literal["seq", "rnd"] | None = _option(
+        None, "Memory access pattern", "memory-access-mode")
 
 
 class Memory(_Sysbench):
     name = "memory"
-    primary_metric = "MiB/s"
     description = "Writes 1 GiB in 8 KiB blocks: memory bandwidth (MiB/s) and operations/s."
-    defaults = {"memory-block-size": "8k", "memory-total-size": "1G"}
+    Options = MemoryOptions
+    metrics = (MetricSpec("MiB/s", "MiB/s", True, "Memory bandwidth", group="memory",
+                          primary=True),
+               MetricSpec("ops/s", "ops/s", True, "Block operations per second",
+                          group="memory"),
+               *_Sysbench.common_metrics)
+
+    def hugepages_needed(self) -> tuple[int, str]:
+        if self.params.get("memory-hugetlb") != "on":
+            return 0, ""
+        local = self.params.get("memory-scope") == "local"
+        buffers = int(self.params.get("threads") or 1) if local else 1
+        block = self.params["memory-block-size"]
+        pages = hugepages.sysbench_pages(_bytes(block), buffers)
+        each = f"{buffers} threads' buffers of" if local else "a buffer of"
+        return pages, (f'memory-hugetlb = "on" with {each} "{block}" takes {pages} 2 MiB huge '
+                       "pages (sysbench rounds each up by up to 4 MiB)")
 
     def _throughput(self, report: _Report) -> list[Metric]:
         ops = _find(report.lines, _MEM_OPS, "total operations")
         _number(ops[1], "total operations")
-        metrics = [_rate(_number(ops[2], "operations per second"), "ops/s", "ops/s")]
+        metrics = [self.metric("ops/s", _positive(_number(ops[2], "operations per second"),
+                                                  "ops/s"))]
         # With --memory-oper=none sysbench moves no data and prints no transfer line.
-        moves_data = str(self.params.get("memory-oper", "write")) != "none"
+        moves_data = self.params.get("memory-oper", "write") != "none"
         transfer = _find(report.lines, _MEM_TRANSFER, "MiB transferred", required=moves_data)
         if transfer:
             _number(transfer[1], "MiB transferred")
-            metrics.insert(0, _rate(_number(transfer[2], "MiB/sec"), "MiB/s", "MiB/s"))
+            metrics.insert(0, self.metric("MiB/s", _positive(_number(transfer[2], "MiB/sec"),
+                                                             "MiB/s")))
         return metrics
+
+
+class FileioOptions(SysbenchOptions):
+    # E1 creates the files with 16 threads and measures with 20. sysbench has a single
+    # --threads, so the prepare step's count is the one option that is not sysbench's;
+    # prepare and cleanup pass it as --threads.
+    threads: int = plugin.option(20, "Threads of the measured run", unit="threads", ge=1)
+    prepare_threads: int = _option(16, "Threads that create the files", "prepare-threads",
+                                   unit="threads", ge=1)
+    file_total_size: SysbenchSize = _option("2G", "Size of all test files together",
+                                            "file-total-size")
+    file_test_mode: Literal["seqwr", "seqrewr", "seqrd", "rndrd", "rndwr", "rndrw"] = _option(
+        "rndrw", "I/O pattern", "file-test-mode")
+    file_num: int | None = _option(None, "Number of files", "file-num", ge=1)
+    file_block_size: SysbenchSize | None = _option(None, "Block size of each I/O",
+                                                   "file-block-size")
+    file_io_mode: Literal["sync", "async", "mmap"] | None = _option(
+        None, "File operations mode", "file-io-mode")
+    file_async_backlog: int | None = _option(None, "Asynchronous operations per thread",
+                                             "file-async-backlog", ge=1)
+    file_extra_flags: Literal["sync", "dsync", "direct"] | None = _option(
+        None, "Extra flags to open files with", "file-extra-flags")
+    file_fsync_freq: int | None = _option(None, "fsync() after this many requests (0: never)",
+                                          "file-fsync-freq", ge=0)
+    file_fsync_all: OnOff | None = _option(None, "fsync() after every write",
+                                           "file-fsync-all")
+    file_fsync_end: OnOff | None = _option(None, "fsync() at the end of the test",
+                                           "file-fsync-end")
+    file_fsync_mode: Literal["fsync", "fdatasync"] | None = _option(
+        None, "How to synchronize", "file-fsync-mode")
+    file_merged_requests: int | None = _option(None, "Merge at most this many requests "
+                                               "(0: do not merge)", "file-merged-requests",
+                                               ge=0)
+    file_rw_ratio: float | None = _option(None, "Reads per write in combined tests",
+                                          "file-rw-ratio", gt=0)
 
 
 class Fileio(_Sysbench):
     name = "fileio"
-    primary_metric = "reads/s"
     description = ("Random read/write over 2 GiB of files: I/O operations and MiB/s, "
                    "plus the write speed of creating the files.")
-    # E1 creates the files with 16 threads and measures with 20. sysbench has a single
-    # --threads, so the prepare step's count is the one parameter that is not an option
-    # name; prepare and cleanup pass it as --threads.
-    defaults = {"file-total-size": "2G", "file-test-mode": "rndrw",
-                "prepare-threads": 16, "threads": 20}
+    Options = FileioOptions
+    metrics = (MetricSpec("reads/s", "reads/s", True, "Read requests per second",
+                          group="disk I/O", primary=True),
+               MetricSpec("writes/s", "writes/s", True, "Write requests per second",
+                          group="disk I/O"),
+               MetricSpec("fsyncs/s", "fsyncs/s", True, "fsync calls per second",
+                          group="disk I/O"),
+               MetricSpec("read MiB/s", "MiB/s", True, "Read throughput", group="disk I/O"),
+               MetricSpec("written MiB/s", "MiB/s", True, "Write throughput",
+                          group="disk I/O"),
+               MetricSpec("prepare MiB/s", "MiB/s", True, "Speed of creating the files "
+                          "(the prepare step)", group="disk I/O"),
+               *_Sysbench.common_metrics)
 
-    def __init__(self, params: dict[str, Any] | None = None):
-        super().__init__(params)
-        self._size_mib = _size_mib(self.params["file-total-size"])
+    def __init__(self, options: plugin.Options):
+        super().__init__(options)
+        self._size_mib = _bytes(self.params["file-total-size"]) / 2**20
+
+    def prepare_seconds(self) -> float:
+        return self._size_mib / PREPARE_MIB_S
 
     def _files_job(self, command: str, timeout: float) -> Job:
         # Same file options as the run (size, count, block size must match, or the run
@@ -301,7 +482,8 @@ class Fileio(_Sysbench):
         m = _find(lines, _PREPARE, "bytes written")
         _number(m[1], "bytes written")
         _number(m[2], "seconds")
-        return [_rate(_number(m[3], "prepare MiB/sec"), "prepare MiB/s", "MiB/s")]
+        return [self.metric("prepare MiB/s", _positive(_number(m[3], "prepare MiB/sec"),
+                                                       "prepare MiB/s"))]
 
     def _throughput(self, report: _Report) -> list[Metric]:
         values = {name: _number(_find(report.lines, regex, name)[1], name)
@@ -310,13 +492,22 @@ class Fileio(_Sysbench):
         for name in _FILE_MODE_RATES.get(mode, ("reads/s", "writes/s")):
             if values[name] <= 0:
                 raise ParseError(f"{name} is 0 in {mode} mode: the run did no such I/O")
-        return [Metric(name, value, "MiB/s" if "MiB" in name else name, True)
-                for name, value in values.items()]
+        return [self.metric(name, value) for name, value in values.items()]
+
+
+class MutexOptions(SysbenchOptions):
+    threads: int = plugin.option(4, "Worker threads", unit="threads", ge=1)
+    mutex_num: int = _option(2000, "Mutexes in the array", "mutex-num", ge=1)
+    mutex_locks: int = _option(10000, "Locks per thread", "mutex-locks", ge=1)
+    mutex_loops: int = _option(5000, "Empty loops between locks", "mutex-loops", ge=0)
 
 
 class Mutex(_Sysbench):
     name = "mutex"
-    primary_metric = "total time"
     description = "4 threads hammering 2000 mutexes: lock cost, read from total time and latency."
-    defaults = {"threads": 4, "mutex-num": 2000, "mutex-locks": 10000, "mutex-loops": 5000}
-    time_param = None
+    Options = MutexOptions
+    # Runs to completion: the time it takes is the result.
+    time_option = None
+    metrics = tuple(MetricSpec(s.name, s.unit, s.higher_is_better, s.doc,
+                               group="threads/scheduling", primary=True)
+                    if s.name == "total time" else s for s in _Sysbench.common_metrics)

@@ -1,0 +1,77 @@
+"""The data that flows between vmtax's parts: jobs, their results, metrics.
+
+This module imports nothing of vmtax, so plugins, the runner and the store can all share
+it without import cycles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass
+class Job:
+    """One command to run inside a target."""
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 600.0
+    # Run in the target's scratch directory (on a real disk) instead of "/".
+    in_scratch: bool = False
+    # Linux capabilities beyond a container's default set the command needs
+    # ("CAP_SYS_NICE" for a real-time priority); targets that drop capabilities add them.
+    capabilities: tuple[str, ...] = ()
+
+
+@dataclass
+class JobResult:
+    exit_code: int | None          # None when the job was killed at its timeout
+    stdout: str
+    stderr: str
+    host_elapsed: float            # seconds, measured by the host around the job
+    guest_elapsed: float | None = None  # seconds, measured by the target's own clock
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured value. `dimensions` tell apart values of one metric within a
+    repetition: {"percentile": "99"}, {"job": "randread"}, {"reason": "HLT"}."""
+    name: str
+    value: float
+    unit: str
+    higher_is_better: bool
+    dimensions: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value):
+            raise ValueError(f"metric {self.name}: {self.value} is not a finite number")
+
+    @property
+    def key(self) -> str:
+        """The name with its dimensions: `latency[percentile=99]`."""
+        if not self.dimensions:
+            return self.name
+        dims = ",".join(f"{k}={v}" for k, v in sorted(self.dimensions.items()))
+        return f"{self.name}[{dims}]"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric a workload declares it produces (its manifest entry)."""
+    name: str
+    unit: str
+    higher_is_better: bool
+    doc: str = ""
+    # The class of performance it speaks for in the report's verdicts ("CPU", "memory",
+    # "disk I/O", "network", "threads/scheduling", "latency"); None keeps it out of them.
+    group: str | None = None
+    primary: bool = False      # decides adaptive repetition; the headline of its workload
+    secondary: bool = False    # shown only on request (totals a fixed time sets, spreads)
+    spread: bool = False       # a spread, not a speed: less than native is no clock artefact
+    dimensions: tuple[str, ...] = ()   # the dimension names its values carry
