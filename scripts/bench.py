@@ -26,7 +26,7 @@ VMTAX = [sys.executable, "-m", "vmtax"]
 
 def native_overhead(pairs: int, seconds: int) -> None:
     print(f"1. vmtax native vs direct sysbench cpu, {pairs} interleaved pairs of {seconds} s")
-    direct_argv = Cpu({"time": seconds}).run_job().argv
+    direct_argv = Cpu.make({"time": seconds}).run_job().argv
     ratios = []
     with tempfile.TemporaryDirectory() as results:
         for i in range(pairs):
@@ -37,7 +37,7 @@ def native_overhead(pairs: int, seconds: int) -> None:
             rows = json.loads(out)["summary"]["rows"]
             via = next(r for r in rows if r["metric"] == "events/s")["cells"]["native"]["summary"]["median"]
             direct_out = subprocess.run(direct_argv, capture_output=True, text=True, check=True).stdout
-            direct = next(m.value for m in Cpu().parse(direct_out) if m.name == "events/s")
+            direct = next(m.value for m in Cpu.make({}).parse(direct_out) if m.name == "events/s")
             ratios.append(via / direct)
             print(f"   pair {i + 1}: vmtax {via:10.2f}  direct {direct:10.2f}  ratio {via / direct:.4f}")
     median = statistics.median(ratios)

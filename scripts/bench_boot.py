@@ -13,19 +13,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vmtax import kvm
+from vmtax import kvm, targets
 from vmtax.errors import VmtaxError
 from vmtax.image import GuestImage
 from vmtax.journal import Journal
 from vmtax.targets.base import TargetContext
-from vmtax.targets.vm import VmTarget
 
 
 def boots(accel: str, runs: int, options: dict, ctx: TargetContext) -> list[tuple[float, float]]:
     """(host-measured boot, guest uptime at READY) for each boot."""
     results = []
     for _ in range(runs):
-        target = VmTarget(f"vm:{accel}", {**options, "accel": accel}, ctx)
+        target = targets.create(f"vm:{accel}", "vm", {**options, "accel": accel}, ctx)
         try:
             target.prepare()
             results.append((target.boot_seconds, target.guest_boot_seconds))
@@ -49,10 +48,11 @@ def main() -> int:
     parser.add_argument("--kernel", default=None)
     parser.add_argument("--qemu", default="qemu-system-x86_64")
     args = parser.parse_args()
-    options = {"machine": args.machine, "kernel": args.kernel, "qemu": args.qemu}
+    options = {k: v for k, v in {"machine": args.machine, "kernel": args.kernel,
+                                 "qemu": args.qemu}.items() if v is not None}
     with tempfile.TemporaryDirectory(prefix="vmtax-bench-", dir="/var/tmp") as tmp:
         journal = Journal(Path(tmp))
-        ctx = TargetContext(work_dir=Path(tmp), journal=journal,
+        ctx = TargetContext(work_dir=Path(tmp), journal=journal, binaries=("sysbench",),
                             image=GuestImage(["sysbench"], args.kernel))
         try:
             ctx.image.initramfs()

@@ -72,12 +72,12 @@ def clock_flag(store: Store) -> None:
              ("normal TCG guest", ("vm:tcg",), {}),
              # One vCPU: with two, icount's fixed shift hangs the guest's SMP bring-up.
              ("TCG guest with -icount shift=0,sleep=off (guest time = instruction count)",
-              ("vm:tcg",), {"vm": {"icount": "shift=0,sleep=off", "vcpus": 1}})]
+              ("vm:tcg",), {"icount": ["shift=0,sleep=off"], "vcpus": ["1"]})]
     khz = host.tsc_khz()
     if khz:
         cases.append(("TCG guest told its TSC runs at twice its real rate (guest clock at "
                       "half speed)", ("vm:tcg",),
-                      {"vm": {"kernel_args": f"tsc_early_khz={2 * khz}"}}))
+                      {"kernel_args": [f"tsc_early_khz={2 * khz}"]}))
     for label, targets, options in cases:
         try:
             run = store.load_run(stored_run(store, cpu, targets, options, runs=2, time=2))

@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
-# Installs what vmtax needs on a Debian 12 host: the workload and hypervisor
-# packages from Debian, and vmtax itself in a virtual environment (.venv).
-# Idempotent and quiet when everything is already there.
+# Installs what vmtax needs on a Debian 12 host: Python and the packages vmtax itself uses,
+# vmtax in a virtual environment (.venv), then the Debian packages its plugins declare
+# (`vmtax list packages`: QEMU, sysbench, fio, OCI runtimes, ...), so a new plugin's
+# packages need no edit here. Idempotent and quiet when everything is already there.
+#   bootstrap.sh          everything (root: installs Debian packages)
+#   bootstrap.sh --venv   only .venv, no root, no apt (make test-unit, make lint)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(
-  qemu-system-x86 qemu-utils sysbench fio busybox-static crun runc
-  linux-perf kmod cpio xz-utils e2fsprogs util-linux procps
-  python3 python3-venv python3-pip
-  chromium fonts-dejavu-core
-)
-missing=()
-for p in "${DEBS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
+apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
   echo "bootstrap: installing Debian packages: ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
     echo "bootstrap: need root to install packages; run: sudo apt-get install ${missing[*]}" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  if [ -z "${APT_UPDATED:-}" ]; then
+    apt-get update -qq
+    APT_UPDATED=1
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+}
+
+venv_only=false
+[ "${1:-}" = "--venv" ] && venv_only=true
+
+# What vmtax's core needs (the report's headless browser among them).
+$venv_only || apt_install python3 python3-venv python3-pip procps linux-perf chromium fonts-dejavu-core
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -36,3 +43,7 @@ if ! cmp -s pyproject.toml .venv/.pyproject.installed; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
   cp pyproject.toml .venv/.pyproject.installed
 fi
+
+$venv_only && exit 0
+mapfile -t plugin_packages < <(.venv/bin/vmtax list packages)
+apt_install "${plugin_packages[@]}"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from vmtax import journal
+from vmtax import targets
 from vmtax.journal import Journal
 from vmtax.targets.base import Job, TargetContext
-from vmtax.targets.container import ContainerTarget
 
 pytestmark = [
     pytest.mark.live,
@@ -61,8 +61,9 @@ def target(request, tmp_path_factory):
         pytest.skip(f"{name} is not installed")
     base = tmp_path_factory.mktemp(f"container-{name}")
     (base / "journal").mkdir()
-    ctx = TargetContext(work_dir=base / "work", journal=Journal(base / "journal"))
-    target = ContainerTarget(f"container:{name}", {"runtime": name}, ctx)
+    ctx = TargetContext(work_dir=base / "work", journal=Journal(base / "journal"),
+                        binaries=("sysbench",))
+    target = targets.create(f"container:{name}", "container", {"runtime": name}, ctx)
     target.prepare()
     yield target
     target.cleanup()
@@ -128,12 +129,12 @@ CRASHING_VMTAX = """
 import sys
 from pathlib import Path
 from vmtax import journal
+from vmtax import targets
 from vmtax.journal import Journal
 from vmtax.targets.base import Job, TargetContext
-from vmtax.targets.container import ContainerTarget
 base = Path(sys.argv[2])
-target = ContainerTarget("container:" + sys.argv[1], {"runtime": sys.argv[1]},
-                         TargetContext(base / "work", Journal(base / "journal")))
+target = targets.create("container:" + sys.argv[1], "container", {"runtime": sys.argv[1]},
+                         TargetContext(base / "work", Journal(base / "journal"), binaries=("sysbench",)))
 target.prepare()
 print("ready", flush=True)
 target.run(Job(["sleep", "4713"]))
@@ -167,8 +168,9 @@ def test_auto_picks_runc_here(tmp_path):
     if shutil.which("runc") is None:
         pytest.skip("runc is not installed")
     (tmp_path / "journal").mkdir()
-    ctx = TargetContext(work_dir=tmp_path / "work", journal=Journal(tmp_path / "journal"))
-    with ContainerTarget("container", {}, ctx) as target:
+    ctx = TargetContext(work_dir=tmp_path / "work", journal=Journal(tmp_path / "journal"),
+                        binaries=("sysbench",))
+    with targets.create("container", "container", {}, ctx) as target:
         fp = target.fingerprint()
         assert target.run(Job(["true"])).ok
     assert fp["runtime"] == "runc" and fp["runtime_version"].startswith("runc version")

@@ -5,13 +5,14 @@ import itertools
 
 import pytest
 
-from vmtax import plan as plan_mod, workloads
+from vmtax import plan as plan_mod, plugin
 from vmtax.errors import ParseError
 from vmtax.runner import Runner
 from vmtax.store import Store
 from vmtax.targets import vm
 from vmtax.targets.base import Job
-from vmtax.workloads.base import Metric, Workload
+from vmtax.types import MetricSpec
+from vmtax.workloads.base import Workload
 
 pytestmark = pytest.mark.live
 
@@ -22,7 +23,7 @@ class FreezeOnce(Workload):
     the agent never answers — what a hung guest looks like from the host. The others
     print a number."""
     name = "freeze-once-test"
-    primary_metric = "value"
+    metrics = (MetricSpec("value", "u", True, primary=True),)
     calls = itertools.count()
 
     def run_job(self):
@@ -34,13 +35,13 @@ class FreezeOnce(Workload):
 
     def parse(self, stdout):
         try:
-            return [Metric("value", float(stdout), "u", True)]
+            return [self.metric("value", float(stdout))]
         except ValueError:
             raise ParseError("no number") from None
 
 
 def test_hung_guest_is_killed_rebooted_and_the_plan_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setitem(workloads.WORKLOADS, FreezeOnce.name, FreezeOnce)
+    monkeypatch.setitem(plugin.registry()["workload"], FreezeOnce.name, FreezeOnce)
     monkeypatch.setattr(vm, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
     warnings = []
 

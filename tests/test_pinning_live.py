@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from vmtax import targets
 from vmtax.journal import Journal
 from vmtax.targets.base import Job, TargetContext
-from vmtax.targets.container import ContainerTarget
-from vmtax.targets.vm import VmTarget
 
 pytestmark = pytest.mark.live
 CPUS = sorted(os.sched_getaffinity(0))
@@ -20,7 +19,8 @@ CPUS = sorted(os.sched_getaffinity(0))
 def ctx(tmp_path):
     (tmp_path / "journal").mkdir()
     (tmp_path / "work").mkdir()
-    return TargetContext(work_dir=tmp_path / "work", journal=Journal(tmp_path / "journal"))
+    return TargetContext(work_dir=tmp_path / "work", journal=Journal(tmp_path / "journal"),
+                         binaries=("sysbench",))
 
 
 def allowed(pid: int, tid: int) -> str:
@@ -33,7 +33,7 @@ def allowed(pid: int, tid: int) -> str:
 def test_pinned_vcpu_threads_have_the_asked_affinity(ctx):
     # Reversed, so vCPU order is seen to matter: vCPU 0 on the last CPU.
     pin = [CPUS[-1], CPUS[0]]
-    target = VmTarget("vm", {"accel": "tcg", "vcpus": 2, "pin": pin, "memory": "256M"}, ctx)
+    target = targets.create("vm", "vm", {"accel": "tcg", "vcpus": 2, "pin": pin, "memory": "256M"}, ctx)
     target.prepare()
     try:
         result = target.run(Job(["sysbench", "cpu", "--threads=2", "--time=1", "run"],
@@ -50,7 +50,7 @@ def test_pinned_vcpu_threads_have_the_asked_affinity(ctx):
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two host CPUs")
 def test_qemus_other_threads_stay_off_the_pinned_cpu(ctx):
-    target = VmTarget("vm", {"accel": "tcg", "vcpus": 1, "pin": [CPUS[-1]], "memory": "256M"},
+    target = targets.create("vm", "vm", {"accel": "tcg", "vcpus": 1, "pin": [CPUS[-1]], "memory": "256M"},
                       ctx)
     target.prepare()
     try:
@@ -70,7 +70,7 @@ def test_container_cpus(ctx, runtime):
     if shutil.which(runtime) is None:
         pytest.skip(f"{runtime} is not installed")
     cpu = CPUS[-1]
-    target = ContainerTarget(f"container:{runtime}", {"runtime": runtime, "cpus": [cpu]}, ctx)
+    target = targets.create(f"container:{runtime}", "container", {"runtime": runtime, "cpus": [cpu]}, ctx)
     target.prepare()
     try:
         result = target.run(Job(["sh", "-c", "grep Cpus_allowed_list /proc/self/status"]))

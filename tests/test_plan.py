@@ -64,9 +64,10 @@ def test_an_option_given_several_times_makes_one_target_per_value():
         ("native", {}),
         ("vm:tcg@stock", {"accel": "tcg", "qemu": "/usr/bin/qemu-system-x86_64"}),
         ("vm:tcg@2", {"accel": "tcg", "qemu": "/usr/bin/qemu-system-x86_64"})]
-    single = classic(target_names=["vm"], options={"qemu": ["/usr/bin/qemu-system-x86_64"]})
+    single = classic(target_names=["vm"], options={"qemu": ["/usr/bin/qemu-system-x86_64"],
+                                                   "kernel_args": ["tsc_early_khz=5"]})
     assert [(t.name, t.options) for t in single.targets] == [
-        ("vm", {"qemu": "/usr/bin/qemu-system-x86_64"})]
+        ("vm", {"qemu": "/usr/bin/qemu-system-x86_64", "kernel_args": "tsc_early_khz=5"})]
     with pytest.raises(VmtaxError, match="--qemu labels must be unique, got a, a"):
         classic(target_names=["vm"], options={"qemu": ["a=/x", "a=/y"]})
     with pytest.raises(VmtaxError, match="qemu: expected an executable program"):

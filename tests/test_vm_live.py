@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from vmtax import targets
 from vmtax.journal import Journal
 from vmtax.targets.base import Job, TargetContext
-from vmtax.targets.vm import VmTarget
 
 pytestmark = pytest.mark.live
 
@@ -22,8 +22,9 @@ def guest(tmp_path_factory):
     base = tmp_path_factory.mktemp("vm-live")
     (base / "journal").mkdir()
     (base / "work").mkdir()
-    ctx = TargetContext(work_dir=base / "work", journal=Journal(base / "journal"))
-    target = VmTarget("vm:tcg", {"accel": "tcg"}, ctx)
+    ctx = TargetContext(work_dir=base / "work", journal=Journal(base / "journal"),
+                         binaries=("sysbench",))
+    target = targets.create("vm:tcg", "vm", {"accel": "tcg"}, ctx)
     target.prepare()
     yield target
     target.cleanup()

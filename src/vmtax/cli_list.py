@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from vmtax import targets, workloads
+from vmtax import plugin, targets, workloads
 
 out = Console(highlight=False)
 
@@ -61,11 +61,17 @@ def _show_workloads(described: list[dict[str, Any]]) -> None:
 
 
 @click.command()
-@click.argument("what", type=click.Choice(["targets", "workloads"]))
+@click.argument("what", type=click.Choice(["targets", "workloads", "packages"]))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def list_command(what: str, as_json: bool) -> None:
     """Every target kind or workload: options (type, unit, default, range), metrics, and
-    whether this host can run each target."""
+    whether this host can run each target; or (packages) the Debian packages all plugins
+    need, one per line, which the set-up script installs."""
+    if what == "packages":
+        needed = sorted({p for group in plugin.registry().values() for cls in group.values()
+                         for p in cls.packages})
+        click.echo(json.dumps(needed) if as_json else "\n".join(needed))
+        return
     plugins = targets.kinds() if what == "targets" else workloads.registered()
     described = [cls.describe() for cls in plugins.values()]
     if as_json:

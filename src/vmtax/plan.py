@@ -107,10 +107,10 @@ class Plan:
 
 def target_specs(names: list[str], options: dict[str, list[str]]) -> list[TargetSpec]:
     """Target specs from names and command-line option values (`--vcpus 2`): each applies
-    to every target whose kind has that option; an option given several times, or as
-    LABEL=VALUE, makes one target per value, NAME@LABEL: `--qemu stock=/usr/bin/qemu-system-
-    x86_64 --qemu patched=/opt/q/bin/qemu-system-x86_64` measures vm@stock and vm@patched
-    in one interleaved plan, to be compared with `vmtax compare`."""
+    to every target whose kind has that option; an option given several times makes one
+    target per value, NAME@LABEL for LABEL=VALUE (else NAME@1, NAME@2...): `--qemu
+    stock=/usr/bin/qemu-system-x86_64 --qemu patched=/opt/q/bin/qemu-system-x86_64`
+    measures vm@stock and vm@patched in one interleaved plan, for `vmtax compare`."""
     specs = []
     for name in names:
         kind, variant = targets.parse_name(name)
@@ -132,7 +132,7 @@ def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetS
         option = next((k for k, info in infos.items() if info.field == key), None)
         if option is None:
             out.append(s)
-        elif len(values) == 1 and "=" not in values[0]:
+        elif len(values) == 1:   # a single value is taken whole: kernel_args = "a=b"
             out.append(TargetSpec(s.name, s.kind, {**s.options, option: values[0]}))
         else:
             out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, option: value})

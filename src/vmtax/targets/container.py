@@ -370,6 +370,7 @@ class ContainerTarget(Target):
     Options = ContainerOptions
     variant_option = "runtime"
     startup_seconds = 0.5
+    packages = ("busybox-static",)   # every container's rootfs is built on it
 
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)

@@ -407,6 +407,8 @@ class VmTarget(Target):
                    "straight into a busybox agent that runs jobs over virtio-serial")
     Options = VmOptions
     variant_option = "accel"
+    # QEMU, and what building the guest's kernel, initramfs and scratch disk takes.
+    packages = ("qemu-system-x86", "qemu-utils", "e2fsprogs", "kmod", "cpio", "xz-utils")
     # Boot to agent ready under TCG, then calibration (measured: 2-5 s here).
     startup_seconds = 5.0
 
