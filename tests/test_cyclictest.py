@@ -269,3 +269,14 @@ def test_live_native_run(params):
     metrics = {m.key: m.value for m in workload.parse(done.stdout)}
     suffix = "[thread=1]" if params.get("threads") else ""
     assert 0 <= metrics["latency min" + suffix] <= metrics["latency max" + suffix]
+
+
+def test_priority_none_runs_with_normal_scheduling_for_sandboxes_without_real_time():
+    w = Cyclictest.make({"priority": "none"})
+    job = w.run_job()
+    assert "-p" not in job.argv and job.capabilities == ()
+    line = "T: 0 (23210) P: 0 I:10000 C:   1000 Min:     75 Act:   83 Avg:  178 Max:     846\n"
+    assert {m.name: m.value for m in w.parse(line)} == {
+        "latency min": 75, "latency avg": 178, "latency max": 846}
+    with pytest.raises(VmtaxError, match='policy: expected "fifo"'):
+        Cyclictest.make({"priority": "none", "policy": "rr"})

@@ -157,7 +157,8 @@ def test_select_modules_phases(monkeypatch, tmp_path):
             "virtio_pci": ["virtio_ring", "virtio", "virtio_pci"],
             "virtio_console": ["virtio_ring", "virtio", "virtio_console"],
             "virtio_blk": ["virtio_ring", "virtio", "virtio_blk"],
-            "crc32c_generic": ["crc32c_generic"], "ext4": ["crc32c_generic", "jbd2", "ext4"]}
+            "crc32c_generic": ["crc32c_generic"], "ext4": ["crc32c_generic", "jbd2", "ext4"],
+            "virtio_net": ["virtio_ring", "virtio", "failover", "net_failover", "virtio_net"]}
     for mods in deps.values():
         for m in mods:
             (root / f"{m}.ko").parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,8 @@ def test_select_modules_phases(monkeypatch, tmp_path):
     assert phases == {
         "boot-mmio": ["virtio_ring.ko", "virtio.ko", "virtio_mmio.ko", "virtio_console.ko"],
         "boot-pci": ["virtio_ring.ko", "virtio.ko", "virtio_pci.ko", "virtio_console.ko"],
-        "disk": ["virtio_blk.ko", "crc32c_generic.ko", "jbd2.ko", "ext4.ko"]}
+        "disk": ["virtio_blk.ko", "crc32c_generic.ko", "jbd2.ko", "ext4.ko"],
+        "net": ["failover.ko", "net_failover.ko", "virtio_net.ko"]}
     assert (tmp_path / "out/ext4.ko").read_text() == "ext4"
 
 

@@ -12,7 +12,7 @@ from vmtax import cli_plan, estimate, option_types, plan, planfile, workloads
 from vmtax.targets import container
 
 VM_OPTIONS = ('qemu, accel, machine, vcpus, memory, cpu, kernel, disk_size, boot_timeout, '
-              'binaries, icount, hugepages, guest_hugepages, pin, kernel_args')
+              'binaries, icount, hugepages, guest_hugepages, pin, kernel_args, network')
 from vmtax.planfile import PlanError
 from vmtax.toml_lines import Locator
 from vmtax.plan import TargetSpec, WorkloadSpec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -64,17 +65,22 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
 @click.command()
 @click.argument("run_id")
 @click.option("--csv", "csv_path", type=click.Path(), metavar="FILE",
-              help="Write CSV to this file.")
+              help="Write CSV to this file (- for stdout).")
 @click.option("--json", "json_path", type=click.Path(), metavar="FILE",
-              help="Write JSON (a list of records) to this file.")
+              help="Write JSON (a list of records) to this file (- for stdout).")
 @results_option
 def export(run_id, csv_path, json_path, results) -> None:
     """Write a run's tidy data: one row per repetition × metric, with every parameter and
     the host and target fingerprints as columns (for pandas, R, spreadsheets)."""
     if not csv_path and not json_path:
         raise click.UsageError("give --csv FILE or --json FILE (or both)")
+    if csv_path == "-" and json_path == "-":
+        raise click.UsageError("only one of --csv and --json can go to stdout (-)")
     run = _load(Store(results), run_id)
     for path, encode in ((csv_path, export_mod.to_csv), (json_path, export_mod.to_json)):
-        if path:
+        if path == "-":   # stdout, for a pipe: nothing else is printed there
+            sys.stdout.buffer.write(encode(run))
+            sys.stdout.flush()
+        elif path:
             export_mod.write_file(path, encode(run))
-            click.echo(f"wrote {path}")
+            click.echo(f"wrote {path}", err=True)

@@ -28,14 +28,16 @@ from typing import BinaryIO, Iterable
 from vmtax import paths, rootfs as rootfs_mod
 from vmtax.errors import VmtaxError
 
-FORMAT = "2"   # bump when the image layout changes, to invalidate caches
+FORMAT = "3"   # bump when the image layout changes, to invalidate caches
 DEBIAN_META_PACKAGE = "linux-image-amd64"
 AGENT_PORT = "vmtax.agent"
-GUEST_FILES = ("init", "agent", "disk")
+GUEST_FILES = ("init", "agent", "disk", "net", "spawn")
 # Loaded by /init before READY, per transport of the virtio devices (microvm: mmio, q35: pci).
 BOOT_MODULES = {"mmio": ("virtio_mmio", "virtio_console"), "pci": ("virtio_pci", "virtio_console")}
 # Loaded by /vmtax/disk when the host asks for the scratch disk.
 DISK_MODULES = ("virtio_blk", "crc32c_generic", "ext4")
+# Loaded by /vmtax/net when a server in the guest needs its network interface.
+NET_MODULES = ("virtio_net",)
 # ext4's soft dependency crc32c-intel fails to load on TCG CPU models; crc32c_generic covers it.
 SKIP_MODULES = frozenset({"crc32c_intel"})
 
@@ -117,7 +119,8 @@ def _insmod_order(root: Path, version: str, module: str) -> list[Path]:
 
 def select_modules(root: Path, version: str, dest: Path) -> dict[str, list[str]]:
     """Copy the modules the guest needs into dest; return each phase's insmod order (file
-    names): "boot-mmio"/"boot-pci" before READY, "disk" after (minus what boot loaded)."""
+    names): "boot-mmio"/"boot-pci" before READY, "disk" and "net" after (minus what boot
+    loaded)."""
     def ordered(modules: Iterable[str]) -> list[Path]:
         return list(dict.fromkeys(itertools.chain.from_iterable(
             _insmod_order(root, version, m) for m in modules)))
@@ -125,6 +128,7 @@ def select_modules(root: Path, version: str, dest: Path) -> dict[str, list[str]]
     phases = {f"boot-{bus}": ordered(mods) for bus, mods in BOOT_MODULES.items()}
     loaded_at_boot = set(ordered(["virtio_console"]))
     phases["disk"] = [ko for ko in ordered(DISK_MODULES) if ko not in loaded_at_boot]
+    phases["net"] = [ko for ko in ordered(NET_MODULES) if ko not in loaded_at_boot]
     dest.mkdir(parents=True, exist_ok=True)
     for ko in set(itertools.chain.from_iterable(phases.values())):
         shutil.copyfile(ko, dest / ko.name)
@@ -386,6 +390,11 @@ class GuestImage:
         for phase, files in kernel.modules.items():
             extra.append(CpioEntry(f"vmtax/modules/{phase}.list", stat.S_IFREG | 0o644,
                                    "".join(f + "\n" for f in files).encode()))
+            if not files:
+                continue
+            if kernel.modules_dir is None:
+                raise VmtaxError(f"kernel {kernel.version}: modules {', '.join(files)} are "
+                                 "listed but its modules directory is missing")
             extra += [CpioEntry(f"vmtax/modules/{f}", stat.S_IFREG | 0o644,
                                 kernel.modules_dir / f) for f in files]
         entries.update((e.name, e) for e in extra)

@@ -6,6 +6,8 @@ on the way out (normal end, Ctrl-C, SIGTERM, or a crash recovered by the journal
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -14,12 +16,12 @@ from pathlib import Path
 from typing import Protocol
 
 from vmtax import __version__, analysis, host, proc, stats, targets as target_registry
-from vmtax.errors import VmtaxError
+from vmtax.errors import TargetError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.plan import Plan
 from vmtax.store import Store
 from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Job, JobResult, Metric
+from vmtax.types import Endpoint, Job, JobResult, Metric
 from vmtax.workloads.base import Workload
 
 
@@ -72,6 +74,23 @@ def _failure(result: JobResult, job: Job) -> str:
     return f"exit status {result.exit_code}: {tail[0][:300]}"
 
 
+def _wait_listening(endpoint: Endpoint, timeout: float, poll: float = 0.05) -> None:
+    """Until the server accepts a TCP connection (from where the client will run)."""
+    code = ("import socket, sys, time\n"
+            "end = time.monotonic() + float(sys.argv[3])\n"
+            "while True:\n"
+            "    try:\n"
+            "        socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close(); break\n"
+            "    except OSError:\n"
+            "        if time.monotonic() > end: sys.exit(1)\n"
+            f"        time.sleep({poll})\n")
+    done = proc.run([sys.executable, "-c", code, endpoint.address, str(endpoint.port),
+                     str(timeout)], timeout=timeout + 10, preexec=endpoint.client_preexec)
+    if done.exit_code != 0:
+        raise TargetError(f"nothing listens on {endpoint.address}:{endpoint.port} after "
+                          f"{timeout:g} s")
+
+
 def _primary(workload: Workload, metrics: list[Metric]) -> list[float]:
     """The primary metric's value of one repetition (its first, when it has dimensions)."""
     name = workload.primary_metric()
@@ -88,18 +107,25 @@ class Runner:
         self.journal = journal or Journal()
         self.targets: dict[str, Target] = {}
         self.broken: dict[str, str] = {}   # target -> why it can no longer run jobs
+        # The current cell of a client-server workload: each target's server, or why not.
+        self.endpoints: dict[str, Endpoint] = {}
+        self.cell_errors: dict[str, str] = {}
+        self.warned_shared_cpus: set[str] = set()
         self.run_id: str | None = None
 
     # -- the plan --------------------------------------------------------------------------
     def execute(self) -> str:
+        done = self._already_done()
+        if self.resume_id:
+            self.store.claim_run(self.resume_id)   # before anything runs
         # Absolute: runtimes resolve paths from their own working directories, and a
         # relative one once made runc fail and the container fall back to unshare.
         work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=self.store.dir.resolve()))
         self.journal.add(type="rmtree", path=str(work_dir))
         made = [w.make(self.plan.time) for w in self.plan.workloads]
         binaries = tuple(sorted({b for w in made for b in w.binaries}))
-        ctx = TargetContext(work_dir=work_dir, journal=self.journal, binaries=binaries)
-        done = self._already_done()
+        ctx = TargetContext(work_dir=work_dir, journal=self.journal, binaries=binaries,
+                            serves=any(w.server_job() is not None for w in made))
         status = "failed"
         try:
             units = schedule(self.plan)
@@ -137,9 +163,16 @@ class Runner:
                 self._store_flags()
         return self.run_id
 
+    @property
+    def _stored_run(self) -> str:
+        """The id of the run being stored, set once every target is up."""
+        if self.run_id is None:
+            raise VmtaxError("no run is stored yet")
+        return self.run_id
+
     def _store_flags(self) -> None:
-        summary = analysis.summarize_run(self.store.load_run(self.run_id))
-        self.store.set_flags(self.run_id, [
+        summary = analysis.summarize_run(self.store.load_run(self._stored_run))
+        self.store.set_flags(self._stored_run, [
             (target, row.workload, row.params, row.key, flag)
             for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
 
@@ -164,24 +197,94 @@ class Runner:
                 stored = (name, *key, "prepare", i) in done
                 self._measure(name, workload, job, "prepare", i, workload.parse_prepare,
                               store=not stored)
-        for unit in todo:
-            self.reporter.step(f"{unit.target} · {workload.name} · "
-                               f"{'warm-up' if unit.phase == 'warmup' else 'run'} {unit.idx + 1}")
-            self._measure(unit.target, workload, workload.run_job(), unit.phase, unit.idx,
-                          workload.parse)
-            self.reporter.advance()
-        if self.plan.max_runs is not None:
-            self._adapt(workload, active)
+        self.endpoints = {}
+        try:
+            self._start_servers(workload, active)
+            for unit in todo:
+                self.reporter.step(f"{unit.target} · {workload.name} · "
+                                   f"{'warm-up' if unit.phase == 'warmup' else 'run'} "
+                                   f"{unit.idx + 1}")
+                job, on_host = self._measured_job(unit.target, workload)
+                self._measure(unit.target, workload, job, unit.phase, unit.idx, workload.parse,
+                              on_host=on_host)
+                self.reporter.advance()
+            if self.plan.max_runs is not None:
+                self._adapt(workload, active, self.plan.max_runs)
+        finally:
+            self._stop_servers()
         for name in active:
             for job in workload.cleanup_jobs():
                 self._run_job(name, job)
 
-    def _adapt(self, workload: Workload, active: list[str]) -> None:
+    # -- client-server workloads -----------------------------------------------------------
+    def _start_servers(self, workload: Workload, active: list[str]) -> None:
+        """Each target's server of a client-server workload, up for the whole cell; a
+        target that cannot serve gets its repetitions failed with the reason."""
+        server = workload.server_job()
+        if server is None:
+            return
+        port = workload.server_port or 0
+        for name in active:
+            target = self.targets[name]
+            target.resume()
+            try:
+                endpoint = target.start_server(server, port)
+                _wait_listening(endpoint, server.timeout)
+                self.endpoints[name] = endpoint
+            except VmtaxError as exc:
+                self.cell_errors[name] = f"its {workload.name} server did not start: {exc}"
+                self.reporter.warn(f"{name} · {workload.name}: {self.cell_errors[name]}")
+            finally:
+                if target.alive():
+                    target.pause()
+
+    def _stop_servers(self) -> None:
+        for name, endpoint in self.endpoints.items():
+            self.targets[name].stop_server(endpoint)
+        self.endpoints = {}
+        self.cell_errors = {}
+
+    def _measured_job(self, name: str, workload: Workload) -> tuple[Job, bool]:
+        """The measured command of one repetition, and whether it runs on the host."""
+        if workload.server_job() is None:
+            return workload.run_job(), False
+        endpoint = self.endpoints.get(name)
+        # Without a server _run_job reports the cell's error and never runs the job.
+        return (workload.client_job(endpoint) if endpoint else Job(["true"])), True
+
+    def _client_cpus(self, name: str) -> set[int] | None:
+        """Host CPUs for a client on the host: those the target does not use; None (and a
+        warning, once) when they cannot be kept apart."""
+        usable = os.sched_getaffinity(0)
+        taken = self.targets[name].cpus() or set()
+        free = usable - taken
+        if taken and free:
+            return free
+        if name not in self.warned_shared_cpus:
+            self.warned_shared_cpus.add(name)
+            self.reporter.warn(f"{name}: the client on the host and the target share host "
+                               "CPUs (pin the target: a VM's pin, a container's cpus)")
+        return None
+
+    def _run_client(self, name: str, job: Job, endpoint: Endpoint) -> JobResult:
+        cpus = self._client_cpus(name)
+        steps = [s for s in ((lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                             endpoint.client_preexec) if s is not None]
+
+        def preexec() -> None:
+            for step in steps:
+                step()
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **job.env}
+        done = proc.run(job.argv, timeout=job.timeout, env=env, preexec=preexec)
+        return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
+                         timed_out=done.timed_out)
+
+    def _adapt(self, workload: Workload, active: list[str], max_runs: int) -> None:
         """More runs, one round at a time across the targets that still need them (order
         reversed every round, as in the fixed schedule), until each target's primary metric
         is precise enough or it has had max_runs attempts. Always terminates."""
         plan = self.plan
-        run = self.store.load_run(self.run_id)
+        run = self.store.load_run(self._stored_run)
         values: dict[str, list[float]] = {t: [] for t in active}
         attempts: dict[str, int] = {t: 0 for t in active}
         for r in run.reps:
@@ -191,33 +294,38 @@ class Runner:
                 values[r.target] += _primary(workload, r.metrics)
         rounds = 0
         while True:
-            need = [t for t in active if t not in self.broken and attempts[t] < plan.max_runs
+            need = [t for t in active if t not in self.broken and attempts[t] < max_runs
                     and (not values[t] or stats.next_action(
-                        values[t], plan.runs, plan.max_runs, plan.ci_target) == "more")]
+                        values[t], plan.runs, max_runs, plan.ci_target) == "more")]
             if not need:
                 return
             for name in need if rounds % 2 else reversed(need):
                 idx = plan.warmup + attempts[name]
                 self.reporter.step(f"{name} · {workload.name} · run {idx + 1} (adaptive)")
-                metrics = self._measure(name, workload, workload.run_job(), "measure", idx,
-                                        workload.parse)
+                job, on_host = self._measured_job(name, workload)
+                metrics = self._measure(name, workload, job, "measure", idx, workload.parse,
+                                        on_host=on_host)
                 attempts[name] += 1
                 values[name] += _primary(workload, metrics)
             rounds += 1
 
     # -- one job ---------------------------------------------------------------------------
-    def _run_job(self, name: str, job: Job) -> JobResult | None:
-        """Run job on target name; reboot a target that died. None if the target is broken."""
+    def _run_job(self, name: str, job: Job, on_host: bool = False) -> JobResult | None:
+        """Run job on target name (or, on_host, a client on the host against the target's
+        server); reboot a target that died. None if the target is broken or its server
+        did not start."""
         proc.check_stop()
         target = self.targets[name]
         if name not in self.broken:
             target.resume()
             if not target.alive():
                 self._restart(name, "it could not be resumed")
-        if name in self.broken:
+        if name in self.broken or name in self.cell_errors:
             return None
         try:
-            result = target.run(job)
+            # A client-server workload's measured command runs on the host.
+            result = (self._run_client(name, job, self.endpoints[name]) if on_host
+                      else target.run(job))
         finally:
             if target.alive():
                 target.pause()
@@ -239,13 +347,14 @@ class Runner:
             self.reporter.warn(f"{name} {self.broken[name]}; its remaining runs are skipped")
 
     def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
-                 parse, store: bool = True) -> list[Metric]:
+                 parse, store: bool = True, on_host: bool = False) -> list[Metric]:
         started = time.time()
-        result = self._run_job(name, job)
+        result = self._run_job(name, job, on_host)
         metrics: list[Metric] = []
         error = None
         if result is None:
-            status, error = "failed", f"target {name} {self.broken[name]}"
+            status, error = "failed", (f"target {name} {self.broken[name]}" if name in self.broken
+                                       else f"target {name}: {self.cell_errors[name]}")
         elif not result.ok:
             status, error = ("timeout" if result.timed_out else "failed"), _failure(result, job)
         else:
@@ -258,7 +367,7 @@ class Runner:
             self.reporter.warn(f"{name} · {workload.name} · {phase} {idx + 1}: {error}")
         if store:
             self.store.add_rep(
-                self.run_id, target=name, workload=workload.name, params=workload.params,
+                self._stored_run, target=name, workload=workload.name, params=workload.params,
                 phase=phase, idx=idx, status=status, argv=job.argv, started=started, error=error,
                 exit_code=result.exit_code if result else None,
                 host_elapsed=result.host_elapsed if result else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 
 @dataclass
@@ -36,6 +36,19 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class Endpoint:
+    """A server a target runs for a client on the host: where the host reaches it, and
+    the host processes that serve it (for collectors)."""
+    address: str
+    port: int
+    pids: list[int] = field(default_factory=list)
+    # The target's own handle for stopping it (a process, a guest pid, a container).
+    handle: object = None
+    # What the client must do before exec to reach `address` (enter a network namespace).
+    client_preexec: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,3 +88,6 @@ class MetricSpec:
     secondary: bool = False    # shown only on request (totals a fixed time sets, spreads)
     spread: bool = False       # a spread, not a speed: less than native is no clock artefact
     dimensions: tuple[str, ...] = ()   # the dimension names its values carry
+    # The smallest step the tool prints the value in (sysbench latencies: 0.01 ms). A median
+    # at or below it is "below resolution": no ratio, comparison or flag is derived from it.
+    resolution: float | None = None

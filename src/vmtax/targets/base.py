@@ -7,12 +7,13 @@ talks to targets through this interface, so a new kind is one new module.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from vmtax import plugin
-from vmtax.types import Job, JobResult
+from vmtax.errors import TargetError
+from vmtax.types import Endpoint, Job, JobResult
 
 
 @dataclass
@@ -22,6 +23,8 @@ class TargetContext:
     journal: Any                     # vmtax.journal.Journal: host changes to undo
     # Host programs the plan's workloads need inside the target (their declared binaries).
     binaries: tuple[str, ...] = ()
+    # The plan has client-server workloads: targets need a way for clients to reach them.
+    serves: bool = False
     image: Any = None                # vmtax.image.GuestImage, built lazily
 
 
@@ -35,7 +38,10 @@ class Target(plugin.Plugin, abc.ABC):
     startup_seconds: ClassVar[float] = 0.0
 
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
-        self.name = name             # the target's name in the plan; the kind is type(self).name
+        # The target's name in the plan shadows, on purpose, the plugin name of its class,
+        # which stays its kind (type(self).name): mypy forbids setting a ClassVar on an
+        # instance.
+        self.name = name  # type: ignore[misc]
         self.options = options
         self.ctx = ctx
         # What the user must hear about how it was set up (a runtime auto passed over).
@@ -100,6 +106,29 @@ class Target(plugin.Plugin, abc.ABC):
     @abc.abstractmethod
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this target's configuration (stored with every result)."""
+
+    def start_server(self, job: Job, port: int) -> Endpoint:
+        """Start a client-server workload's server (job) detached in the target, listening
+        on `port`; return where the host reaches it. Raises TargetError when this kind of
+        target cannot serve."""
+        raise TargetError(f"{self.name}: {self.kind} targets cannot run a server for a "
+                          "client on the host yet")
+
+    def stop_server(self, endpoint: Endpoint) -> None:
+        """Stop what start_server started. Idempotent."""
+
+    def cpus(self) -> set[int] | None:
+        """Host CPUs the target's work runs on, when it is confined to some: a host-side
+        client is kept off them."""
+        return None
+
+    def host_pids(self) -> list[int]:
+        """Long-lived host processes of the target (a guest's QEMU), for collectors."""
+        return []
+
+    def vcpu_threads(self) -> list[int]:
+        """Host thread ids of a guest's vCPUs (empty for targets without vCPUs)."""
+        return []
 
     def alive(self) -> bool:
         """False once the target can no longer run jobs (a guest that hung and was killed)."""

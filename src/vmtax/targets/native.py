@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 from vmtax import plugin, proc
 from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Job, JobResult
+from vmtax.types import Endpoint, Job, JobResult
 
 
 class NativeTarget(Target):
@@ -34,6 +35,28 @@ class NativeTarget(Target):
                         cwd=self.scratch if job.in_scratch else "/")
         return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
                          guest_elapsed=None, timed_out=done.timed_out)
+
+    def cpus(self) -> set[int] | None:
+        # A server on the host gets the last CPU, so a client on the host can have the
+        # others (with 2 cores: server on CPU 1, client on CPU 0).
+        usable = sorted(os.sched_getaffinity(0))
+        return {usable[-1]} if len(usable) > 1 else None
+
+    def start_server(self, job: Job, port: int) -> Endpoint:
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **job.env}
+        cpus = self.cpus()
+        log = open(os.path.join(self.scratch or "/tmp", f"server-{port}.log"), "wb")
+        with log:
+            server = proc.spawn(job.argv, env=env, cwd=self.scratch if job.in_scratch else "/",
+                                preexec=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        token = self.ctx.journal.process(server.pid)
+        return Endpoint("127.0.0.1", port, [server.pid], handle=(server, token))
+
+    def stop_server(self, endpoint: Endpoint) -> None:
+        server, token = cast("tuple[subprocess.Popen[bytes], int]", endpoint.handle)
+        proc.kill_group(server, grace=2.0)
+        self.ctx.journal.forget(token)
 
     def cleanup(self) -> None:
         if self.scratch:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, cast
 
 from vmtax import host, hugepages, plugin, proc
 from vmtax.errors import TargetError, VmtaxError
@@ -36,7 +36,7 @@ from vmtax.image import AGENT_PORT, GuestImage
 from vmtax.option_types import (ExistingFile, HostCpus, NonEmpty, Program, Programs, Seconds,
                                 Size)
 from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Job, JobResult
+from vmtax.types import Endpoint, Job, JobResult
 
 # Host-side grace beyond a job's own timeout before the guest is declared hung: the agent
 # kills the job at its timeout itself, this covers decoding and sending the output back.
@@ -113,6 +113,7 @@ class VmConfig:
     icount: str | None = None   # TCG only: guest time from the instruction count
     hugepages: str | None = None   # host huge page size backing guest RAM ("2M", "1G")
     mem_path: Path | None = None   # the hugetlbfs directory QEMU puts guest RAM in
+    network: str = "none"          # "user": a virtio-net NIC on QEMU's user-mode network
 
 
 MACHINES = {
@@ -172,6 +173,9 @@ def _accel_args(cfg: VmConfig) -> list[str]:
 
 
 RAM_ID = "ram"
+NETDEV = "net0"
+# QEMU's user-mode network: the guest's address and its gateway (slirp's defaults).
+USER_NET_GUEST, USER_NET_GATEWAY = "10.0.2.15/24", "10.0.2.2"
 
 
 def _machine_args(cfg: VmConfig) -> list[str]:
@@ -183,6 +187,8 @@ def _machine_args(cfg: VmConfig) -> list[str]:
 def _memory_args(cfg: VmConfig) -> list[str]:
     if not cfg.hugepages:
         return ["-m", cfg.memory]
+    if cfg.mem_path is None:
+        raise VmtaxError(f"hugepages = {cfg.hugepages} without a hugetlbfs for guest RAM")
     # prealloc: every page is taken at start, so a short pool fails QEMU at once instead of
     # killing the guest on a fault mid-run. share=off: nothing but QEMU maps guest RAM.
     return ["-m", cfg.memory, "-object",
@@ -204,6 +210,9 @@ def _device_args(cfg: VmConfig) -> list[str]:
     if cfg.disk is not None:
         args += ["-drive", f"if=none,id=scratch,format=raw,file={_opt(cfg.disk)},"
                  f"cache={cfg.disk_cache}", "-device", f"virtio-blk-{suffix},drive=scratch"]
+    if cfg.network == "user":
+        # Ports are forwarded to the guest on demand (QMP hostfwd_add), when a server starts.
+        args += ["-netdev", f"user,id={NETDEV}", "-device", f"virtio-net-{suffix},netdev={NETDEV}"]
     return args
 
 
@@ -342,6 +351,10 @@ class VmOptions(plugin.Options):
     # wrong tsc_early_khz for a deliberately skewed clock).
     kernel_args: NonEmpty | None = plugin.option(
         None, "Extra guest kernel arguments, after vmtax's own", cli=True)
+    network: Literal["auto", "none", "user"] = plugin.option(
+        "auto", "The guest's network for servers a host-side client reaches: user is "
+        "QEMU's user-mode network (slirp; simple, about 0.8 Gbit/s here); auto gives one "
+        "only to guests of plans with client-server workloads")
 
     def problems(self) -> list[tuple[str, str]]:
         problems = []
@@ -377,6 +390,13 @@ def _tail(path: Path, lines: int = 5) -> str:
     return " | ".join(l.strip() for l in text.strip().splitlines()[-lines:] if l.strip())
 
 
+def _free_port() -> int:
+    """A TCP port on loopback nobody listens on now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _direct_io_works(directory: Path) -> bool:
     """cache=none opens the disk with O_DIRECT, which some filesystems (tmpfs) refuse."""
     probe = directory / ".direct-io-probe"
@@ -398,6 +418,7 @@ class _Running:
     tokens: list[int] = field(default_factory=list)
     dirs: list[Path] = field(default_factory=list)
     reservation: hugepages.Reservation | None = None
+    net_up: bool = False
 
 
 class VmTarget(Target):
@@ -482,7 +503,7 @@ class VmTarget(Target):
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
             console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache,
             icount=self.opts.icount if accel == "tcg" else None,
-            hugepages=self.opts.hugepages, mem_path=mem_path)
+            hugepages=self.opts.hugepages, mem_path=mem_path, network=self._network())
 
     def _cmdline(self, image: GuestImage) -> str:
         return kernel_cmdline(self.opts.machine, host_tsc_khz(), image.kernel_info().hz,
@@ -594,6 +615,7 @@ class VmTarget(Target):
         # The main loop and I/O threads; threads QEMU starts later inherit the main thread's
         # affinity. With no CPU left over they stay where they are.
         rest = os.sched_getaffinity(0) - set(cpus)
+        assert self._run.proc is not None   # vcpu_threads() found the guest alive
         if rest:
             for task in os.listdir(f"/proc/{self._run.proc.pid}/task"):
                 if int(task) not in threads:
@@ -603,6 +625,7 @@ class VmTarget(Target):
 
     def _accept(self, deadline: float) -> socket.socket:
         listener = self._run.listener
+        assert listener is not None   # the boot opened it before starting QEMU
         while True:
             ready, _, _ = select.select([listener], [], [],
                                         max(0.0, min(deadline - time.monotonic(), 0.2)))
@@ -618,6 +641,7 @@ class VmTarget(Target):
             raise EOFError("QEMU exited")
 
     def _boot_failure(self, exc: BaseException) -> str:
+        assert self.config is not None   # set before QEMU starts
         run_dir = self.config.console_log.parent
         code = self._run.proc.poll() if self._run.proc else None
         what = (f"QEMU exited with status {code}" if code is not None
@@ -640,6 +664,7 @@ class VmTarget(Target):
     def run(self, job: Job) -> JobResult:
         if not self.alive():
             raise TargetError(f"{self.name}: the guest is not running; prepare it again")
+        assert self._run.channel is not None and self.config is not None   # it booted
         self._job_ids += 1
         start = time.perf_counter()
         try:
@@ -660,6 +685,61 @@ class VmTarget(Target):
                          result.stdout.decode(errors="replace"),
                          result.stderr.decode(errors="replace"), elapsed,
                          guest_elapsed=result.elapsed_ns / 1e9, timed_out=result.timed_out)
+
+    def _network(self) -> str:
+        if self.opts.network == "auto":
+            return "user" if self.ctx.serves else "none"
+        return self.opts.network
+
+    # -- servers for host-side clients --
+
+    def start_server(self, job: Job, port: int) -> Endpoint:
+        if self.config is None or self.config.network == "none":
+            raise TargetError(f"{self.name}: the guest has no network (network = "
+                              f"\"{self.opts.network}\"); give it network = \"user\"")
+        if not self._run.net_up:
+            self._must(Job(["/bin/sh", "/vmtax/net", USER_NET_GUEST, USER_NET_GATEWAY],
+                           timeout=60), "bringing up the guest's network")
+            self._run.net_up = True
+        host_port = _free_port()
+        self.qmp("human-monitor-command", {"command-line": (
+            f"hostfwd_add {NETDEV} tcp:127.0.0.1:{host_port}-:{port}")})
+        started = self._must(Job(["/bin/sh", "/vmtax/spawn", f"/tmp/server-{port}.log",
+                                  *job.argv], env=job.env, timeout=job.timeout,
+                                 in_scratch=job.in_scratch), f"starting {job.argv[0]}")
+        endpoint = Endpoint("127.0.0.1", host_port, self.host_pids(),
+                            handle=(int(started.stdout.split()[0]), host_port))
+        # QEMU accepts forwarded connections whether or not the guest listens: ask the
+        # guest itself.
+        listening = self.run(Job(["/bin/sh", "-c", f"until netstat -ltn | grep -q ':{port} '; "
+                                  "do usleep 20000; done"], timeout=job.timeout))
+        if not listening.ok:
+            self.stop_server(endpoint)
+            raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "
+                              f"in the guest after {job.timeout:g} s")
+        return endpoint
+
+    def stop_server(self, endpoint: Endpoint) -> None:
+        guest_pid, host_port = cast("tuple[int, int]", endpoint.handle)
+        if not self.alive():
+            return
+        self.run(Job(["kill", "-TERM", f"-{guest_pid}"], timeout=30))
+        with contextlib.suppress(Exception):   # gone with a guest that was restarted
+            self.qmp("human-monitor-command", {"command-line": (
+                f"hostfwd_remove {NETDEV} tcp:127.0.0.1:{host_port}")})
+
+    def _must(self, job: Job, what: str) -> JobResult:
+        result = self.run(job)
+        if not result.ok:
+            raise TargetError(f"{self.name}: {what} failed: "
+                              + (result.stderr.strip() or result.stdout.strip())[-300:])
+        return result
+
+    def cpus(self) -> set[int] | None:
+        return set(self.opts.pin) if self.opts.pin else None
+
+    def host_pids(self) -> list[int]:
+        return [self._run.proc.pid] if self.alive() and self._run.proc else []
 
     def alive(self) -> bool:
         return self._run.proc is not None and self._run.proc.poll() is None
@@ -711,9 +791,13 @@ class VmTarget(Target):
         """Run one QMP command on the running QEMU and return its result."""
         from qemu.qmp import QMPClient
 
+        if self.config is None:
+            raise TargetError(f"{self.name}: the guest is not running")
+        qmp_socket = str(self.config.qmp_socket)
+
         async def call() -> Any:
             client = QMPClient(self.name)
-            await asyncio.wait_for(client.connect(str(self.config.qmp_socket)), QMP_TIMEOUT)
+            await asyncio.wait_for(client.connect(qmp_socket), QMP_TIMEOUT)
             try:
                 return await asyncio.wait_for(client.execute(command, arguments), QMP_TIMEOUT)
             finally:
@@ -740,7 +824,7 @@ class VmTarget(Target):
         image = self.image()
         accel = cfg.accel if cfg else resolve_accel(self.opts.accel)
         size = self.opts.hugepages
-        host_pages = {"size": None, "requested": 0, "granted": 0}
+        host_pages: dict[str, Any] = {"size": None, "requested": 0, "granted": 0}
         if size:
             host_pages = {"size": size, "requested": hugepages.pages_needed(
                 parse_size(self.opts.memory), size), "granted": self.host_hugepages_granted}
@@ -755,6 +839,9 @@ class VmTarget(Target):
             "memory": self.opts.memory,
             "icount": cfg.icount if cfg else None,
             "job_overhead_s": self.job_overhead,
+            # QEMU start to agent READY, as the host saw it, and the guest's uptime then.
+            "boot_seconds": self.boot_seconds,
+            "guest_boot_seconds": self.guest_boot_seconds,
             "disk_cache": cfg.disk_cache if cfg else None,
             "append": cfg.append if cfg else self._cmdline(image),
             # Requested and granted on each side: E5's precondition, kept with the results.
@@ -762,6 +849,7 @@ class VmTarget(Target):
             "guest_hugepages": {"requested": self.opts.guest_hugepages,
                                 "granted": self.guest_hugepages_granted},
             "pin": self.opts.pin,
+            "network": cfg.network if cfg else self._network(),
             "vcpu_affinity": self.vcpu_affinity,
             **image.fingerprint(),
         }

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from vmtax import plugin
 from vmtax.errors import ParseError, VmtaxError
-from vmtax.types import Job, Metric, MetricSpec
+from vmtax.types import Endpoint, Job, Metric, MetricSpec
 
 
 class Workload(plugin.Plugin, abc.ABC):
@@ -73,7 +73,8 @@ class Workload(plugin.Plugin, abc.ABC):
                 "metrics": [{"name": s.name, "unit": s.unit,
                              "direction": "higher" if s.higher_is_better else "lower",
                              "primary": s.primary, "secondary": s.secondary,
-                             "group": s.group, "dimensions": list(s.dimensions), "doc": s.doc}
+                             "group": s.group, "dimensions": list(s.dimensions),
+                             "resolution": s.resolution, "doc": s.doc}
                             for s in cls.metrics]}
 
     # -- what it needs from the host -----------------------------------------------------
@@ -106,9 +107,24 @@ class Workload(plugin.Plugin, abc.ABC):
         """Jobs run once per target before the repetitions (parsed by parse_prepare)."""
         return []
 
-    @abc.abstractmethod
     def run_job(self) -> Job:
-        """The measured command."""
+        """The measured command, run in the target (a client-server workload has none:
+        its measured command is `client_job`, on the host)."""
+        raise VmtaxError(f"workload {self.name} runs its measured command on the host "
+                         "(client_job), not in the target")
+
+    def server_job(self) -> Job | None:
+        """A client-server workload's server: started in the target before the cell's
+        repetitions and stopped after them (None: the workload has one role)."""
+        return None
+
+    # The TCP port its server listens on inside the target.
+    server_port: ClassVar[int | None] = None
+
+    def client_job(self, endpoint: Endpoint) -> Job:
+        """A client-server workload's measured command, run on the host against the
+        server at `endpoint` (pinned to host CPUs apart from the target's)."""
+        raise VmtaxError(f"workload {self.name} has no client")
 
     def cleanup_jobs(self) -> list[Job]:
         """Jobs run once per target after the repetitions; their output is not kept."""
@@ -130,6 +146,11 @@ def check_manifest(cls: type[Workload]) -> None:
     if len(primary) != 1:
         raise VmtaxError(f"workload {cls.name}: declares {len(primary)} primary metrics, "
                          "expected exactly one")
+    two_roles = cls.server_job is not Workload.server_job
+    if two_roles == (cls.run_job is not Workload.run_job) or (
+            two_roles and (cls.client_job is Workload.client_job or cls.server_port is None)):
+        raise VmtaxError(f"workload {cls.name}: defines either run_job, or server_job, "
+                         "server_port and client_job")
     if cls.time_option and cls.time_option not in plugin.option_infos(cls.Options):
         raise VmtaxError(f"workload {cls.name}: time option {cls.time_option!r} is not "
                          "one of its options")

@@ -57,9 +57,10 @@ class CyclictestOptions(plugin.Options):
     threads: int = plugin.option(
         1, "measuring threads (-t); without a histogram thread N wakes every "
         f"interval + N*{DISTANCE} µs (cyclictest's default distance)", ge=1)
-    priority: int = plugin.option(
-        99, "real-time priority of the threads (-p); 0 is refused because cyclictest "
-        "silently replaces it with threads+1", ge=1, le=99)
+    priority: int | None = plugin.option(
+        99, "real-time priority of the threads (-p); none: normal scheduling, for "
+        "sandboxes that refuse real-time scheduling (gVisor). 0 is refused because "
+        "cyclictest silently replaces it with threads+1", ge=1, le=99)
     policy: Literal["fifo", "rr"] = plugin.option(
         "fifo", "real-time scheduling policy (--policy, given only for rr)")
     interval: int = plugin.option(10000, "wake-up interval of thread 0 (-i)", unit="µs",
@@ -92,6 +93,9 @@ class CyclictestOptions(plugin.Options):
         return data
 
     def problems(self) -> list[tuple[str, str]]:
+        if self.priority is None and self.policy != "fifo":
+            return [("policy", '"fifo" (the default) when priority is "none": a real-time '
+                               "policy needs a priority")]
         if self.duration is not None:
             loops = loops_for(self.duration, self.interval)
             if self.loops != loops:
@@ -115,13 +119,14 @@ class Cyclictest(Workload):
     time_option = "duration"
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         _spec("latency min", "µs", "lateness of the most punctual wake-up" + _PER_THREAD,
-              group="latency", dimensions=("thread",)),
+              group="latency", dimensions=("thread",), resolution=1.0),
         # Primary: it decides adaptive repetition, and an average of every wake-up
         # settles; a maximum is one extreme sample per run and would keep it repeating.
         _spec("latency avg", "µs", "mean lateness of a wake-up, truncated to whole µs"
-              + _PER_THREAD, group="latency", primary=True, dimensions=("thread",)),
+              + _PER_THREAD, group="latency", primary=True, dimensions=("thread",),
+              resolution=1.0),
         _spec("latency max", "µs", "latest wake-up: the worst case real-time code meets"
-              + _PER_THREAD, group="latency", dimensions=("thread",)),
+              + _PER_THREAD, group="latency", dimensions=("thread",), resolution=1.0),
         _spec("histogram overflows", "wake-ups",
               "wake-ups at least `histogram` µs late (with a histogram)" + _PER_THREAD,
               dimensions=("thread",)),
@@ -147,7 +152,8 @@ class Cyclictest(Workload):
 
     def run_job(self) -> Job:
         o = self.options
-        argv = ["cyclictest", "-q", f"-t{o.threads}", "-p", str(o.priority),
+        argv = ["cyclictest", "-q", f"-t{o.threads}",
+                *(["-p", str(o.priority)] if o.priority is not None else []),
                 "-i", str(o.interval), "-l", str(o.loops)]
         if o.policy != "fifo":
             argv.append(f"--policy={o.policy}")
@@ -155,7 +161,8 @@ class Cyclictest(Workload):
             argv += ["-h", str(o.histogram)]
         if o.mlockall:
             argv.append("-m")
-        capabilities = ("CAP_SYS_NICE", "CAP_IPC_LOCK") if o.mlockall else ("CAP_SYS_NICE",)
+        capabilities = (("CAP_SYS_NICE",) if o.priority is not None else ()) + (
+            ("CAP_IPC_LOCK",) if o.mlockall else ())
         # Wake-ups run on the wall clock even under TCG; the slack covers start-up there.
         return Job(argv=argv, timeout=self.run_seconds() * 3 + 60, capabilities=capabilities)
 
@@ -200,9 +207,9 @@ class Cyclictest(Workload):
             if index >= o.threads or index in found:
                 raise ParseError(f"unexpected or repeated summary of thread {index} "
                                  f"({o.threads} ran)")
-            if priority != o.priority:
+            if priority != (o.priority or 0):
                 raise ParseError(f"thread {index} ran at priority {priority}, not "
-                                 f"{o.priority}")
+                                 f"{o.priority or 0}")
             if interval != self.thread_interval(index):
                 raise ParseError(f"thread {index} woke every {interval} µs, not every "
                                  f"{self.thread_interval(index)} µs")

@@ -1,0 +1,86 @@
+"""iperf3: a client-server workload (server in the target, client on the host)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vmtax.errors import ParseError, VmtaxError
+from vmtax.plan import Plan, WorkloadSpec, target_specs
+from vmtax.runner import Runner
+from vmtax.store import Store
+from vmtax.types import Endpoint
+from vmtax.workloads.base import check_manifest
+from vmtax.workloads.iperf3 import Iperf3
+
+FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.json").read_text()
+
+
+def test_declares_two_roles_completely():
+    check_manifest(Iperf3)
+    w = Iperf3.make({}, time=3)
+    assert w.server_job().argv == ["iperf3", "--server", "--port", "5201"]
+    job = w.client_job(Endpoint("10.213.0.5", 5201))
+    assert job.argv == ["iperf3", "--client", "10.213.0.5", "--port", "5201", "--time", "3",
+                        "--parallel", "1", "--json"]
+    assert job.timeout == 3 * 3 + 30
+    assert Iperf3.make({"reverse": True, "streams": 4}).client_job(
+        Endpoint("127.0.0.1", 5201)).argv[-3:] == ["4", "--json", "--reverse"]
+    with pytest.raises(VmtaxError, match="runs its measured command on the host"):
+        w.run_job()
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(VmtaxError, match="streams: expected a whole number from 1 to 128"):
+        Iperf3.make({"streams": 0})
+    with pytest.raises(VmtaxError, match='did you mean "reverse"'):
+        Iperf3.make({"revers": True})
+
+
+def test_parses_a_real_report_in_both_directions():
+    forward = {m.name: m for m in Iperf3.make({}).parse(fixture("forward"))}
+    report = json.loads(fixture("forward"))["end"]
+    assert forward["throughput"].value == pytest.approx(
+        report["sum_received"]["bits_per_second"] / 1e9)
+    assert forward["throughput"].unit == "Gbit/s" and forward["throughput"].higher_is_better
+    assert forward["retransmits"].value == report["sum_sent"]["retransmits"]
+    assert forward["sender cpu"].value == report["cpu_utilization_percent"]["host_total"]
+    reverse = {m.name: m for m in Iperf3.make({"reverse": True}).parse(fixture("reverse"))}
+    cpu = json.loads(fixture("reverse"))["end"]["cpu_utilization_percent"]
+    # Reversed, the host (client) receives: the sender is the remote side.
+    assert reverse["sender cpu"].value == cpu["remote_total"]
+    assert reverse["receiver cpu"].value == cpu["host_total"]
+
+
+@pytest.mark.parametrize("text, message", [
+    (fixture("refused"), "iperf3: unable to connect to server: Connection refused"),
+    ("", "iperf3 printed no JSON report"),
+    (fixture("forward")[:500], "iperf3 printed no JSON report"),
+    ("[]", "not a JSON object"),
+    (fixture("forward").replace('"bits_per_second"', '"bps"'), "bits_per_second is None"),
+    (json.dumps({"end": {"sum_received": {"bits_per_second": float("nan")},
+                         "sum_sent": {"retransmits": 0},
+                         "cpu_utilization_percent": {}}}), "not a number"),
+])
+def test_bad_output_is_a_parse_error(text, message):
+    with pytest.raises(ParseError, match=message):
+        Iperf3.make({}).parse(text)
+
+
+@pytest.mark.live
+def test_native_throughput_over_loopback_end_to_end(tmp_path):
+    if shutil.which("iperf3") is None:
+        pytest.skip("iperf3 is not installed (apt-get install iperf3)")
+    store = Store(tmp_path)
+    plan = Plan(targets=target_specs(["native"], {}), workloads=[WorkloadSpec("iperf3")],
+                runs=2, warmup=0, time=1)
+    run = store.load_run(Runner(plan, store).execute())
+    assert [(r.phase, r.status) for r in run.reps] == [("measure", "ok")] * 2
+    throughput = [m.value for r in run.reps for m in r.metrics if m.name == "throughput"]
+    assert len(throughput) == 2 and all(v > 0.1 for v in throughput)
+    assert list(tmp_path.glob(".work-*")) == []   # the server was stopped and its dir removed
