@@ -34,7 +34,8 @@ def _show_targets(described: list[dict[str, Any]]) -> None:
             "[red]unavailable[/red]: " + escape(kind["why_not"]))
         out.print(f"[bold]{escape(kind['name'])}[/bold] — {escape(kind['description'])} ({mark})")
         for v in kind["variants"]:
-            state = "[green]ok[/green]" if v["available"] else "[red]no[/red]: " + escape(v["why_not"])
+            state = ("[green]ok[/green]" if v["available"]
+                     else "[red]no[/red]: " + escape(v["why_not"]))
             out.print(f"  {escape(v['name'])}: {state}")
         if kind["options"]:
             out.print(_options_table(kind["options"]))
@@ -44,16 +45,16 @@ def _show_targets(described: list[dict[str, Any]]) -> None:
 def _show_workloads(described: list[dict[str, Any]]) -> None:
     for w in described:
         out.print(f"[bold]{escape(w['name'])}[/bold] — {escape(w['description'])}")
-        out.print(f"  needs: {escape(', '.join(w['binaries']) or 'nothing')}"
-                  + (f"; time option: {w['time_option']}" if w["time_option"] else ""))
+        out.print(f"  needs: {escape(', '.join(w.get('binaries', [])) or 'nothing')}"
+                  + (f"; time option: {w['time_option']}" if w.get("time_option") else ""))
         metrics = Table(show_header=True, box=None, padding=(0, 1), pad_edge=False)
         for column in ("metric", "unit", "better", "group"):
             metrics.add_column(column)
         for m in w["metrics"]:
-            name = m["name"] + (" (primary)" if m["primary"] else "") + (
+            name = m["name"] + (" (primary)" if m.get("primary") else "") + (
                 f" per {', '.join(m['dimensions'])}" if m["dimensions"] else "")
             metrics.add_row(escape(name), escape(m["unit"]), m["direction"],
-                            escape(m["group"] or ("secondary" if m["secondary"] else "")))
+                            escape(m.get("group") or ("secondary" if m.get("secondary") else "")))
         out.print(metrics)
         if w["options"]:
             out.print(_options_table(w["options"]))
@@ -61,7 +62,7 @@ def _show_workloads(described: list[dict[str, Any]]) -> None:
 
 
 @click.command()
-@click.argument("what", type=click.Choice(["targets", "workloads", "packages"]))
+@click.argument("what", type=click.Choice(["targets", "workloads", "collectors", "packages"]))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def list_command(what: str, as_json: bool) -> None:
     """Every target kind or workload: options (type, unit, default, range), metrics, and
@@ -72,11 +73,12 @@ def list_command(what: str, as_json: bool) -> None:
                          for p in cls.packages})
         click.echo(json.dumps(needed) if as_json else "\n".join(needed))
         return
-    plugins = targets.kinds() if what == "targets" else workloads.registered()
-    described = [cls.describe() for cls in plugins.values()]
+    plugins = (targets.kinds() if what == "targets" else workloads.registered()
+               if what == "workloads" else plugin.plugins("collector"))
+    described = [cls.describe() for cls in plugins.values()]  # type: ignore[attr-defined]
     if as_json:
         click.echo(json.dumps(described, indent=2, default=str))
     elif what == "targets":
         _show_targets(described)
     else:
-        _show_workloads(described)
+        _show_workloads(described)   # a collector reads like a workload without a command

@@ -63,6 +63,8 @@ class Plan:
     # ci_target of the median, or max_runs is reached.
     max_runs: int | None = None
     ci_target: float = 0.02
+    # Collectors recording on the host around each cell's measured repetitions.
+    collect: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -75,19 +77,25 @@ class Plan:
         if self.runs < 1:
             raise VmtaxError(f"--runs must be at least 1, got {self.runs}")
         if self.max_runs is not None and self.max_runs < self.runs:
-            raise VmtaxError(f"--max-runs ({self.max_runs}) must be at least --min-runs ({self.runs})")
+            raise VmtaxError(f"--max-runs ({self.max_runs}) must be at least --min-runs "
+                             f"({self.runs})")
         if not 0 < self.ci_target < 1:
-            raise VmtaxError(f"--ci-target must be a percentage between 0 and 100, got {self.ci_target:.0%}")
+            raise VmtaxError("--ci-target must be a percentage between 0 and 100, "
+                             f"got {self.ci_target:.0%}")
         if self.warmup < 0:
             raise VmtaxError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.time is not None and (not isinstance(self.time, int) or self.time < 1):
-            raise VmtaxError(f"--time must be a whole number of seconds (1 or more), got {self.time}")
+            raise VmtaxError("--time must be a whole number of seconds (1 or more), "
+                             f"got {self.time}")
         if self.baseline is None:
             self.baseline = "native" if "native" in names else names[0]
         elif self.baseline not in names:
-            raise VmtaxError(f"baseline {self.baseline!r} is not one of the targets ({', '.join(names)})")
+            raise VmtaxError(f"baseline {self.baseline!r} is not one of the targets "
+                             f"({', '.join(names)})")
         for w in self.workloads:
             w.make(self.time)   # validates the name and the parameters
+        for name in self.collect:
+            plugin.get("collector", name)
         for t in self.targets:
             # Stored as the plugin reads them: "2" from the command line becomes 2.
             built = plugin.build(targets.get(t.kind).Options, t.options, t.name, strict=False,

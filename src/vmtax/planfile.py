@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from vmtax import hugepages, plugin, targets, workloads
 from vmtax.errors import VmtaxError
@@ -90,6 +90,12 @@ TimeLimit = Annotated[Annotated[int, Field(ge=1)] | None,
                                     "no limit")]
 
 
+def _known_collector(name: str) -> str:
+    if name not in plugin.plugins("collector"):
+        raise ValueError("unknown collector")
+    return name
+
+
 class Settings(plugin.Options):
     runs: int = plugin.option(DEFAULT_RUNS, "Measured repetitions per target and workload "
                               "configuration", ge=1)
@@ -102,6 +108,9 @@ class Settings(plugin.Options):
     ci_target: Annotated[float, Field(gt=0, lt=1), plugin.Expect(
         "a fraction between 0 and 1, like 0.02 for 2%")] = plugin.option(
         0.02, "Adaptive runs: wanted CI half-width, a fraction of the median")
+    collect: list[Annotated[str, AfterValidator(_known_collector)]] = plugin.option(
+        [], "Collectors recording on the host around each cell's measured repetitions "
+        "(vmtax list collectors)")
 
 
 SETTINGS = plugin.option_infos(Settings)
@@ -395,7 +404,7 @@ class _Reader:
                     _replace(entry["params"], param, v, entry)
                     self.alias(("quick", "params", param),
                                ("workloads", index, "params", param))
-        names = sorted({e.get("name") for e in entries if isinstance(e, dict)
+        names = sorted({e["name"] for e in entries if isinstance(e, dict)
                         and e.get("name") in workloads.registered()})
         for param in params:
             if param not in used:
@@ -523,13 +532,17 @@ class _Reader:
                 continue
             cls = known[name]
             origin = _Origin(path, path + ("params",), params, entry.get("zip"))
+
+            def host_problems(options: plugin.Options,
+                              cls: type[workloads.Workload] = cls) -> list[tuple[str, str]]:
+                return cls(options).host_problems()
+
             for params_, _ in self.sweep(path + ("params",), params, path + ("zip",),
                                          entry.get("zip"), self._check_of(name, cls.Options)):
                 with_time = dict(params_)
                 if time is not None and cls.time_option and cls.time_option not in with_time:
                     with_time[cls.time_option] = time
-                built = self.together(origin, cls.Options, with_time, "",
-                                      lambda options: cls(options).host_problems())
+                built = self.together(origin, cls.Options, with_time, "", host_problems)
                 if built is None:
                     continue
                 spec = WorkloadSpec(name, params_)
@@ -572,6 +585,7 @@ def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
         # A problem of the plan itself shows in both forms: once is enough.
         raise PlanError(source, list(dict.fromkeys(m for _, m in sorted(errors,
                                                                        key=lambda e: e[0]))))
+    assert plan is not None   # read() gives None only with errors
     return plan
 
 

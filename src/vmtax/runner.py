@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vmtax import __version__, analysis, host, proc, stats, targets as target_registry
+from vmtax import __version__, analysis, host, plugin, proc, stats, targets as target_registry
+from vmtax.collectors.base import Collector, Subject
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.plan import Plan
@@ -121,6 +122,7 @@ class Runner:
         # Absolute: runtimes resolve paths from their own working directories, and a
         # relative one once made runc fail and the container fall back to unshare.
         work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=self.store.dir.resolve()))
+        self.work_dir = work_dir
         self.journal.add(type="rmtree", path=str(work_dir))
         made = [w.make(self.plan.time) for w in self.plan.workloads]
         binaries = tuple(sorted({b for w in made for b in w.binaries}))
@@ -157,6 +159,8 @@ class Runner:
         finally:
             for target in self.targets.values():
                 target.cleanup()
+            if ctx.network is not None:
+                ctx.network.destroy()
             self.journal.undo_all()   # the work dir, and anything a target left
             if self.run_id:
                 self.store.finish_run(self.run_id, status)
@@ -198,9 +202,13 @@ class Runner:
                 self._measure(name, workload, job, "prepare", i, workload.parse_prepare,
                               store=not stored)
         self.endpoints = {}
+        recording: dict[str, list[tuple[str, Collector]]] = {}
+        measured = {u.target for u in todo if u.phase == "measure"}
         try:
             self._start_servers(workload, active)
             for unit in todo:
+                if unit.phase == "measure" and unit.target not in recording:
+                    recording[unit.target] = self._start_collectors(unit.target, workload, done)
                 self.reporter.step(f"{unit.target} · {workload.name} · "
                                    f"{'warm-up' if unit.phase == 'warmup' else 'run'} "
                                    f"{unit.idx + 1}")
@@ -210,7 +218,12 @@ class Runner:
                 self.reporter.advance()
             if self.plan.max_runs is not None:
                 self._adapt(workload, active, self.plan.max_runs)
+            for name in measured:
+                self._stop_collectors(name, workload, recording.pop(name, []))
         finally:
+            for started in recording.values():   # interrupted: nothing is kept of them
+                for _, collector in started:
+                    collector.abort()
             self._stop_servers()
         for name in active:
             for job in workload.cleanup_jobs():
@@ -238,9 +251,72 @@ class Runner:
                 if target.alive():
                     target.pause()
 
+    # -- collectors ---------------------------------------------------------------------
+    def _subject(self, name: str) -> Subject:
+        target = self.targets[name]
+        endpoint = self.endpoints.get(name)
+        return Subject(kind=target.kind, name=name,
+                       pids=[*target.host_pids(), *(endpoint.pids if endpoint else [])],
+                       vcpu_threads=target.vcpu_threads() if target.alive() else [])
+
+    def _start_collectors(self, name: str, workload: Workload,
+                          done: set[tuple]) -> list[tuple[str, Collector]]:
+        """The plan's collectors on target name, right before its first measured
+        repetition of the cell; one that cannot record is stored as unavailable, why."""
+        key = (workload.name, _params_key(workload.params))
+        started: list[tuple[str, Collector]] = []
+        if not self.plan.collect:
+            return started
+        subject = self._subject(name)
+        for index, collector_name in enumerate(self.plan.collect):
+            if (name, *key, "collect", index) in done:
+                continue
+            cls: type[Collector] = plugin.get("collector", collector_name)  # type: ignore[assignment]
+            why = cls.unavailable(subject)
+            if why is None:
+                scratch = Path(tempfile.mkdtemp(prefix=f"collect-{collector_name}-",
+                                                dir=self.work_dir))
+                collector = cls(plugin.build(cls.Options, {}, collector_name),
+                                journal=self.journal, scratch=scratch)
+                try:
+                    collector.start(subject)
+                    started.append((collector_name, collector))
+                    continue
+                except VmtaxError as exc:
+                    collector.abort()
+                    why = str(exc)
+            self._store_collected(name, workload, index, collector_name, [],
+                                  f"{collector_name}: unavailable — {why}")
+        return started
+
+    def _stop_collectors(self, name: str, workload: Workload,
+                         started: list[tuple[str, Collector]]) -> None:
+        for collector_name, collector in started:
+            index = self.plan.collect.index(collector_name)
+            try:
+                metrics, error = collector.stop(), None
+            except VmtaxError as exc:
+                metrics, error = [], f"{collector_name}: {exc}"
+            notes = "; ".join(collector.warnings)
+            self._store_collected(name, workload, index, collector_name, metrics,
+                                  error or (f"{collector_name}: {notes}" if notes else None))
+
+    def _store_collected(self, name: str, workload: Workload, index: int, collector: str,
+                         metrics: list[Metric], error: str | None) -> None:
+        if error and not metrics:
+            self.reporter.warn(f"{name} · {workload.name} · {error}")
+        self.store.add_rep(
+            self._stored_run, target=name, workload=workload.name, params=workload.params,
+            phase="collect", idx=index, status="ok" if metrics else "unavailable",
+            argv=[collector], started=time.time(), error=error, metrics=metrics)
+
     def _stop_servers(self) -> None:
         for name, endpoint in self.endpoints.items():
-            self.targets[name].stop_server(endpoint)
+            target = self.targets[name]
+            target.resume()   # a paused guest would never answer the stop
+            target.stop_server(endpoint)
+            if target.alive():
+                target.pause()
         self.endpoints = {}
         self.cell_errors = {}
 

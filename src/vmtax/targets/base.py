@@ -26,6 +26,15 @@ class TargetContext:
     # The plan has client-server workloads: targets need a way for clients to reach them.
     serves: bool = False
     image: Any = None                # vmtax.image.GuestImage, built lazily
+    network: Any = None              # vmtax.network.Network, made on first use
+
+    def shared_network(self) -> Any:
+        """The invocation's network (vmtax.network.Network) that servers in targets join
+        and host-side clients reach them through; made on first use, journaled."""
+        if self.network is None:
+            from vmtax.network import Network   # iproute2 work only where a server needs it
+            self.network = Network(self.journal).create()
+        return self.network
 
 
 class Target(plugin.Plugin, abc.ABC):

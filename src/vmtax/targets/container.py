@@ -31,11 +31,11 @@ from typing import Annotated, Any, Callable, ClassVar
 
 from pydantic import AfterValidator
 
-from vmtax import host, plugin, proc, rootfs
+from vmtax import host, network, plugin, proc, rootfs
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.option_types import HostCpus, Programs
 from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Job, JobResult
+from vmtax.types import Endpoint, Job, JobResult
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESPACES = ("pid", "mount", "net", "uts", "ipc")
@@ -68,9 +68,11 @@ RT_GROUP_FILE = "/sys/fs/cgroup/cpu/cpu.rt_runtime_us"
 RT_RUNTIME_US, RT_PERIOD_US = 500_000, 1_000_000
 
 
-def oci_config(job: Job, root: Path, cpus: list[int] | None = None) -> dict[str, Any]:
-    """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo,
-    on the host CPUs `cpus` (a cpuset) when given, with the capabilities it asks for."""
+def oci_config(job: Job, root: Path, cpus: list[int] | None = None,
+               netns: str | None = None) -> dict[str, Any]:
+    """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo
+    (or the network namespace at `netns`, made by vmtax.network), on the host CPUs `cpus`
+    (a cpuset) when given, with the capabilities it asks for."""
     caps = [*CAPABILITIES, *(c for c in job.capabilities if c not in CAPABILITIES)]
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
     cpu: dict[str, Any] = {}
@@ -107,7 +109,9 @@ def oci_config(job: Job, root: Path, cpus: list[int] | None = None) -> dict[str,
         ],
         "linux": {
             # OCI calls the network namespace "network".
-            "namespaces": [{"type": "network" if ns == "net" else ns} for ns in NAMESPACES],
+            "namespaces": [{"type": "network", "path": netns} if ns == "net" and netns
+                           else {"type": "network" if ns == "net" else ns}
+                           for ns in NAMESPACES],
             "resources": resources,
         },
     }
@@ -122,12 +126,12 @@ def _pin_to(cpus: list[int]) -> Callable[[], None]:
 
 def _chain(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
     """One preexec running the given ones in order (None when none is given)."""
-    steps = tuple(s for s in steps if s is not None)
-    if len(steps) <= 1:
-        return steps[0] if steps else None
+    given = tuple(s for s in steps if s is not None)
+    if len(given) <= 1:
+        return given[0] if given else None
 
     def run() -> None:
-        for step in steps:
+        for step in given:
             step()
     return run
 
@@ -152,6 +156,9 @@ class Runtime(plugin.Plugin, abc.ABC):
     install: ClassVar[str]          # how to get it, for the "not installed" error
     # Order in which `runtime = "auto"` tries runtimes (lowest first); None: never picked.
     auto_rank: ClassVar[int | None] = None
+    # Can put a container into a network namespace vmtax made (`netns`), so that it can
+    # serve a client on the host.
+    joins_netns: ClassVar[bool] = False
 
     @classmethod
     def locate(cls) -> str:
@@ -180,13 +187,15 @@ class Runtime(plugin.Plugin, abc.ABC):
         self.root = home / "rootfs"
         self.cgroup_workaround = False
         self.cpus = cpus
+        # The network namespace the next launch joins (None: a fresh one, loopback only).
+        self.netns: str | None = None
 
     def placement(self) -> str | None:
         """How `cpus` is enforced: "cpuset" (the runtime's cgroup) or "affinity"."""
         return "affinity" if self.cpus else None
 
     def affinity(self) -> Callable[[], None] | None:
-        return _pin_to(self.cpus) if self.placement() == "affinity" else None
+        return _pin_to(self.cpus) if self.cpus and self.placement() == "affinity" else None
 
     def version(self) -> str:
         out = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
@@ -215,6 +224,7 @@ class Unshare(Runtime):
     install = "apt-get install util-linux"
     packages = ("util-linux",)
     auto_rank = 3
+    joins_netns = True
 
     def setup_root(self) -> None:
         # unshare mounts only /proc, so the copy's own /dev carries the device nodes.
@@ -225,12 +235,15 @@ class Unshare(Runtime):
                 path.chmod(0o666)
 
     def command(self, job: Job) -> list[str]:
-        return [self.binary, "--fork", "--kill-child", "--pid", "--mount", "--net", "--uts",
+        net = [] if self.netns else ["--net"]   # else unshare starts in self.netns
+        return [self.binary, "--fork", "--kill-child", "--pid", "--mount", *net, "--uts",
                 "--ipc", "--mount-proc=/proc", f"--root={self.root}", f"--wd={job_cwd(job)}",
                 "--", *job.argv]
 
     def launch(self, job: Job) -> Launch:
-        return Launch(self.command(job), env=container_env(job), preexec=self.affinity())
+        enter = network.enter_netns(self.netns) if self.netns else None
+        return Launch(self.command(job), env=container_env(job),
+                      preexec=_chain(enter, self.affinity()))
 
 
 class OciRuntime(Runtime):
@@ -263,7 +276,7 @@ class OciRuntime(Runtime):
         self.state.mkdir(parents=True, exist_ok=True)
         cpuset = self.cpus if self.placement() == "cpuset" else None
         (self.bundle / "config.json").write_text(
-            json.dumps(oci_config(job, self.root, cpuset), indent=1))
+            json.dumps(oci_config(job, self.root, cpuset, self.netns), indent=1))
         container = f"vmtax-{uuid.uuid4().hex[:12]}"
         return Launch([*self.base(), "run", "--bundle", str(self.bundle), container],
                       preexec=_chain(self.preexec(), self.affinity()), container=container,
@@ -272,6 +285,7 @@ class OciRuntime(Runtime):
 
     def finish(self, launch: Launch) -> bool:
         # `run` deletes its container when the process exits; state left means it did not.
+        assert launch.container is not None and launch.undo is not None   # launch() set them
         state = self.state / launch.container
         if state.exists():
             subprocess.run(launch.undo, capture_output=True, timeout=30)
@@ -284,6 +298,7 @@ class Runc(OciRuntime):
     install = "apt-get install runc"
     packages = ("runc",)
     auto_rank = 1
+    joins_netns = True
 
 
 _CLONE_NEWNS = 0x00020000
@@ -312,6 +327,7 @@ class Crun(OciRuntime):
     install = "apt-get install crun"
     packages = ("crun",)
     auto_rank = 2
+    joins_netns = True
 
     @classmethod
     def host_note(cls) -> str:
@@ -383,6 +399,8 @@ class ContainerTarget(Target):
         self._undo: dict[str, list[int]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._alive = True
+        # Servers running for host-side clients, by network namespace path.
+        self._serving: dict[str, tuple[Any, ...]] = {}
 
     @classmethod
     def variants(cls) -> dict[str, str | None]:
@@ -467,7 +485,8 @@ class ContainerTarget(Target):
 
     def _run_on(self, runtime: Runtime, job: Job) -> JobResult:
         launch = runtime.launch(job)
-        if launch.undo is not None:
+        # A launch that makes a container (not unshare's) has its undo command.
+        if launch.container is not None and launch.undo is not None:
             self._undo[launch.container] = [
                 self.ctx.journal.add(type="rmdir", paths=launch.cgroups or []),
                 self.ctx.journal.add(type="argv", argv=launch.undo)]
@@ -486,7 +505,8 @@ class ContainerTarget(Target):
                     out, err = self._proc.communicate(timeout=KILL_GRACE)
                 except subprocess.TimeoutExpired:
                     self._alive = False
-                    raise TargetError(f"{self.name}: {job.argv[0]} survived being killed")
+                    raise TargetError(
+                        f"{self.name}: {job.argv[0]} survived being killed") from None
             except BaseException:
                 self._kill(runtime, launch)
                 raise
@@ -494,7 +514,8 @@ class ContainerTarget(Target):
             exit_code = None if timed_out else self._proc.returncode
         finally:
             self._proc = None
-        if launch.undo is not None and runtime.finish(launch):
+        if (launch.container is not None and launch.undo is not None
+                and runtime.finish(launch)):
             self._remove(launch.container, delete=False)
         return JobResult(exit_code, out.decode(errors="replace"), err.decode(errors="replace"),
                          host_elapsed=elapsed, guest_elapsed=None, timed_out=timed_out)
@@ -503,7 +524,69 @@ class ContainerTarget(Target):
         # OCI runtimes give the container its own session, out of reach of the group kill:
         # removing it kills its processes (the whole pid namespace) first.
         runtime.finish(launch)
-        proc.kill_group(self._proc)
+        if self._proc is not None:
+            proc.kill_group(self._proc)
+
+    # -- servers for host-side clients --
+
+    def start_server(self, job: Job, port: int) -> Endpoint:
+        """The server in a container of its own in a network namespace vmtax made, joined
+        to the invocation's network by a veth pair."""
+        runtime = self.runtime
+        if runtime is None or not runtime.joins_netns:
+            raise TargetError(f"{self.name}: the {runtime.name if runtime else '?'} runtime "
+                              "cannot join a network namespace vmtax made, so it cannot "
+                              "serve a client on the host yet")
+        net = self.ctx.shared_network()
+        netns = f"{net.name}-c{uuid.uuid4().hex[:6]}"
+        undo_netns = self.ctx.journal.add(type="argv", argv=["ip", "netns", "delete", netns])
+        made = proc.run(["ip", "netns", "add", netns], timeout=30)
+        if made.exit_code != 0:
+            self.ctx.journal.forget(undo_netns)
+            raise TargetError(f"{self.name}: ip netns add failed: {made.stderr.strip()[:200]}")
+        path = f"/run/netns/{netns}"
+        veth = net.attach_veth(path)
+        runtime.netns = path
+        try:
+            launch = runtime.launch(job)
+        finally:
+            runtime.netns = None
+        if launch.container is not None and launch.undo is not None:
+            self._undo[launch.container] = [
+                self.ctx.journal.add(type="rmdir", paths=launch.cgroups or []),
+                self.ctx.journal.add(type="argv", argv=launch.undo)]
+        assert self.dir is not None   # prepared
+        with open(self.dir / f"server-{port}.log", "wb") as log:
+            server = proc.spawn(launch.argv, preexec=launch.preexec, env=launch.env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        token = self.ctx.journal.process(server.pid)
+        self._serving[path] = (server, token, launch, undo_netns, veth)
+        return Endpoint(veth.address, port, [], handle=path,
+                        client_preexec=net.client_preexec())
+
+    def stop_server(self, endpoint: Endpoint) -> None:
+        server, token, launch, undo_netns, veth = self._serving.pop(
+            str(endpoint.handle), (None,) * 5)
+        if server is None:
+            return
+        assert self.runtime is not None
+        proc.kill_group(server, grace=2.0)
+        self.ctx.journal.forget(token)
+        if launch.container in self._undo:
+            self._remove(launch.container, delete=not self.runtime.finish(launch))
+        self.ctx.shared_network().detach(veth)
+        self.ctx.journal.undo(undo_netns)
+
+    def host_pids(self) -> list[int]:
+        """The processes of the containers that serve: those in their network namespaces."""
+        inodes = {os.stat(path).st_ino for path in self._serving if os.path.exists(path)}
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
+                        pids.append(int(entry))
+        return pids
 
     def _remove(self, container: str, delete: bool) -> None:
         """Delete the container (unless the runtime already did) and its cgroups. A cgroup
@@ -520,6 +603,8 @@ class ContainerTarget(Target):
         if self._proc is not None:
             proc.kill_group(self._proc)
             self._proc = None
+        for path in list(self._serving):
+            self.stop_server(Endpoint("", 0, handle=path))
         for container in list(self._undo):
             self._remove(container, delete=True)
         if self._dir_token is not None:

@@ -1,0 +1,156 @@
+"""host-mem: host memory an instance's processes hold, at the end of a cell and at its peak.
+
+RSS and PSS from /proc/PID/smaps_rollup (Linux 4.14 or later), summed over the subject's
+pids. RSS counts every page a process maps, so pages that instances share (one binary, KSM)
+count in each of them; PSS divides each shared page among its sharers, so PSS adds up over
+many instances to the memory they take together (E4's density). A process's threads share
+its memory, so there is one read per process.
+
+A background thread samples PSS every `interval` seconds for the peak; stop() and abort()
+stop and join it. A process that exits before stop counts in the peak up to its last
+sample but not in the values at stop, and a warning says so.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+from vmtax import plugin
+from vmtax.collectors.base import Collector, CollectorError, Subject, proc_stat
+from vmtax.journal import Journal
+from vmtax.types import Metric, MetricSpec
+
+_STATE, _STARTTIME = 0, 19
+
+
+class HostMemOptions(plugin.Options):
+    interval: float = plugin.option(
+        0.2, "time between two samples of the peak; each sample walks the processes' page "
+        "tables (as smaps_rollup does), which a large guest feels when it is short",
+        unit="s", ge=0.05, le=10.0)
+
+
+def _rollup(path: Path) -> tuple[int, int] | None:
+    """(RSS, PSS) in KiB from a smaps_rollup file; None when unreadable or empty (a
+    process that exited, or a zombie with no memory left)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    found = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss"):
+            value = rest.split()
+            if len(value) != 2 or not value[0].isdigit():
+                raise CollectorError(f"host-mem: unexpected line in {path}: {line!r}")
+            found[key] = int(value[0])
+    return (found["Rss"], found["Pss"]) if len(found) == 2 else None
+
+
+class HostMem(Collector):
+    name = "host-mem"
+    description = ("Host memory of the instance's processes: RSS and PSS at the end of the "
+                   "measured repetitions, and the peak PSS sampled during them.")
+    Options = HostMemOptions
+    options: HostMemOptions
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("host rss", "MiB", False,
+                   "resident memory of the instance's processes at the end, shared pages "
+                   "counted in full"),
+        MetricSpec("host pss", "MiB", False,
+                   "proportional set size at the end: shared pages divided among sharers"),
+        MetricSpec("host pss peak", "MiB", False, "largest PSS sampled during the cell"),
+    )
+
+    def __init__(self, options: plugin.Options, *, journal: Journal, scratch: Path) -> None:
+        super().__init__(options, journal=journal, scratch=scratch)
+        self._born: dict[int, str] = {}      # pid -> its start time, to spot a reused pid
+        self._gone: set[int] = set()
+        self._peak = 0                       # KiB
+        self._stopping = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self._failure: Exception | None = None
+
+    @classmethod
+    def unavailable(cls, subject: Subject) -> str | None:
+        if not subject.pids:
+            return f"{subject.name} has no host processes to observe"
+        pid = next((p for p in subject.pids if proc_stat(p, cls.proc_root) is not None), None)
+        if pid is None:
+            return (f"none of {subject.name}'s processes "
+                    f"({', '.join(map(str, subject.pids))}) is running")
+        path = cls.proc_root / str(pid) / "smaps_rollup"
+        try:
+            path.open().close()
+        except FileNotFoundError:
+            return f"needs {path} (Linux 4.14 or later)"
+        except OSError as exc:
+            return f"cannot read {path}: {exc.strerror}"
+        return None
+
+    def _read(self) -> tuple[int, int, int]:
+        """(RSS, PSS) in KiB summed over the processes still running, and how many are."""
+        rss = pss = alive = 0
+        for pid, born in self._born.items():
+            if pid in self._gone:
+                continue
+            fields = proc_stat(pid, self.proc_root)
+            value = (_rollup(self.proc_root / str(pid) / "smaps_rollup")
+                     if fields is not None and fields[_STARTTIME] == born else None)
+            if value is None:
+                self._gone.add(pid)
+                continue
+            rss, pss, alive = rss + value[0], pss + value[1], alive + 1
+        return rss, pss, alive
+
+    def _sample(self) -> None:
+        try:
+            while not self._stopping.wait(self.options.interval):
+                self._peak = max(self._peak, self._read()[1])
+        except Exception as exc:   # stop() reports it; the thread must not die silently
+            self._failure = exc
+
+    def start(self, subject: Subject) -> None:
+        why = self.unavailable(subject)
+        if why is not None:
+            raise CollectorError(f"{self.name}: {why}")
+        for pid in subject.pids:
+            fields = proc_stat(pid, self.proc_root)
+            if fields is None or fields[_STATE] == "Z":
+                self.warnings.append(f"{self.name}: process {pid} of {subject.name} had "
+                                     "exited before start; not counted")
+            else:
+                self._born[pid] = fields[_STARTTIME]
+        _, self._peak, alive = self._read()
+        if not alive:
+            raise CollectorError(f"{self.name}: no process of {subject.name} left to observe")
+        self._sampler = threading.Thread(target=self._sample, name=f"vmtax {self.name}",
+                                         daemon=True)
+        self._sampler.start()
+
+    def _join(self) -> None:
+        self._stopping.set()
+        if self._sampler is not None:
+            self._sampler.join()
+
+    def stop(self) -> list[Metric]:
+        self._join()
+        if isinstance(self._failure, CollectorError):
+            raise self._failure
+        if self._failure is not None:
+            raise CollectorError(f"{self.name}: sampling failed: {self._failure!r}")
+        rss, pss, alive = self._read()
+        self._peak = max(self._peak, pss)
+        for pid in sorted(self._gone):
+            self.warnings.append(f"{self.name}: process {pid} exited before the end of the "
+                                 "cell; counted in the peak up to its last sample only")
+        metrics = [self.metric("host pss peak", self._peak / 1024)]
+        if alive:   # with every process gone, 0 MiB would be no measurement
+            metrics += [self.metric("host rss", rss / 1024), self.metric("host pss", pss / 1024)]
+        return metrics
+
+    def abort(self) -> None:
+        self._join()
