@@ -2,6 +2,10 @@
 grants, giving back (normal, failure, crash), and the sizes guests and sysbench need."""
 
 import os
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,11 @@ class Kernel:
     def value(self) -> int:
         return int(self.nr.read_text())
 
+    @property
+    def surplus(self) -> int:
+        path = self.dir / "surplus_hugepages"
+        return int(path.read_text()) if path.exists() else 0
+
 
 class FakePool(Pool):
     def __init__(self, kernel: Kernel, j: journal.Journal, size: str = "2M", **kwargs):
@@ -33,11 +42,11 @@ class FakePool(Pool):
         super().__init__(j, size, kernel.dir.parent, mount=self._mount, **kwargs)
 
     def _write(self, pages: int) -> None:
-        super()._write(min(pages, self.kernel.limit))
+        # Surplus pages (in use, above the size set) stay counted until they are freed.
+        super()._write(min(pages, self.kernel.limit) + self.kernel.surplus)
 
     def _mount(self, j, size):
-        directory = self.kernel.dir.parent / f"mnt-{len(self.mounts)}"
-        directory.mkdir()
+        directory = Path(tempfile.mkdtemp(prefix="mnt-", dir=self.kernel.dir.parent))
         self.mounts.append(directory)
         return directory, [j.add(type="rmtree", path=str(directory))]
 
@@ -53,7 +62,7 @@ def kernel(tmp_path):
     return Kernel(tmp_path / "sys", value=0)
 
 
-def test_reserve_journals_the_value_first_then_raises_by_exactly_the_pages(kernel, j):
+def test_reserve_journals_the_lease_first_then_raises_by_exactly_the_pages(kernel, j):
     pool = FakePool(kernel, j, compact=Path("/nonexistent"))
     seen = []
     original_write = pool._write
@@ -64,8 +73,8 @@ def test_reserve_journals_the_value_first_then_raises_by_exactly_the_pages(kerne
     pool._write = spy
     res = pool.reserve(512)
     assert (res.requested, res.granted, kernel.value) == (512, 512, 512)
-    # The old value was in the journal before the first write reached the kernel.
-    assert {"type": "write", "path": str(kernel.nr), "value": "0\n"} in seen[0].values()
+    # What this run adds was in the journal before the first write reached the kernel.
+    assert {"type": "hugepages", "path": str(kernel.nr), "added": 512} in seen[0].values()
     assert res.mountpoint == pool.mounts[0] and res.mountpoint.is_dir()
     res.release()
     assert kernel.value == 0
@@ -151,6 +160,65 @@ def test_after_a_crash_the_journal_puts_the_value_back(tmp_path):
     lines = journal.recover(tmp_path / "journal")
     assert len(lines) == 1 and "undid 2 host change(s)" in lines[0]
     assert kernel.value == 3 and not pool.mounts[0].exists()
+
+
+def test_concurrent_runs_a_finished_and_b_killed_give_the_pool_back(tmp_path):
+    """Issue 16's reproduction: A reserves, B reserves on top, A finishes, B is killed
+    and recovered: the pool is what it was before A, not what B found."""
+    (tmp_path / "journal").mkdir()
+    kernel = Kernel(tmp_path / "sys", value=3)
+    a = journal.Journal(tmp_path / "journal", pid=2**22 + 1, start=1)
+    b = journal.Journal(tmp_path / "journal", pid=2**22 + 2, start=1)
+    pool_a, pool_b = FakePool(kernel, a), FakePool(kernel, b)
+    reservation = pool_a.reserve(256)
+    pool_b.reserve(256)
+    assert kernel.value == 515
+    reservation.release()
+    assert kernel.value == 259 and a.entries == {}
+    assert journal.recover(tmp_path / "journal") == [
+        f"undid 2 host change(s) left by vmtax process {2**22 + 2}"]
+    assert kernel.value == 3
+
+
+def test_a_dead_runs_lease_never_takes_what_other_leases_hold(tmp_path):
+    (tmp_path / "journal").mkdir()
+    kernel = Kernel(tmp_path / "sys", value=0)
+    live = journal.Journal(tmp_path / "journal")
+    dead = journal.Journal(tmp_path / "journal", pid=2**22 + 1, start=1)
+    FakePool(kernel, live).reserve(100)
+    FakePool(kernel, dead).reserve(50)
+    kernel.nr.write_text("120\n")     # someone lowered the pool meanwhile
+    journal.recover(tmp_path / "journal")
+    assert kernel.value == 100          # the live run keeps its 100
+    kernel.nr.write_text("30\n")
+    journal.Journal(tmp_path / "journal", pid=2**22 + 3, start=1).add(
+        type="hugepages", path=str(kernel.nr), added=10)
+    journal.recover(tmp_path / "journal")
+    assert kernel.value == 30           # below what the live run holds: left, not raised
+
+
+def test_surplus_pages_of_a_dying_guest_do_not_count(tmp_path, j):
+    """Lowered while a killed QEMU still holds pages, the kernel counts them as surplus
+    until they are freed: they are not part of the pool the next change starts from."""
+    kernel = Kernel(tmp_path / "sys", value=256)
+    (kernel.dir / "surplus_hugepages").write_text("256\n")
+    res = FakePool(kernel, j).reserve(64)
+    assert kernel.value == 256 + 64
+    res.release()
+    assert kernel.value == 256
+
+
+def test_pool_changes_wait_for_the_pools_lock(kernel, j):
+    """A change waits while another process holds the pool's lock (flock on nr_hugepages)."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('locked', flush=True); time.sleep(0.5)"), str(kernel.nr)],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    started = time.monotonic()
+    FakePool(kernel, j).reserve(1)
+    assert time.monotonic() - started > 0.3
+    holder.wait()
 
 
 def test_a_missing_page_size_is_one_line(tmp_path, j):

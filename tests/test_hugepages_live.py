@@ -3,6 +3,8 @@ pages, records what was granted on both sides and puts the pool back, also on SI
 
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -107,3 +109,40 @@ def test_sigint_mid_plan_restores_the_pool_and_stops_qemu(tmp_path):
     # Nothing left for the next vmtax to recover.
     assert not list(Path(os.environ["VMTAX_RUNTIME"]).glob("journal-*"))
     assert Store(results).load_run("last").status == "interrupted"
+
+
+# A run as `vmtax run` holds the pool: its journal, its guardian, pages reserved.
+HOLDER = """
+import sys
+from vmtax import guardian, hugepages, journal
+j = journal.Journal()
+with guardian.guard(j.path):
+    reservation = hugepages.pool(j, "2M").reserve(int(sys.argv[1]))
+    print(reservation.mountpoint, flush=True)
+    sys.stdin.readline()             # until told to finish, or killed
+    reservation.release()
+    j.undo_all()
+"""
+
+
+def test_concurrent_runs_one_done_one_killed_give_the_pool_back(tmp_path):
+    """Issue 16: A reserves, B reserves on top, A finishes, B is killed: the pool goes
+    back to what it was before A, at once (B's guardian), not to what B found."""
+    before = nr()
+    runs = []
+    for _ in range(2):
+        run = subprocess.Popen([sys.executable, "-c", HOLDER, "16"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+        runs.append((run, run.stdout.readline().strip()))
+        assert runs[-1][1], run.communicate()
+    (a, _), (b, b_mount) = runs
+    assert nr() == before + 32
+    a.communicate("\n", timeout=30)
+    assert a.returncode == 0 and nr() == before + 16
+    b.kill()
+    b.wait()
+    deadline = time.monotonic() + 5
+    while nr() != before or b_mount in Path("/proc/mounts").read_text():
+        assert time.monotonic() < deadline, (nr(), before)
+        time.sleep(0.05)
+    assert not list(Path(os.environ["VMTAX_RUNTIME"]).glob("journal-*"))

@@ -75,7 +75,7 @@ def test_signal_mid_plan_cleans_up_and_keeps_results(tmp_path, sig):
     wait_for_committed_reps(results, proc)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err     # 130 for SIGINT, 143 for SIGTERM
     assert "interrupted; what finished is stored in run" in err and "--resume" in err
     assert "Traceback" not in err
     status, reps = committed(results)
@@ -83,10 +83,40 @@ def test_signal_mid_plan_cleans_up_and_keeps_results(tmp_path, sig):
     assert_nothing_left(results)
 
 
-def test_sigkill_leaves_nothing_after_the_next_start(tmp_path):
+def guardians(proc: subprocess.Popen) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode()
+        except OSError:
+            continue
+        if "vmtax.guardian" in cmdline and f"journal-{proc.pid}-" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigkill_leaves_nothing_within_seconds(tmp_path):
     results = tmp_path / "results"
     proc = start_plan(results)
     wait_for_committed_reps(results, proc)
+    proc.kill()
+    proc.wait(timeout=30)
+    # The guardian undoes the journal (QEMU got SIGKILL from the kernel already), with
+    # no vmtax started again, and exits.
+    deadline = time.monotonic() + 5
+    while (processes_mentioning(str(results)) or list(results.glob(".work-*"))
+           or list(Path(os.environ["VMTAX_RUNTIME"]).glob("journal-*")) or guardians(proc)):
+        assert time.monotonic() < deadline, (processes_mentioning(str(results)), guardians(proc))
+        time.sleep(0.1)
+    assert committed(results)[1] >= 4
+
+
+def test_sigkill_of_vmtax_and_its_guardian_leaves_nothing_after_the_next_start(tmp_path):
+    results = tmp_path / "results"
+    proc = start_plan(results)
+    wait_for_committed_reps(results, proc)
+    guardian, = guardians(proc)
+    os.kill(guardian, signal.SIGKILL)
     proc.kill()
     proc.wait(timeout=30)
     # The kernel kills QEMU with vmtax (PR_SET_PDEATHSIG); the journal still lists the

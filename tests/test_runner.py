@@ -8,7 +8,7 @@ import pytest
 from typing import Literal
 
 from vmtax import plan as plan_mod, plugin, proc
-from vmtax.errors import ParseError
+from vmtax.errors import ParseError, VmtaxError
 from vmtax.runner import Runner, schedule
 from vmtax.store import Store
 from vmtax.types import Job, Metric, MetricSpec
@@ -61,7 +61,8 @@ def test_warmups_are_marked_and_every_rep_stored(tmp_path):
     assert all(r.metrics == [Metric("value", 7.0, "u", True)] for r in run.reps)
     assert run.targets["native"]["kind"] == "native"
     assert not list(tmp_path.glob(".work-*")), "work dir left behind"
-    assert store.flags(run_id) == []   # identical values: nothing to flag
+    # Identical values: nothing to flag but their length (a python -c lasts ~30 ms).
+    assert store.flags(run_id) == [("native", "echo-test", {}, "value", "too short")]
 
 
 def test_sanity_flags_are_stored(tmp_path, monkeypatch):
@@ -70,7 +71,8 @@ def test_sanity_flags_are_stored(tmp_path, monkeypatch):
         [sys.executable, "-c", f"print({next(values)})"], timeout=5))
     store = Store(tmp_path)
     run_id = Runner(make_plan(), store).execute()
-    assert store.flags(run_id) == [("native", "echo-test", {}, "value", "noisy")]
+    assert store.flags(run_id) == [("native", "echo-test", {}, "value", "noisy"),
+                                   ("native", "echo-test", {}, "value", "too short")]
 
 
 @pytest.mark.parametrize("mode, status, error", [
@@ -125,7 +127,7 @@ def test_interrupt_keeps_committed_reps_and_cleans_up(tmp_path):
 
 def test_a_stop_whose_keyboardinterrupt_was_dropped_still_stops_the_plan(tmp_path,
                                                                           monkeypatch):
-    monkeypatch.setattr(proc, "_stop_requested", False)
+    monkeypatch.setattr(proc, "_stop_signal", None)
     values = iter(range(100))
 
     def job(self):
@@ -141,6 +143,31 @@ def test_a_stop_whose_keyboardinterrupt_was_dropped_still_stops_the_plan(tmp_pat
     run = store.load_run(runner.run_id)
     assert run.status == "interrupted"
     assert [(r.phase, r.idx) for r in run.reps] == [("warmup", 0), ("measure", 1)]
+
+
+def test_a_run_another_live_process_executes_cannot_be_resumed(tmp_path):
+    store = Store(tmp_path)
+    run_id = Runner(make_plan(), store).execute()
+    other = proc.spawn(["sleep", "30"])     # stands for the vmtax executing it
+    with store.db:
+        store.db.execute("UPDATE runs SET status = 'running', pid = ?, pid_start = ?",
+                         (other.pid, proc.process_start_time(other.pid)))
+    with pytest.raises(VmtaxError, match=rf"^run {run_id} is in progress \(PID {other.pid}\)$"):
+        Runner(make_plan(), store, resume=run_id[:10]).execute()
+    assert len(store.load_run(run_id).reps) == 4 and not list(tmp_path.glob(".work-*"))
+    proc.kill_group(other)
+    # Once it is gone the run is resumable again (nothing left to do here).
+    assert Runner(make_plan(), Store(tmp_path), resume=run_id).execute() == run_id
+    assert Store(tmp_path).load_run(run_id).status == "done"
+
+
+def test_stopped_exit_code_follows_the_signal(monkeypatch):
+    monkeypatch.setattr(proc, "_stop_signal", None)
+    assert proc.stopped_exit_code() == 130      # a KeyboardInterrupt no handler saw
+    for sig, code in [(signal.SIGINT, 130), (signal.SIGTERM, 143)]:
+        with pytest.raises(KeyboardInterrupt):
+            proc.stop_on_signal(sig, None)
+        assert proc.stopped_exit_code() == code
 
 
 def test_schedule_interleaves_targets_and_marks_first_reps_as_warmup():

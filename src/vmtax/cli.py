@@ -12,10 +12,10 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
-    TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, \
+    TextColumn, TimeElapsedColumn
 
-from vmtax import __version__, journal, plan as plan_mod, proc
+from vmtax import __version__, guardian, journal, plan as plan_mod, proc
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 
@@ -56,6 +56,13 @@ def _target_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def warn_left_behind() -> None:
+    """One line on stderr when killed vmtax processes left host changes in place."""
+    line = journal.left_behind_warning()
+    if line:
+        click.echo(f"vmtax: warning: {line}", err=True)
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
@@ -68,7 +75,7 @@ class ProgressReporter:
                                  BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                                  transient=True, disable=not err.is_terminal)
-        self.task = None
+        self.task: TaskID | None = None
 
     def __enter__(self):
         self.progress.__enter__()
@@ -137,14 +144,18 @@ def cli() -> None:
               default=plan_mod.DEFAULT_TIME, show_default=True,
               help="Seconds each time-bounded workload runs (its declared time option).")
 @_target_flags
+@click.option("--collect", metavar="NAME,...",
+              help="Collectors recording on the host around each cell's measured "
+                   "repetitions, e.g. host-cpu,host-mem (`vmtax list collectors`).")
 @click.option("--no-interleave", is_flag=True,
               help="Run all repetitions of one target before the next (default: A B B A order).")
-@click.option("--resume", metavar="RUN_ID", help="Continue an interrupted run, skipping what it stored.")
+@click.option("--resume", metavar="RUN_ID",
+              help="Continue an interrupted run, skipping what it stored.")
 @click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
 @results_option
 @json_option
 def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_,
-        no_interleave, resume, quick, results, as_json, **target_options) -> None:
+        collect, no_interleave, resume, quick, results, as_json, **target_options) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
@@ -168,18 +179,23 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
     elif plan_file:
         from vmtax import planfile
         the_plan = planfile.load(plan_file, quick)
+        if collect:
+            the_plan.collect = list(dict.fromkeys([*the_plan.collect,
+                                                   *(_csv(collect, "--collect") or [])]))
+            the_plan.__post_init__()
     else:
         classic_targets, classic_workloads = plan_mod.classic_names()
         the_plan = plan_mod.from_names(
             target_names or classic_targets, workload_names or classic_workloads,
             target_options, warmup=warmup, time=time_, **repetitions,
-            interleave=not no_interleave)
+            interleave=not no_interleave, collect=_csv(collect, "--collect") or [])
     if not resume:
         store = Store(results)   # only once the plan is valid: a typo creates nothing
     for line in journal.recover():
         err.print(f"[yellow]recovered:[/yellow] {line}")
-    with ProgressReporter() as progress:
-        runner = Runner(the_plan, store, progress, resume=resume)
+    own = journal.Journal()
+    with ProgressReporter() as progress, guardian.guard(own.path):
+        runner = Runner(the_plan, store, progress, resume=resume, journal=own)
         try:
             run_id = runner.execute()
         except KeyboardInterrupt:
@@ -188,7 +204,7 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                           f"(continue it with: vmtax run --resume {runner.run_id})")
             else:
                 err.print("interrupted before the first run; nothing stored")
-            sys.exit(130)
+            sys.exit(proc.stopped_exit_code())
     _show(store, run_id, as_json)
 
 
@@ -213,6 +229,7 @@ def _show(store: Store, run_id: str, as_json: bool) -> None:
 @json_option
 def show(run_id, results, as_json) -> None:
     """Reprint a stored run (RUN_ID, a unique prefix of it, or 'last')."""
+    warn_left_behind()
     _show(Store(results), run_id, as_json)
 
 
@@ -221,6 +238,7 @@ def show(run_id, results, as_json) -> None:
 @json_option
 def runs(results, as_json) -> None:
     """List the stored runs."""
+    warn_left_behind()
     rows = Store(results).list_runs()
     if as_json:
         _print_json(rows)
@@ -291,6 +309,7 @@ def doctor(as_json) -> None:
 
     from vmtax import host
 
+    warn_left_behind()
     checks = host.doctor()
     if as_json:
         _print_json({"host": host.fingerprint(),
@@ -301,8 +320,20 @@ def doctor(as_json) -> None:
     table.add_column("", justify="center")
     table.add_column("detail")
     for c in checks:
-        table.add_row(escape(c.name), "[green]ok[/green]" if c.ok else "[red]no[/red]", escape(c.detail))
+        table.add_row(escape(c.name), "[green]ok[/green]" if c.ok else "[red]no[/red]",
+                      escape(c.detail))
     out.print(table)
+
+
+@cli.command()
+def cleanup() -> None:
+    """Undo what killed vmtax processes left on this host: processes, containers, cgroups,
+    mounts, huge pages. (`vmtax run` does it too, before it starts.)"""
+    lines = journal.recover()
+    for line in lines:
+        out.print(line)
+    if not lines:
+        out.print("nothing to clean up")
 
 
 def main() -> None:
@@ -315,7 +346,7 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         err.print("interrupted")
-        sys.exit(130)
+        sys.exit(proc.stopped_exit_code())
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -324,7 +355,7 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")
-        sys.exit(130)
+        sys.exit(proc.stopped_exit_code())
 
 
 from vmtax.cli_report import export, report  # noqa: E402  (commands live beside their code)

@@ -4,15 +4,20 @@ granted, give it back.
 A page size's pool (`/sys/kernel/mm/hugepages/hugepages-<kB>kB/nr_hugepages`; for 2 MiB the
 same number as /proc/sys/vm/nr_hugepages) is raised by exactly the pages this vmtax's guests
 need, so pages someone else reserved are never taken, and lowered by as many once each guest
-is gone: at cleanup, and on Ctrl-C or SIGTERM (the same path). After a crash the journal,
-which got the value found before the first write, puts it back. Guest RAM is a file on a
-private hugetlbfs mount of that page size; QEMU unlinks it at once, so its pages go back to
-the pool when QEMU exits.
+is gone: at cleanup, and on Ctrl-C or SIGTERM (the same path). Concurrent runs share the
+pool, so each holds a lease: its journal records what it added (never less), and after a
+crash the pool is lowered by exactly that, never below what other runs' leases hold; with
+every run's changes undone the pool is what it was before the first. Each change is made
+holding an flock on the pool's own nr_hugepages file, so two processes' read-modify-writes
+do not interleave, whatever runtime directory they use. Guest RAM is a file on a private
+hugetlbfs mount of that page size; QEMU unlinks it at once, so its pages go back to the
+pool when QEMU exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 import weakref
@@ -22,6 +27,7 @@ from typing import Callable
 
 from vmtax import proc
 from vmtax.errors import VmtaxError
+from vmtax.journal import held_elsewhere
 
 SIZES = {"2M": 2 << 20, "1G": 1 << 30}
 SYSFS = Path("/sys/kernel/mm/hugepages")
@@ -83,6 +89,32 @@ def capacity_problem(wanted: dict[str, int], sysfs: Path = SYSFS,
     return None
 
 
+@contextlib.contextmanager
+def locked(nr: Path):
+    """The pool behind nr_hugepages `nr` to this process alone (until the block ends)."""
+    with open(nr) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def persistent(nr: Path) -> int:
+    """The pool's size as set through nr_hugepages: without surplus pages, which are those
+    still in use after it was lowered (a killed QEMU not yet gone) and leave by themselves."""
+    surplus = nr.parent / "surplus_hugepages"
+    return int(nr.read_text().split()[0]) - (int(surplus.read_text()) if surplus.exists() else 0)
+
+
+def end_lease(journal, entry: dict) -> None:
+    """Undo a journaled lease (its owner is done or dead): lower the pool by what the owner
+    added, never below what the other leases hold, never raise it."""
+    nr = Path(entry["path"])
+    with locked(nr):
+        now = persistent(nr)
+        pages = max(now - entry["added"], min(now, held_elsewhere(journal, entry["path"])))
+        if pages != now:
+            nr.write_text(f"{pages}\n")
+
+
 def mount_hugetlbfs(journal, size: str) -> tuple[Path, list[int]]:
     """A private hugetlbfs of `size` pages; returns its mount point and the journal tokens
     that unmount and remove it (undo them newest first)."""
@@ -109,6 +141,9 @@ class Reservation:
 
     @property
     def mountpoint(self) -> Path:
+        # The pool stays mounted while any reservation holds pages.
+        if self.pool.mountpoint is None:
+            raise VmtaxError("huge pages: the reservation was released")
         return self.pool.mountpoint
 
     def release(self) -> None:
@@ -133,21 +168,30 @@ class Pool:
         self.mount = mount
         self.compact = compact
         self.held = 0                   # pages this process's guests hold
+        self.added = 0                  # by how much this process changed the pool
         self.mountpoint: Path | None = None
-        self._restore: int | None = None   # journal token: the value found, for a crash
+        self._lease: int | None = None     # journal token: what `added` was at most
         self._mount_tokens: list[int] = []
 
     def _read(self) -> int:
-        return int(self.path.read_text().split()[0])
+        return persistent(self.path)
 
     def _write(self, pages: int) -> None:
         self.path.write_text(f"{pages}\n")
 
     def _add(self, pages: int) -> int:
-        """Change the pool by `pages`; returns by how much the kernel changed it."""
-        before = self._read()
-        self._write(max(before + pages, 0))
-        return self._read() - before
+        """Change the pool by `pages`; returns by how much the kernel changed it. The lease
+        never says less than was added (raised before a raise, lowered after a lowering):
+        a crash in between costs at most a few pages too many given back, never a leak."""
+        with locked(self.path):
+            if pages > 0:
+                self.journal.update(self._lease, added=self.added + pages)
+            before = self._read()
+            self._write(max(before + pages, 0))
+            changed = self._read() - before
+            self.added += changed
+            self.journal.update(self._lease, added=self.added)
+        return changed
 
     def reserve(self, pages: int) -> Reservation:
         """Raise the pool by `pages`; if the kernel grants fewer, give them back and fail."""
@@ -190,9 +234,7 @@ class Pool:
             self._close()
 
     def _open(self) -> None:
-        # Journaled before the first write: after a crash the next vmtax writes it back.
-        self._restore = self.journal.add(type="write", path=str(self.path),
-                                         value=f"{self._read()}\n")
+        self._lease = self.journal.add(type="hugepages", path=str(self.path), added=0)
         try:
             self.mountpoint, self._mount_tokens = self.mount(self.journal, self.size)
         except BaseException:
@@ -200,13 +242,14 @@ class Pool:
             raise
 
     def _close(self) -> None:
-        # The pool is back where it was (changed relatively): the crash entry goes, then the
-        # mount, newest first.
-        self.journal.forget(self._restore)
+        # Newest first: the mount, then the lease, which gives back anything the kernel
+        # would not take back before (nothing, normally).
         for token in reversed(self._mount_tokens):
             self.journal.undo(token)
         self._mount_tokens = []
         self.mountpoint = None
+        self.journal.undo(self._lease)
+        self.added = 0
 
 
 # The pools of one invocation (one journal), shared by its VM targets: two guests on 2 MiB

@@ -18,22 +18,28 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-# Set by `stop_on_signal`: a stop was asked for. The KeyboardInterrupt its handler raises
-# is dropped (printed as "Exception ignored") when the signal lands while subprocess runs
-# fork's at-fork hooks; the flag still stops vmtax at its next `check_stop`.
-_stop_requested = False
+# Set by `stop_on_signal`: the signal that asked for a stop. The KeyboardInterrupt its
+# handler raises is dropped (printed as "Exception ignored") when the signal lands while
+# subprocess runs fork's at-fork hooks; this still stops vmtax at its next `check_stop`.
+_stop_signal: int | None = None
 
 
 def stop_on_signal(signum, frame) -> None:
-    global _stop_requested
-    _stop_requested = True
+    global _stop_signal
+    _stop_signal = signum
     raise KeyboardInterrupt
 
 
 def check_stop() -> None:
     """Raise the KeyboardInterrupt of a stop request that was lost on its way."""
-    if _stop_requested:
+    if _stop_signal is not None:
         raise KeyboardInterrupt
+
+
+def stopped_exit_code() -> int:
+    """128 + the signal that stopped vmtax, as a shell reports a death by that signal:
+    130 for Ctrl-C (also a KeyboardInterrupt no handler saw), 143 for SIGTERM."""
+    return 128 + (_stop_signal or signal.SIGINT)
 
 
 def _die_with_parent() -> None:

@@ -290,6 +290,7 @@ class Store:
                  error, exit_code, host_elapsed, guest_elapsed, started, json.dumps(argv),
                  stdout, stderr))
             rep_id = cur.lastrowid
+            assert rep_id is not None    # set by the INSERT just done
             self.db.executemany(
                 "INSERT INTO metrics (rep_id, name, value, unit, higher_is_better, dimensions)"
                 " VALUES (?,?,?,?,?,?)",
@@ -315,18 +316,35 @@ class Store:
         return [(r["target"], r["workload"], json.loads(r["params"]), r["metric"], r["flag"])
                 for r in self.db.execute("SELECT * FROM flags WHERE run_id = ?", (run_id,))]
 
-    def reopen_run(self, run_id: str) -> None:
-        """A resumed run is running again, in this process."""
-        with self.db:
-            self.db.execute("UPDATE runs SET status='running', pid=?, pid_start=? WHERE id=?",
+    def claim_run(self, run_id: str) -> None:
+        """Make this process the one executing run_id (to resume it), unless another live
+        one is. BEGIN IMMEDIATE: of two processes claiming at once, the second sees the
+        first's claim."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            pid, start = self.db.execute("SELECT pid, pid_start FROM runs WHERE id = ?",
+                                         (run_id,)).fetchone()
+            if pid is not None and pid != os.getpid() and running(pid, start):
+                raise VmtaxError(f"run {run_id} is in progress (PID {pid})")
+            self.db.execute("UPDATE runs SET pid = ?, pid_start = ? WHERE id = ?",
                             (os.getpid(), process_start_time(os.getpid()), run_id))
+            self.db.commit()
+        except BaseException:
+            self.db.rollback()
+            raise
+
+    def reopen_run(self, run_id: str) -> None:
+        """A resumed run (claimed by this process) is running again."""
+        with self.db:
+            self.db.execute("UPDATE runs SET status='running' WHERE id=?", (run_id,))
 
     # -- reading ---------------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT r.id, r.created, r.finished, r.status,"
             " (SELECT group_concat(name, ',') FROM targets t WHERE t.run_id = r.id) AS targets,"
-            " (SELECT group_concat(DISTINCT workload) FROM reps p WHERE p.run_id = r.id) AS workloads,"
+            " (SELECT group_concat(DISTINCT workload) FROM reps p WHERE p.run_id = r.id)"
+            " AS workloads,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure') AS reps,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure'"
             "  AND p.status != 'ok') AS failed"
@@ -349,7 +367,8 @@ class Store:
             return rows[0]["id"]
         if not rows:
             raise VmtaxError(f"unknown run id {run_id!r} in {self.path}; `vmtax runs` lists them")
-        raise VmtaxError(f"run id {run_id!r} is ambiguous ({len(rows)} runs match); give more of it")
+        raise VmtaxError(f"run id {run_id!r} is ambiguous ({len(rows)} runs match); "
+                         "give more of it")
 
     def load_run(self, run_id: str, *, with_output: bool = False) -> Run:
         run_id = self.resolve(run_id)
