@@ -42,7 +42,7 @@ def a_vs_a(store: Store, trials: int) -> None:
     for a, b in zip(ids, ids[1:]):
         rows = compare_native(store, a, b)
         total += len(rows)
-        significant = [r for r in rows if r.comparison.verdict != "~"]
+        significant = [r for r in rows if r.comparison.significant]
         called += len(significant)
         for r in significant:
             print(f"   false alarm: {r.workload} {r.metric} {r.comparison.verdict} "

@@ -10,9 +10,12 @@ from vmtax import kvm
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "--targets", "native,xen"], "vmtax: error: unknown target 'xen'; known targets: container,"),
-    (["run", "--workloads", "oltp"], "vmtax: error: unknown workload 'oltp'; known workloads: cpu,"),
-    (["run", "--runs", "many"], "vmtax: error: --runs takes a whole number (1 or more) or 'auto', got 'many'"),
+    (["run", "--targets", "native,xen"],
+     "vmtax: error: unknown target 'xen'; known targets: container,"),
+    (["run", "--workloads", "oltp"],
+     "vmtax: error: unknown workload 'oltp'; known workloads: cpu,"),
+    (["run", "--runs", "many"],
+     "vmtax: error: --runs takes a whole number (1 or more) or 'auto', got 'many'"),
     (["run", "--runs", "auto", "--min-runs", "9", "--max-runs", "3"],
      "vmtax: error: --max-runs (3) must be at least --min-runs (9)"),
     (["run", "--targets", "vm", "--qemu", "/nonexistent/qemu-system-x86_64", "--workloads", "cpu"],
@@ -36,7 +39,9 @@ def test_accel_kvm_where_kvm_cannot_run_this_guest_says_why(tmp_path):
                 "--results", str(tmp_path / "results"))
     assert res.returncode == 2
     assert res.stderr == f"vmtax: error: --accel kvm: {status.reason}; use --accel tcg or auto\n"
-    if os.path.exists("/sys/module/kvm_pvm"):   # this machine
+    # This machine; only a user who may open /dev/kvm gets as far as the vCPU test that
+    # finds kvm_pvm (others are told to join the device's group).
+    if os.path.exists("/sys/module/kvm_pvm") and os.access("/dev/kvm", os.R_OK | os.W_OK):
         assert "KVM is present but provided by kvm_pvm" in status.reason
 
 
@@ -84,3 +89,50 @@ def test_run_runs_show_and_compare_on_native(tmp_path):
     assert by_metric["events/s"]["comparison"]["verdict"] in ("~", "better", "worse")
     res = vmtax("compare", f"{run_id}:vm", "last:native", "--results", results)
     assert res.returncode == 2 and f"run {run_id} has no target 'vm'" in res.stderr
+
+
+def test_compare_json_says_too_few_runs_and_below_resolution(tmp_path):
+    # issue 18: n=2 per side printed "~" next to -83%, and a latency median of 0 "+inf%".
+    from vmtax.store import Store
+    from vmtax.types import Metric
+
+    store = Store(tmp_path)
+    ids = []
+    for eps in ([100.0, 101.0], [17.0, 18.0]):
+        run_id = store.new_run({"targets": [{"name": "native"}]}, {}, "0")
+        store.set_target(run_id, "native", "native", {"bare_host": True})
+        for i, value in enumerate(eps):
+            store.add_rep(run_id, target="native", workload="cpu", params={}, phase="measure",
+                          idx=i, status="ok", argv=[], started=0.0,
+                          metrics=[Metric("events/s", value, "events/s", True),
+                                   Metric("latency avg", 0.0, "ms", False)])
+        store.finish_run(run_id, "done")
+        ids.append(run_id)
+    store.close()
+    out = vmtax("compare", *ids, "--results", str(tmp_path), "--json", check=True)
+    rows = {r["metric"]: r["comparison"] for r in json.loads(out.stdout)["rows"]}
+    assert rows["events/s"]["verdict"] == "too few runs"
+    assert rows["events/s"]["note"].startswith("n=2 per side: the smallest possible p is 0.33")
+    assert rows["latency avg"]["verdict"] == "below resolution"
+    table = vmtax("compare", *ids, "--results", str(tmp_path), check=True).stdout
+    # "below resolution" wraps in its column
+    assert "need ≥ 5 runs" in table and "resolution" in table and "inf" not in table
+
+
+def test_resuming_a_run_another_vmtax_executes_is_refused_before_anything_runs(tmp_path):
+    from vmtax import plan as plan_mod, proc
+    from vmtax.store import Store
+
+    store = Store(tmp_path / "results")
+    run_id = store.new_run(plan_mod.from_names(["native"], ["cpu"]).to_dict(), {}, "0")
+    other = proc.spawn(["sleep", "30"])     # stands for the vmtax executing it
+    with store.db:
+        store.db.execute("UPDATE runs SET pid = ?, pid_start = ?",
+                         (other.pid, proc.process_start_time(other.pid)))
+    try:
+        res = vmtax("run", "--resume", run_id, "--results", str(tmp_path / "results"))
+    finally:
+        proc.kill_group(other)
+    assert res.returncode == 2
+    assert res.stderr == f"vmtax: error: run {run_id} is in progress (PID {other.pid})\n"
+    assert not list((tmp_path / "results").glob(".work-*"))

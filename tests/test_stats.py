@@ -116,7 +116,7 @@ def test_ratio_zero_medians_give_inf_or_nan():
                                                                           math.inf)
     nan = ratio([0.0, 0.0, 1.0], [0.0, 0.0, 2.0], True)
     assert all(math.isnan(v) for v in (nan.value, nan.ci_low, nan.ci_high))
-    assert not faster_than_baseline(nan)
+    assert not faster_than_baseline(nan, 5, 5)
 
 
 @given(st.lists(st.floats(0.1, 1e6), min_size=1, max_size=15))
@@ -157,7 +157,9 @@ def _brute_force_permutation_p(a, b):
     """Two-sided p of U over every split of the pooled runs, independent of scipy's code."""
     pooled = np.concatenate([a, b])
     ranks = sps.rankdata(pooled)
-    u = lambda idx: ranks[list(idx)].sum() - len(a) * (len(a) + 1) / 2
+
+    def u(idx):
+        return ranks[list(idx)].sum() - len(a) * (len(a) + 1) / 2
     observed = u(range(len(a)))
     null = np.array([u(idx) for idx in itertools.combinations(range(len(pooled)), len(a))])
     return min(1.0, 2 * min(np.mean(null >= observed), np.mean(null <= observed)))
@@ -222,8 +224,10 @@ def test_few_runs_use_a_t_test_on_logs_because_ranks_cannot_reach_alpha():
     # Equal run counts: Student's pooled test; unequal: Welch's.
     assert c.p_value == pytest.approx(
         sps.ttest_ind(np.log(a), np.log(b), equal_var=True).pvalue)
-    assert compare(a, b[:2], True).p_value == pytest.approx(
-        sps.ttest_ind(np.log(a), np.log(b[:2]), equal_var=False).pvalue)
+    assert compare(a, b + [5.3], True).p_value == pytest.approx(
+        sps.ttest_ind(np.log(a), np.log(b + [5.3]), equal_var=False).pvalue)
+    # Two runs a side are too few for it (2 degrees of freedom): the rank test is used.
+    assert compare(a, b[:2], True).test == "mann-whitney"
     # Constant (quantized) samples: equal -> p 1, different -> systematic.
     assert compare([2.0] * 3, [2.0] * 3, True).p_value == 1.0
     # ... and identical constants stay out of the adjustment of the others.
@@ -238,6 +242,45 @@ def test_few_runs_use_a_t_test_on_logs_because_ranks_cannot_reach_alpha():
     assert compare([0.0, 1.0, 2.0], [5.0, 6.0, 7.0], True).test == "mann-whitney"
 
 
+def test_two_runs_a_side_say_they_are_too_few_instead_of_no_change():
+    # issue 18: n=2 per side printed "~" next to -83%.
+    c = compare([10.0, 10.5], [1.7, 1.8], True)
+    assert c.change == pytest.approx(-0.83, abs=0.01)
+    assert (c.test, c.verdict, c.significant) == ("mann-whitney", "too few runs", False)
+    assert c.note == ("n=2 per side: the smallest possible p is 0.33, not below α=0.01; "
+                      "need ≥ 5 runs")
+    assert compare([10.0, 10.5], [1.7, 1.8, 1.9], True).note.startswith(
+        "n=2 vs 3: the smallest possible p is 0.2,")
+    assert "need ≥ 4 runs" in compare([10.0, 10.5], [1.7, 1.8], True, alpha=0.05).note
+    # Zeros keep the t-test out: 3 vs 3 on ranks cannot reach 0.01 either.
+    assert compare([0.0, 1.0, 2.0], [5.0, 6.0, 7.0], True).verdict == "too few runs"
+    # Where a verdict is possible, "no change" stays "~" with no note.
+    rng = np.random.default_rng(1)
+    for n in (3, 5, 7):   # t-test on logs at 3 and 5, ranks at 7
+        same = compare(rng.normal(100, 1, n), rng.normal(100, 1, n), True)
+        assert (same.verdict, same.note) == ("~", ""), n
+
+
+def test_medians_at_the_resolution_give_no_change_and_stay_out_of_the_adjustment():
+    changed = ("ops", list(range(1, 8)), list(range(8, 15)), True)
+    quantized = ("latency", [0.0, 0.01, 0.0, 0.0, 0.01], [0.02, 0.01, 0.02, 0.02, 0.03], False)
+    alone = compare_many([changed])[0]
+    both = compare_many([changed, quantized], resolutions=[None, 0.01])
+    assert both[0].p_adjusted == alone.p_adjusted and both[0].verdict == "better"
+    below = both[1]
+    assert (below.verdict, below.significant, below.p_adjusted) == (
+        "below resolution", False, 1.0)
+    assert math.isnan(below.change) and all(math.isnan(v) for v in below.change_ci)
+    assert below.note.startswith("a median is at or below the resolution 0.01")
+    # Without the resolution the same pair is an infinite change.
+    assert math.isinf(compare_many([changed, quantized])[1].change)
+    # Only medians at or below it count: 0.02 vs 0.03 is read.
+    read = compare_many([("l", [0.02] * 5, [0.03] * 5, False)], resolutions=[0.01])[0]
+    assert read.verdict == "worse"
+    with pytest.raises(ValueError, match="1 resolutions for 2 pairs"):
+        compare_many([changed, quantized], resolutions=[0.01])
+
+
 def test_compare_is_reproducible():
     a, b = _shifted(1.02, n=6)
     assert compare(a, b, True, seed=7) == compare(a, b, True, seed=7)
@@ -249,7 +292,8 @@ def test_swapping_a_and_b_flips_the_verdict(a, b_raw, factor, hib):
     b = [v * factor for v in b_raw]
     ab = compare(a, b, hib, n_boot=300)
     ba = compare(b, a, hib, n_boot=300)
-    assert ba.verdict == {"better": "worse", "worse": "better", "~": "~"}[ab.verdict]
+    assert ba.verdict == {"better": "worse", "worse": "better", "~": "~",
+                          "too few runs": "too few runs"}[ab.verdict]
     assert ab.p_value == pytest.approx(ba.p_value)
 
 
@@ -290,8 +334,11 @@ def test_compare_many_adjusts_across_metrics():
     assert [c.name for c in holm] == ["ops", "m0", "m1", "m2", "m3"]
     assert holm[0].p_adjusted == pytest.approx(5 * 2 / 3432)
     assert holm[0].verdict == "better"
-    # 7 vs 7 runs cannot survive Holm over 20 tests (20 * 2/3432 > 0.01).
-    assert compare_many([changed, *nulls], method="holm")[0].verdict == "~"
+    # 7 vs 7 runs cannot survive Holm over 20 tests (20 * 2/3432 > 0.01), and say so.
+    holm20 = compare_many([changed, *nulls], method="holm")[0]
+    assert holm20.verdict == "too few runs" and not holm20.significant
+    assert holm20.note == ("n=7 per side: the smallest possible p is 0.00058 (0.012 after "
+                           "Holm's adjustment over 20 tests), not below α=0.01; need ≥ 8 runs")
     holm = holm[:5]
     assert [c.p_adjusted for c in holm] == pytest.approx(
         adjust_pvalues([c.p_value for c in holm], "holm"))
@@ -303,7 +350,7 @@ def test_compare_many_adjusts_across_metrics():
 def test_compare_many_all_changed_survives_bh():
     pairs = [(f"m{i}", range(1, 8), range(8, 15), True) for i in range(20)]
     assert [c.verdict for c in compare_many(pairs, method="bh")] == ["better"] * 20
-    assert [c.verdict for c in compare_many(pairs, method="holm")] == ["~"] * 20
+    assert [c.verdict for c in compare_many(pairs, method="holm")] == ["too few runs"] * 20
 
 
 # ---- adaptive repetition -----------------------------------------------------------------
@@ -361,8 +408,23 @@ def test_noisy_and_faster_than_baseline():
     assert noisy(summarize([100, 110, 90]))
     assert not noisy(summarize([100, 101, 99]))
     assert not noisy(summarize([100]))
-    assert faster_than_baseline(RatioSummary(1.2, 1.05, 1.3))
-    assert not faster_than_baseline(RatioSummary(1.2, 0.98, 1.3))
+    assert faster_than_baseline(RatioSummary(1.2, 1.05, 1.3), 5, 5)
+    assert not faster_than_baseline(RatioSummary(1.2, 0.98, 1.3), 5, 5)
+
+
+def test_faster_than_baseline_needs_runs_enough_for_its_interval():
+    # issue 18: at 2 vs 2 a "95%" interval above 1 only says both runs beat both baseline
+    # runs, which chance does 1 time in 6.
+    rng = np.random.default_rng(5)
+    by_chance = sum(ratio(rng.normal(100, 3, 2), rng.normal(100, 3, 2), True,
+                          n_boot=500).ci_low > 1 for _ in range(300))
+    assert 30 < by_chance < 70    # ~1/6 of 300: the interval cannot be trusted at 2 vs 2
+    above = RatioSummary(1.3, 1.2, 1.4)
+    assert [faster_than_baseline(above, n, m) for n, m in
+            [(2, 2), (3, 3), (3, 4), (2, 6), (4, 4), (3, 5), (5, 5), (1, 39)]] == [
+        False, False, False, False, True, True, True, True]
+    assert not faster_than_baseline(above, 4, 4, confidence=0.99)
+    assert not faster_than_baseline(above, 0, 5)
 
 
 # ---- interleave --------------------------------------------------------------------------

@@ -64,7 +64,8 @@ def test_reps_and_metrics_round_trip(tmp_path):
     assert run.reps[0].metrics == metrics
     assert [m.key for m in run.reps[0].metrics] == [
         "events/s", "latency[job=randread,percentile=50]", "latency[job=randread,percentile=99]"]
-    assert run.reps[0].stdout is None and again.load_run(run_id, with_output=True).reps[0].stdout == "out"
+    assert (run.reps[0].stdout is None
+            and again.load_run(run_id, with_output=True).reps[0].stdout == "out")
     assert run.reps[1].error == "boom"
     listed = again.list_runs()
     assert listed[0]["id"] == run_id and listed[0]["reps"] == 2 and listed[0]["failed"] == 1
@@ -146,8 +147,11 @@ def test_a_database_of_vmtax_before_versions_is_upgraded_in_place(tmp_path):
     rows = {(r.workload, r.metric): r for r in summary.rows}
     cpu = rows[("cpu", "events/s")]
     assert cpu.dimensions == {} and cpu.cells["container"].ratio.value == pytest.approx(1.3)
-    # The bare-host flag the migration set is what makes beating native suspicious.
-    assert "faster than baseline" in cpu.cells["container"].flags
+    # The bare-host flag the migration set is what makes beating native suspicious; the
+    # flag stored then came from 3 runs a side, too few for it today (stats.
+    # faster_than_baseline: a 95% interval needs 4 vs 4).
+    assert cpu.cells["container"].ratio.ci_low > 1 and cpu.cells["container"].n == 3
+    assert "faster than baseline" not in cpu.cells["container"].flags
     assert rows[("threads", "events/s")].cells["container"].failed == 1
     assert [(f["target"], f["workload"], f["idx"]) for f in summary.failures] == [
         ("container", "threads", 2)]

@@ -7,7 +7,8 @@ import pytest
 
 from vmtax.errors import ParseError, VmtaxError
 from vmtax import workloads
-from vmtax.workloads.sysbench import Cpu, Fileio, Memory, Mutex, Threads
+from vmtax import planfile
+from vmtax.workloads.sysbench import Cpu, Fileio, Memory, Mutex, Threads, _bytes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysbench"
 
@@ -243,7 +244,8 @@ def test_registry_holds_the_five_workloads():
 def test_defaults_are_e1():
     assert Cpu.make({}).params == {"cpu-max-prime": 2000}
     assert Threads.make({}).params == {"threads": 500, "thread-yields": 100, "thread-locks": 4}
-    assert Memory.make({}).params == {"memory-block-size": "8k", "memory-total-size": "1G"}
+    # E1 moved a fixed 1G; the default is time-bounded (see the memory test below).
+    assert Memory.make({}).params == {"memory-block-size": "8k", "memory-total-size": "1T"}
     assert Fileio.make({}).params == {"file-total-size": "2G", "file-test-mode": "rndrw",
                                       "prepare-threads": 16, "threads": 20}
     assert Mutex.make({}).params == {"threads": 4, "mutex-num": 2000, "mutex-locks": 10000,
@@ -253,7 +255,7 @@ def test_defaults_are_e1():
 
 
 def test_every_metric_parsed_is_in_the_manifest_with_its_unit():
-    for (version, name), expected in EXPECTED.items():
+    for version, name in EXPECTED:
         cls = workloads.get(name)
         for m in cls.make({}).parse(fixture(version, name)):
             spec = cls.metric_spec(m.name)
@@ -263,8 +265,9 @@ def test_every_metric_parsed_is_in_the_manifest_with_its_unit():
 @pytest.mark.parametrize("workload, argv", [
     (Cpu.make({}), "sysbench cpu --cpu-max-prime=2000 run"),
     (Threads.make({}), "sysbench threads --thread-locks=4 --thread-yields=100 --threads=500 run"),
-    (Memory.make({}), "sysbench memory --memory-block-size=8k --memory-total-size=1G run"),
-    (Fileio.make({}), "sysbench fileio --file-test-mode=rndrw --file-total-size=2G --threads=20 run"),
+    (Memory.make({}), "sysbench memory --memory-block-size=8k --memory-total-size=1T run"),
+    (Fileio.make({}),
+     "sysbench fileio --file-test-mode=rndrw --file-total-size=2G --threads=20 run"),
     (Mutex.make({}), "sysbench mutex --mutex-locks=10000 --mutex-loops=5000 --mutex-num=2000 "
               "--threads=4 run"),
 ])
@@ -282,7 +285,7 @@ def test_default_commands(workload, argv):
      "sysbench threads --thread-locks=8 --thread-yields=100 --threads=500 --time=2 run", 66),
     (Memory.make({"memory-access-mode": "rnd", "memory-hugetlb": True, "threads": 4, "time": 30}),
      "sysbench memory --memory-access-mode=rnd --memory-block-size=8k --memory-hugetlb=on "
-     "--memory-total-size=1G --threads=4 --time=30 run", 150),
+     "--memory-total-size=1T --threads=4 --time=30 run", 150),
     (Fileio.make({"file-rw-ratio": 1.5, "file-num": 64, "time": 1}),
      "sysbench fileio --file-num=64 --file-rw-ratio=1.5 --file-test-mode=rndrw "
      "--file-total-size=2G --threads=20 --time=1 run", 63),
@@ -343,6 +346,24 @@ def test_bad_params_are_rejected_when_the_workload_is_made(cls, params, message)
         cls.make(params)
 
 
+def test_memory_is_bounded_by_time_not_by_its_total():
+    # issue 18: E1's fixed 1 GiB lasted 47 ms natively, too short to time.
+    memory = Memory.make({}, time=2)
+    assert {"--time=2", "--memory-total-size=1T"} <= set(memory.run_job().argv)
+    total = _bytes(memory.params["memory-total-size"])
+    assert total / (16 * 2**30) > 60   # more than a minute even at 16 GiB/s
+    # ... and few enough operations for the int sysbench counts them in.
+    assert total // _bytes(memory.params["memory-block-size"]) < 2**31
+    # E1's fixed volume stays one parameter away.
+    assert "--memory-total-size=1G" in Memory.make({"memory-total-size": "1G"}).run_job().argv
+
+
+def test_the_classic_plan_file_measures_memory_for_its_time():
+    classic = planfile.load(Path(__file__).parent.parent / "plans" / "classic.toml")
+    [memory] = [w.make(classic.time) for w in classic.workloads if w.name == "memory"]
+    assert (memory.params["time"], memory.params["memory-total-size"]) == (2, "1T")
+
+
 # -- the real sysbench --------------------------------------------------------------------
 
 @pytest.mark.live
@@ -356,3 +377,15 @@ def test_real_sysbench_output_parses(workload):
     got = as_dict(workload.parse(done.stdout))
     rate = "events/s" if workload.name == "cpu" else "MiB/s"
     assert got[rate] > 0 and got["total events"] > 0 and "latency p95" in got
+
+
+@pytest.mark.live
+def test_real_memory_run_lasts_its_time():
+    # Time-bounded at E1's block size: a 2 s run lasts 2 s, not the ~50 ms of 1 GiB.
+    if shutil.which("sysbench") is None:
+        pytest.skip("sysbench is not installed")
+    workload = Memory.make({"time": 2})
+    done = subprocess.run(workload.run_job().argv, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert 1.9 < as_dict(workload.parse(done.stdout))["total time"] < 2.5

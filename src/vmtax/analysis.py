@@ -11,7 +11,7 @@ import json
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from vmtax import stats, workloads
 from vmtax.errors import VmtaxError
@@ -19,11 +19,20 @@ from vmtax.store import Rep, Run
 from vmtax.types import Metric, MetricSpec
 
 NOISY_CV = 0.05
+# The status of a collector's record that could not be made (not a failed repetition).
+UNAVAILABLE = "unavailable"
 CLOCK_TOLERANCE = 0.02
 # Seconds of disagreement that are channel jitter, not drift: a job's host<->guest round
 # trip varied by 20-60 ms on a loaded 2-core host under TCG. Drift grows with a job's
 # length, jitter does not, so only differences beyond both this and 2% are flagged.
 CLOCK_SLACK = 0.05
+# Repetitions shorter than this (median host time, s) are flagged "too short", as hyperfine
+# warns of very short commands: start-up, a VM's job round trip (~0.4 s), timer
+# resolution and scheduling then weigh as much as the work (E1's 1 GiB memory run: 47 ms
+# natively, and two identical runs differed by 25%).
+MIN_DURATION = 1.0
+TOO_SHORT = "too short"
+BELOW_RESOLUTION = "below resolution"
 
 
 @dataclass
@@ -33,6 +42,10 @@ class Cell:
     summary: stats.Summary | None = None
     ratio: stats.RatioSummary | None = None
     flags: list[str] = field(default_factory=list)
+    duration: float | None = None           # median host time of its repetitions, s
+    # Why the cell has no ratio although both medians exist: "below resolution" when its
+    # median or the baseline's is at or below the resolution the tool prints it in.
+    no_ratio: str | None = None
 
 
 @dataclass
@@ -64,6 +77,8 @@ class RunSummary:
     targets: list[str]
     rows: list[Row]
     failures: list[dict[str, Any]]          # one per failed repetition: where and why
+    # What could not be recorded and why ("host-cpu: unavailable — ..."), once each.
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,11 +113,24 @@ def _is_spread(workload: str, metric: str) -> bool:
     return spec is not None and spec.spread
 
 
-def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
+def _resolution(workload: str, metric: str) -> float | None:
+    spec = metric_spec(workload, metric)
+    return spec.resolution if spec is not None else None
+
+
+def _duration(reps: list[Rep]) -> float | None:
+    """Median host time of the successful repetitions; None when none was timed."""
+    times = [r.host_elapsed for r in reps if r.status == "ok" and r.host_elapsed is not None]
+    return statistics.median(times) if times else None
+
+
+def summarize_run(run: Run, baseline: str | None = None,
+                  min_duration: float = MIN_DURATION) -> RunSummary:
     target_names = list(run.plan.get("targets") and [t["name"] for t in run.plan["targets"]]
                         or run.targets)
     baseline = baseline or run.plan.get("baseline") or target_names[0]
-    measured = [r for r in run.reps if r.phase in ("measure", "prepare")]
+    # A collector's metrics (phase "collect") are a row of their own under the workload.
+    measured = [r for r in run.reps if r.phase in ("measure", "prepare", "collect")]
     baseline_bare_host = bool(run.targets.get(baseline, {}).get("fingerprint", {})
                               .get("bare_host"))
     # Adaptive runs promised a precision: say where it was missed.
@@ -113,7 +141,7 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
     groups: dict[tuple[str, str], dict[str, list[Rep]]] = {}
     for r in measured:
         shown = {k: v for k, v in r.params.items() if k in varying}
-        key = (r.workload + (" prepare" if r.phase == "prepare" else ""),
+        key = (r.workload + {"prepare": " prepare", "collect": " (host)"}.get(r.phase, ""),
                json.dumps(shown, sort_keys=True))
         groups.setdefault(key, defaultdict(list))[r.target].append(r)
 
@@ -129,35 +157,48 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
         skewed = {t: _clock_skewed(reps, run.targets.get(t, {}).get("fingerprint", {})
                                    .get("job_overhead_s") or 0.0)
                   for t, reps in by_target.items()}
+        durations = {t: _duration(reps) for t, reps in by_target.items()}
         for metric_key, metric in metrics.items():
             hib = metric.higher_is_better
             spread = _is_spread(workload, metric.name)
+            resolution = _resolution(workload, metric.name)
             samples = {t: [m.value for r in reps if r.status == "ok"
                            for m in r.metrics if m.key == metric_key]
                        for t, reps in by_target.items()}
             base = samples.get(baseline)
             base_median = statistics.median(base) if base else 0.0
+            base_below = bool(base) and resolution is not None and base_median <= resolution
             cells = {}
             for t in target_names:
                 reps = by_target.get(t, [])
                 if not reps:
                     continue
-                cell = Cell(n=len(samples[t]), failed=sum(r.status != "ok" for r in reps))
+                cell = Cell(n=len(samples[t]), failed=sum(r.status != "ok" for r in reps),
+                            duration=durations[t])
+                below = False
                 if samples[t]:
                     cell.summary = stats.summarize(samples[t])
-                    if stats.noisy(cell.summary, NOISY_CV):
+                    # Values in the tool's last printed digit: their spread and their
+                    # ratios are rounding, so no flag or ratio is derived from them.
+                    below = resolution is not None and cell.summary.median <= resolution
+                    if below or (t != baseline and base_below):
+                        cell.no_ratio = BELOW_RESOLUTION
+                    if not below and stats.noisy(cell.summary, NOISY_CV):
                         cell.flags.append("noisy")
-                    if (ci_target and cell.summary.median
+                    if (ci_target and cell.summary.median and not below
                             and not stats.precise_enough(samples[t], ci_target)):
                         cell.flags.append(f"CI wider than ±{ci_target:.0%}")
-                if t != baseline and samples[t] and base_median and cell.summary.median:
+                if (t != baseline and cell.summary is not None and base
+                        and base_median and cell.summary.median and cell.no_ratio is None):
                     # A ratio to or of a zero median (a stddev of 0) says nothing.
-                    cell.ratio = stats.ratio(samples[t], samples[baseline], hib)
+                    cell.ratio = stats.ratio(samples[t], base, hib)
                     # Beating the bare host is suspicious (clock drift, page cache);
                     # beating another target (E5's huge pages) is the finding itself.
-                    if (baseline_bare_host and not spread
-                            and stats.faster_than_baseline(cell.ratio)):
+                    if (baseline_bare_host and not spread and stats.faster_than_baseline(
+                            cell.ratio, len(samples[t]), len(base))):
                         cell.flags.append("faster than baseline")
+                if cell.duration is not None and cell.duration < min_duration:
+                    cell.flags.append(TOO_SHORT)
                 if skewed[t]:
                     cell.flags.append("clock skew")
                 cells[t] = cell
@@ -166,8 +207,11 @@ def summarize_run(run: Run, baseline: str | None = None) -> RunSummary:
 
     failures = [{"target": r.target, "workload": r.workload, "params": r.params,
                  "phase": r.phase, "idx": r.idx, "status": r.status, "error": r.error}
-                for r in run.reps if r.status != "ok"]
-    return RunSummary(run.id, baseline, target_names, rows, failures)
+                for r in run.reps if r.status not in ("ok", UNAVAILABLE)]
+    notes = [f"{r.target} · {r.workload}: {r.error}" for r in run.reps
+             if r.status == UNAVAILABLE]
+    return RunSummary(run.id, baseline, target_names, rows, failures,
+                      list(dict.fromkeys(notes)))
 
 
 @dataclass
@@ -208,7 +252,7 @@ def _match_configs(a_values: dict, b_values: dict) -> dict:
     """A's (workload, params, metric key) keys -> B's. Same parameters match; a workload run
     with exactly one configuration on each side matches even if its parameters differ
     (e.g. cpu-max-prime 2000 vs 2100: the change is what is being measured)."""
-    def configs(values):
+    def configs(values: dict) -> dict[str, set[str]]:
         out: dict[str, set[str]] = defaultdict(set)
         for workload, params, _ in values:
             out[workload].add(params)
@@ -227,7 +271,8 @@ def _match_configs(a_values: dict, b_values: dict) -> dict:
 
 
 def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
-                    noise_floor: float = 0.02, method: str = "bh") -> list[CompareRow]:
+                    noise_floor: float = 0.02,
+                    method: Literal["holm", "bh"] = "bh") -> list[CompareRow]:
     """B against A for every metric the two sides of each pair share, judged together
     (p-values adjusted across all of them)."""
     rows: list[tuple] = []
@@ -244,10 +289,12 @@ def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
                          b_keys[key][1]))
     if not rows:
         raise VmtaxError("nothing to compare: the two sides have no metric in common "
-                         "(same workload with the same parameters, at least one successful run each)")
+                         "(same workload with the same parameters, at least one successful "
+                         "run each)")
     comparisons = stats.compare_many(
         [(key[2], va, vb, metric.higher_is_better) for _, _, key, metric, va, vb, *_ in rows],
-        alpha=alpha, noise_floor=noise_floor, method=method)
+        alpha=alpha, noise_floor=noise_floor, method=method,
+        resolutions=[_resolution(key[0], metric.name) for _, _, key, metric, *_ in rows])
     return [CompareRow(a, b, workload, json.loads(params), json.loads(params_b), metric.name,
                        dict(metric.dimensions), metric.unit, fa, fb, c)
             for (a, b, (workload, params, _), metric, _, _, fa, fb, params_b), c

@@ -46,11 +46,11 @@ class Standing:
 
     @property
     def worst(self) -> tuple[Row, Cell]:
-        return min(self.ratios, key=lambda p: p[1].ratio.value)
+        return min(self.ratios, key=_ratio)
 
     @property
     def best(self) -> tuple[Row, Cell]:
-        return max(self.ratios, key=lambda p: p[1].ratio.value)
+        return max(self.ratios, key=_ratio)
 
 
 @dataclass
@@ -73,6 +73,14 @@ def _usable(ratio: float | None) -> bool:
     return ratio is not None and math.isfinite(ratio) and ratio > 0
 
 
+def _ratio(pair: tuple[Row, Cell]) -> float:
+    """The ratio of a cell the findings count (they count only cells with a usable one)."""
+    ratio = pair[1].ratio
+    if ratio is None:
+        raise ValueError(f"{pair[0].workload} {pair[0].metric}: a cell without a ratio")
+    return ratio.value
+
+
 def findings(summary: RunSummary) -> Findings:
     ratios: dict[str, dict[str, list[tuple[Row, Cell]]]] = {}
     worst: dict[str, tuple[Row, Cell]] = {}
@@ -84,11 +92,11 @@ def findings(summary: RunSummary) -> Findings:
             if cell.ratio is None or not _usable(cell.ratio.value):
                 continue
             ratios.setdefault(cls, {}).setdefault(target, []).append((row, cell))
-            if target not in worst or cell.ratio.value < worst[target][1].ratio.value:
+            if target not in worst or cell.ratio.value < _ratio(worst[target]):
                 worst[target] = (row, cell)
     classes = {}
     for cls in [*CLASS_ORDER, *sorted(set(ratios) - set(CLASS_ORDER))]:
-        standings = [Standing(t, _geomean([c.ratio.value for _, c in pairs]), pairs)
+        standings = [Standing(t, _geomean([_ratio(p) for p in pairs]), pairs)
                      for t, pairs in ratios.get(cls, {}).items()]
         if standings:
             classes[cls] = sorted(standings, key=lambda s: s.keeps, reverse=True)
@@ -114,6 +122,10 @@ def _flag_detail(kind: str, cell: Cell) -> str:
         return (f"×{report.fmt(r.value)} [{report.fmt(r.ci_low)}, {report.fmt(r.ci_high)}]: "
                 "suspicious; look for page-cache "
                 "effects, a guest clock that drifts, or work the target skips")
+    if kind == analysis.TOO_SHORT and cell.duration is not None:
+        return (f"its repetitions last {report.duration(cell.duration)} (median), under "
+                f"{report.duration(analysis.MIN_DURATION)}: start-up and timer resolution "
+                "weigh as much as the work; run longer (the plan's time, or more work per run)")
     if kind == "clock skew":
         return (f"guest and host clocks disagreed by more than {analysis.CLOCK_TOLERANCE:.0%} "
                 "on a repetition: rates measured by the guest's clock are not to be trusted")
@@ -176,6 +188,7 @@ def fingerprint_items(data: dict[str, Any]) -> list[tuple[str, str]]:
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("vmtax", "templates"), autoescape=True,
                           undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 _ENV.filters.update(fmt=report.fmt, interval=report.interval, pct=pct, ratio_class=ratio_class,
+                    flag_text=report.flag_text,
                     params=params_text, when=when, fingerprint=fingerprint_items, repr=repr)
 _ENV.tests["finite"] = math.isfinite
 

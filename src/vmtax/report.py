@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import time
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from vmtax.analysis import Cell, RunSummary
+from vmtax.analysis import TOO_SHORT, Cell, RunSummary
 from vmtax.store import Run
 
 FLAG_STYLE = "bold yellow"
@@ -46,6 +46,18 @@ def interval(s) -> str:
     return f" ({fmt(s.ci_low)} – {fmt(s.ci_high)})"   # spaced: a narrow column wraps there
 
 
+def duration(seconds: float) -> str:
+    """A repetition's length: 47.2 ms, 2.01 s."""
+    return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def flag_text(flag: str, cell: Cell) -> str:
+    """A flag as a table shows it, with the figure that raised it where one helps."""
+    if flag == TOO_SHORT and cell.duration is not None:
+        return f"{flag} ({duration(cell.duration)})"
+    return flag
+
+
 def cell_text(cell: Cell | None) -> Text:
     text = Text()
     if cell is None:
@@ -62,10 +74,12 @@ def cell_text(cell: Cell | None) -> Text:
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
         text.append(f"\n×{fmt(r.value)}", style=style)
         text.append(f" [{fmt(r.ci_low)}, {fmt(r.ci_high)}]", style="dim")
+    if cell.no_ratio is not None:
+        text.append(f"\n{cell.no_ratio}", style="dim")
     if cell.failed:
         text.append(f"\n{cell.failed} failed", style="red")
     for flag in cell.flags:
-        text.append(f"\n⚠ {flag}", style=FLAG_STYLE)
+        text.append(f"\n⚠ {flag_text(flag, cell)}", style=FLAG_STYLE)
     return text
 
 
@@ -89,7 +103,8 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         group = (row.workload, params)
         if previous is not None and group != previous:
             table.add_section()
-        table.add_row(escape(row.workload + (f"\n{params}" if params else "")) if group != previous else "",
+        shown = escape(row.workload + (f"\n{params}" if params else ""))
+        table.add_row(shown if group != previous else "",
                       f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
                       f"{'↑' if row.higher_is_better else '↓'}",
                       *[cell_text(row.cells.get(t)) for t in summary.targets])
@@ -101,6 +116,8 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
             f"{failure['idx'] + 1}: {failure['error']}"), highlight=False)
     if len(summary.failures) > 10:
         console.print(f"[red]… and {len(summary.failures) - 10} more failed repetitions[/red]")
+    for note in summary.notes:
+        console.print("[yellow]not recorded[/yellow] " + escape(note), highlight=False)
 
 
 def print_runs(console: Console, runs: list[dict]) -> None:
@@ -120,7 +137,8 @@ def _percent(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:+.1%}"
 
 
-VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim"}
+VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
+                 "too few runs": "yellow", "below resolution": "dim"}
 
 
 def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
@@ -131,10 +149,12 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
                               f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
                               f"significant when p < {alpha:g}, the CI excludes 0 and "
                               f"|change| ≥ {noise_floor:.0%}")
-        for col, justify in (("workload", "left"), ("metric", "left"), ("A median", "right"),
-                             ("B median", "right"), ("change", "right"), ("p", "right"),
-                             ("verdict", "center")):
-            table.add_column(col, justify=justify)
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
+            ("workload", "left"), ("metric", "left"), ("A median", "right"),
+            ("B median", "right"), ("change", "right"), ("p", "right"), ("verdict", "center"))
+        for col, justify in columns:
+            # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
+            table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
         mine = [r for r in rows if (r.a, r.b) == (a, b)]
         configs: dict[str, set[str]] = {}
         for r in mine:
@@ -151,13 +171,21 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             group = (r.workload, params)
             if previous is not None and group != previous:
                 table.add_section()
-            failed = f"\n{r.failed_a}+{r.failed_b} failed runs excluded" if r.failed_a + r.failed_b else ""
-            table.add_row(escape(r.workload + (f"\n{params}" if params else "")) if group != previous else "",
+            failed = (f"\n{r.failed_a}+{r.failed_b} failed runs excluded"
+                      if r.failed_a + r.failed_b else "")
+            shown = escape(r.workload + (f"\n{params}" if params else ""))
+            table.add_row(shown if group != previous else "",
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
                           f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
+                          "–" if c.verdict == "below resolution" else
                           _percent(c.change) + f" [{_percent(c.change_ci[0])}, "
-                                                f"{_percent(c.change_ci[1])}]",
-                          f"{c.p_adjusted:.2g}",
+                                               f"{_percent(c.change_ci[1])}]",
+                          "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
                           Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
             previous = group
         console.print(table)
+        # Why there is no verdict, once per distinct reason ("below resolution" is plain
+        # enough without its note: the medians are in the row).
+        for note in dict.fromkeys(r.comparison.note for r in mine
+                                  if r.comparison.verdict == "too few runs"):
+            console.print(Text(f"too few runs: {note}", style=VERDICT_STYLE["too few runs"]))

@@ -9,7 +9,7 @@ Public API
     min_runs_to_detect(alpha, tests)          -> runs per side needed to ever reach p < alpha
     min_p_value(n_a, n_b)                     -> smallest p a rank test can give at n_a vs n_b
     precise_enough / next_action              -> adaptive repetition
-    clock_skew / noisy / faster_than_baseline -> sanity flags
+    clock_skew / noisy / faster_than_baseline -> sanity flags (the last needs enough runs)
     interleave(labels, runs)                  -> counterbalanced run order
 
 Methods and why
@@ -27,19 +27,30 @@ Methods and why
   * Any rank or permutation test on n_a vs n_b runs has p >= 2 / C(n_a+n_b, n_a):
     3 vs 3 -> 0.1, 4 vs 4 -> 0.029, 5 vs 5 -> 0.0079. At alpha 0.01 a difference is only
     detectable with >= 5 runs per side, more when several metrics are adjusted together
-    (`min_runs_to_detect`); at the fewer runs every comparison says "~".
+    (`min_runs_to_detect`); with fewer runs a rank test can call nothing.
   * So with few runs (rank tests unable to reach alpha / 10, i.e. fewer than 7 vs 7 at
     alpha 0.01) the p-value comes from a t-test on log values instead: it assumes roughly
-    log-normal noise, which suits rates and times, and can speak at 3 vs 3 (the default
-    run count). With equal run counts it is Student's pooled test (4 degrees of freedom
-    at 3 vs 3, where Welch's has 2-4; with equal n it is robust to unequal variances),
-    else Welch's. `Comparison.test` says which test gave p.
+    log-normal noise, which suits rates and times, and can speak at 3 vs 3. With equal
+    run counts it is Student's pooled test (4 degrees of freedom at 3 vs 3, where Welch's
+    has 2-4; with equal n it is robust to unequal variances), else Welch's. It needs 3
+    runs a side: at 2 vs 2 it would rest on 2 degrees of freedom and an assumption two
+    values cannot check. `Comparison.test` says which test gave p.
+  * When the rank test gave p and even its smallest possible p cannot reach alpha after
+    the adjustment (n=2 per side: 1/3), the verdict is not "~" (which reads as "no
+    change") but "too few runs", with a note saying how many runs a side could speak.
   * A metric whose two samples are the same constant (a quantized latency, a zero stddev)
     is no test: it gets p = 1 and stays out of the multiplicity adjustment.
   * A change is significant only if adjusted p < alpha, the (1 - alpha) bootstrap CI of
     the change excludes 0, and |med_b - med_a| >= noise_floor * max(|med_a|, |med_b|).
     The floor is taken relative to the larger median (which implies |change| >= floor) so
     that swapping A and B exactly swaps "better" and "worse".
+  * A median at or below the resolution the tool prints the metric in (sysbench's 0.01
+    ms) is no measurement of a change: such a pair gets the verdict "below resolution",
+    no change, and stays out of the multiplicity adjustment.
+  * A bootstrap interval from very few runs is narrower than its nominal level (at 2 vs 2
+    a ratio CI above 1 only says that both target runs beat both baseline runs, which
+    chance does 1 time in 6), so `faster_than_baseline` needs run counts at which a rank
+    test could reach the interval's level at all.
 """
 
 from __future__ import annotations
@@ -56,8 +67,12 @@ from scipy import special, stats
 N_BOOT = 10_000
 # Beyond this many arrangements the exact permutation test gets slow (~0.15 s here).
 _MAX_EXACT_PERMUTATIONS = 20_000
+# Fewest runs per side for the t-test on logs (2 vs 2 leaves it 2 degrees of freedom).
+T_LOG_MIN_RUNS = 3
 
-Verdict = Literal["better", "worse", "~"]
+# "too few runs": no verdict was possible at these run counts; "below resolution": a
+# median is at or below the metric's printed resolution. Both explain themselves in `note`.
+Verdict = Literal["better", "worse", "~", "too few runs", "below resolution"]
 Action = Literal["more", "done", "gave_up"]
 
 
@@ -95,10 +110,11 @@ class Comparison:
     n_b: int
     min_p: float  # smallest p a rank test can produce at these sample sizes
     test: str = "mann-whitney"  # or "t-log" for samples too small for a rank test
+    note: str = ""  # why the verdict is "too few runs" or "below resolution"
 
     @property
     def significant(self) -> bool:
-        return self.verdict != "~"
+        return self.verdict in ("better", "worse")
 
 
 def _sample(values: Iterable[float], what: str = "values") -> np.ndarray:
@@ -231,9 +247,9 @@ def _t_log_p(a: np.ndarray, b: np.ndarray) -> float:
 
 def _p_value(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, str]:
     """Mann-Whitney when the sample sizes let a rank test speak at alpha (with room for a
-    multiplicity adjustment); else a t-test on logs, for positive samples of 2+ runs each."""
+    multiplicity adjustment); else a t-test on logs, for positive samples of 3+ runs each."""
     small = min_p_value(a.size, b.size) >= alpha / 10
-    if small and min(a.size, b.size) >= 2 and (a > 0).all() and (b > 0).all():
+    if small and min(a.size, b.size) >= T_LOG_MIN_RUNS and (a > 0).all() and (b > 0).all():
         return _t_log_p(a, b), "t-log"
     return _mann_whitney_p(a, b), "mann-whitney"
 
@@ -282,14 +298,21 @@ def adjust_pvalues(p_values: Sequence[float], method: str = "bh") -> list[float]
 def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bool]],
                  alpha: float = 0.01, noise_floor: float = 0.02,
                  method: Literal["holm", "bh"] = "bh", seed: int = 0,
-                 n_boot: int = N_BOOT) -> list[Comparison]:
+                 n_boot: int = N_BOOT,
+                 resolutions: Sequence[float | None] | None = None) -> list[Comparison]:
     """compare() for every (name, a, b, higher_is_better), judged with p-values adjusted
     across all of them (default BH, controlling the false discovery rate; "holm" controls
     the chance of any false call). Each pair's bootstrap uses the same `seed`, so a pair
-    gets the same CI here as from compare()."""
+    gets the same CI here as from compare(). `resolutions`, one per pair (None: unknown),
+    are the steps the tool prints each metric in: a pair with a median at or below its
+    resolution gets the verdict "below resolution"."""
     _check_level(alpha, "alpha")
     if noise_floor < 0:
         raise ValueError(f"noise_floor must not be negative, got {noise_floor}")
+    if resolutions is None:
+        resolutions = [None] * len(pairs)
+    if len(resolutions) != len(pairs):
+        raise ValueError(f"{len(resolutions)} resolutions for {len(pairs)} pairs")
     raw = []
     for name, a_values, b_values, higher_is_better in pairs:
         a, b = _sample(a_values, f"{name or 'A'} (A)"), _sample(b_values, f"{name or 'B'} (B)")
@@ -298,22 +321,46 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
         raw.append((name, a, b, bool(higher_is_better), med_a, med_b,
                     _percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha),
                     *_p_value(a, b, alpha)))
-    tested = [i for i, r in enumerate(raw) if not _no_test(r[1], r[2])]
+    below = [res is not None and min(r[4], r[5]) <= res for r, res in zip(raw, resolutions)]
+    tested = [i for i, r in enumerate(raw) if not _no_test(r[1], r[2]) and not below[i]]
     adjusted = [1.0] * len(raw)
     for i, p_adj in zip(tested, adjust_pvalues([raw[i][-2] for i in tested], method)):
         adjusted[i] = p_adj
+    # The smallest p each pair's test can give: a rank test's floor, none for the t-test.
+    floors = [min_p_value(r[1].size, r[2].size) if r[-1] == "mann-whitney" else 0.0
+              for r in raw]
+    # Holm multiplies the smallest p of all by the number of tests; BH leaves it as is
+    # when every test gives it. Either way no adjusted p goes below the raw one.
+    tests = max(1, len(tested))
+    holm_floor = tests * min((floors[i] for i in tested), default=0.0)
     out = []
-    for (name, a, b, hib, med_a, med_b, ci, p, test), p_adj in zip(raw, adjusted):
+    for i, ((name, a, b, hib, med_a, med_b, ci, p, test), p_adj) in enumerate(
+            zip(raw, adjusted)):
+        change = float(_divide(med_b - med_a, med_a))
         significant = (p_adj < alpha and (ci[0] > 0 or ci[1] < 0)
                        and abs(med_b - med_a) >= noise_floor * max(abs(med_a), abs(med_b)))
+        floor = max(floors[i], holm_floor) if method == "holm" else floors[i]
         verdict: Verdict = "~"
-        if significant:
+        note = ""
+        if below[i]:
+            verdict, change, ci = "below resolution", math.nan, (math.nan, math.nan)
+            note = (f"a median is at or below the resolution {resolutions[i]:g} the tool "
+                    f"prints this metric in (A {med_a:g}, B {med_b:g}): no change can be read")
+        elif significant:
             verdict = "better" if (med_b > med_a) == hib else "worse"
+        elif test == "mann-whitney" and floor >= alpha:
+            verdict = "too few runs"
+            sizes = f"n={a.size} per side" if a.size == b.size else f"n={a.size} vs {b.size}"
+            adjustment = (f" ({floor:.2g} after Holm's adjustment over {tests} tests)"
+                          if floor > floors[i] else "")
+            note = (f"{sizes}: the smallest possible p is {floors[i]:.2g}{adjustment}, not "
+                    f"below α={alpha:g}; need ≥ "
+                    f"{min_runs_to_detect(alpha, tests if method == 'holm' else 1)} runs")
         out.append(Comparison(name=name, median_a=med_a, median_b=med_b,
-                              change=float(_divide(med_b - med_a, med_a)), change_ci=ci,
+                              change=change, change_ci=ci,
                               p_value=p, p_adjusted=p_adj, verdict=verdict,
                               higher_is_better=hib, n_a=int(a.size), n_b=int(b.size),
-                              min_p=min_p_value(a.size, b.size), test=test))
+                              min_p=min_p_value(a.size, b.size), test=test, note=note))
     return out
 
 
@@ -375,9 +422,18 @@ def noisy(summary: Summary, threshold: float = 0.05) -> bool:
     return summary.cv is not None and summary.cv > threshold
 
 
-def faster_than_baseline(ratio_summary: RatioSummary) -> bool:
-    """Whole ratio CI above 1: the target beat native, suspicious for a VM or container."""
-    return ratio_summary.ci_low > 1
+def faster_than_baseline(ratio_summary: RatioSummary, n: int, n_baseline: int,
+                         confidence: float = 0.95) -> bool:
+    """Whole ratio CI above 1: the target beat native, suspicious for a VM or container.
+
+    Only with enough runs for the interval to mean it: a rank test on n vs n_baseline runs
+    must be able to reach the interval's level (p <= 1 - confidence), so 4 vs 4 or 3 vs 5
+    at 95%. With fewer the bootstrap interval is narrower than it claims: at 2 vs 2 it
+    lies above 1 whenever both target runs beat both baseline runs, by chance 1 in 6."""
+    _check_level(confidence)
+    if min(n, n_baseline) < 1:
+        return False
+    return ratio_summary.ci_low > 1 and min_p_value(n, n_baseline) <= 1 - confidence
 
 
 def interleave(labels: Sequence[str], runs: int) -> list[str]:

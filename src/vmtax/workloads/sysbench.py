@@ -21,7 +21,7 @@ import functools
 import re
 import shutil
 import subprocess
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal, overload
 
 from pydantic import BeforeValidator
 
@@ -41,6 +41,13 @@ MUTEX_TIMEOUT = 600.0
 CLEANUP_TIMEOUT = 120.0
 # Rate at which fileio's prepare step writes its files, for plan estimates (90-280 here).
 PREPARE_MIB_S = 150.0
+# sysbench prints every latency in ms with two decimals.
+LATENCY_RESOLUTION = 0.01
+# memory's default data volume: beyond what any --time moves, so that time bounds the run
+# (E1's fixed 1 GiB lasts ~50 ms natively here, too short to time). 1 TiB takes ~2 min at
+# 8 GiB/s; at 8 KiB blocks it is 2^27 operations, well inside the int sysbench counts
+# them in (a much larger total could wrap it and print a wrong ops/s).
+MEMORY_TOTAL_SIZE = "1T"
 
 _OPTION_NAME = re.compile(r"[a-z][a-z0-9-]*")
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
@@ -85,6 +92,16 @@ def _number(token: str, what: str, suffix: str = "") -> float:
 
 def _lines(stdout: str) -> list[str]:
     return [line.strip() for line in stdout.splitlines()]
+
+
+@overload
+def _find(lines: list[str], regex: re.Pattern[str], what: str,
+          required: Literal[True] = True) -> re.Match[str]: ...
+
+
+@overload
+def _find(lines: list[str], regex: re.Pattern[str], what: str,
+          required: bool) -> re.Match[str] | None: ...
 
 
 def _find(lines: list[str], regex: re.Pattern[str], what: str,
@@ -239,23 +256,28 @@ class SysbenchOptions(plugin.Options):
 class _Sysbench(Workload):
     binaries = ("sysbench",)
     packages = ("sysbench",)
-    time_option = "time"
-    Options = SysbenchOptions
+    time_option: ClassVar[str | None] = "time"
+    # Each test's options narrow some general ones (threads: int, not int | None).
+    Options: ClassVar[type[SysbenchOptions]] = SysbenchOptions
     # Metrics every test reports; each test adds its throughput metrics in front.
     common_metrics = (
         MetricSpec("total events", "events", True, "Events completed", secondary=True),
         MetricSpec("total time", "s", False, "Wall time sysbench reports", secondary=True),
-        # Printed in 0.01 ms steps: mostly rounding, so kept out of the verdicts.
-        MetricSpec("latency min", "ms", False, "Fastest event"),
-        MetricSpec("latency avg", "ms", False, "Mean event latency", group="latency"),
+        # Latencies are printed in 0.01 ms steps (a 4 µs event is "0.00"); the minimum is
+        # mostly rounding, so kept out of the verdicts.
+        MetricSpec("latency min", "ms", False, "Fastest event",
+                   resolution=LATENCY_RESOLUTION),
+        MetricSpec("latency avg", "ms", False, "Mean event latency", group="latency",
+                   resolution=LATENCY_RESOLUTION),
         MetricSpec("latency max", "ms", False, "Slowest event: the clearest sign of "
-                   "preemption by the host", group="latency"),
+                   "preemption by the host", group="latency", resolution=LATENCY_RESOLUTION),
         MetricSpec("latency p95", "ms", False, "95th percentile of event latency",
-                   group="latency"),
+                   group="latency", resolution=LATENCY_RESOLUTION),
+        # Both stddevs are printed with two decimals ("1004323.0000/0.00").
         MetricSpec("fairness events stddev", "events", False, "Spread of events per thread",
-                   secondary=True, spread=True),
+                   secondary=True, spread=True, resolution=0.01),
         MetricSpec("fairness time stddev", "s", False, "Spread of run time per thread",
-                   secondary=True, spread=True),
+                   secondary=True, spread=True, resolution=0.01),
     )
 
     def _argv(self, options: dict[str, Any], command: str) -> list[str]:
@@ -344,7 +366,10 @@ class Threads(_Sysbench):
 class MemoryOptions(SysbenchOptions):
     memory_block_size: SysbenchSize = _option("8k", "Size of the block each event moves",
                                               "memory-block-size")
-    memory_total_size: SysbenchSize = _option("1G", "Data moved in all", "memory-total-size")
+    memory_total_size: SysbenchSize = _option(
+        MEMORY_TOTAL_SIZE, "Data moved in all; the run stops at this or at `time`, whichever "
+        "comes first. The default (~2 min at 8 GiB/s) outlasts a plan's time, so time bounds "
+        'the run; E1 moved a fixed 1 GiB: memory-total-size = "1G"', "memory-total-size")
     memory_scope: Literal["global", "local"] | None = _option(
         None, "One buffer for all threads, or one each", "memory-scope")
     memory_hugetlb: OnOff | None = _option(
@@ -358,7 +383,8 @@ class MemoryOptions(SysbenchOptions):
 
 class Memory(_Sysbench):
     name = "memory"
-    description = "Writes 1 GiB in 8 KiB blocks: memory bandwidth (MiB/s) and operations/s."
+    description = ("Writes 8 KiB blocks for `time` seconds: memory bandwidth (MiB/s) and "
+                   "operations/s.")
     Options = MemoryOptions
     metrics = (MetricSpec("MiB/s", "MiB/s", True, "Memory bandwidth", group="memory",
                           primary=True),
