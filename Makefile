@@ -2,19 +2,28 @@
 VENV := .venv
 VMTAX := $(VENV)/bin/vmtax
 
-.PHONY: deps run test test-unit bench bench-stats clean
+.PHONY: deps venv run test test-unit lint bench bench-stats clean
 
 deps:
 	@bash scripts/bootstrap.sh
 
+# Only .venv: no root, no apt (enough for lint and the unit tests).
+venv:
+	@bash scripts/bootstrap.sh --venv
+
 run: deps
 	$(VMTAX) run
 
-test: deps
+test: deps lint
 	$(VENV)/bin/pytest -q
 
-test-unit: deps
-	$(VENV)/bin/pytest -q -m "not live"
+# Live tests are reported as skipped, with the reason (tests/conftest.py).
+test-unit: venv
+	VMTAX_UNIT_ONLY=1 $(VENV)/bin/pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/mypy src
 
 bench: deps
 	$(VENV)/bin/python scripts/bench.py

@@ -35,11 +35,14 @@ def native_overhead(pairs: int, seconds: int) -> None:
                                   "--results", results, "--json"],
                                  capture_output=True, text=True, check=True).stdout
             rows = json.loads(out)["summary"]["rows"]
-            via = next(r for r in rows if r["metric"] == "events/s")["cells"]["native"]["summary"]["median"]
-            direct_out = subprocess.run(direct_argv, capture_output=True, text=True, check=True).stdout
+            row = next(r for r in rows if r["metric"] == "events/s")
+            via = row["cells"]["native"]["summary"]["median"]
+            direct_out = subprocess.run(direct_argv, capture_output=True, text=True,
+                                        check=True).stdout
             direct = next(m.value for m in Cpu.make({}).parse(direct_out) if m.name == "events/s")
             ratios.append(via / direct)
-            print(f"   pair {i + 1}: vmtax {via:10.2f}  direct {direct:10.2f}  ratio {via / direct:.4f}")
+            print(f"   pair {i + 1}: vmtax {via:10.2f}  direct {direct:10.2f}  "
+                  f"ratio {via / direct:.4f}")
     median = statistics.median(ratios)
     print(f"   median ratio {median:.4f} ({(median - 1) * 100:+.2f}%; goal within ±0.5%)\n")
 

@@ -134,7 +134,8 @@ from vmtax.journal import Journal
 from vmtax.targets.base import Job, TargetContext
 base = Path(sys.argv[2])
 target = targets.create("container:" + sys.argv[1], "container", {"runtime": sys.argv[1]},
-                         TargetContext(base / "work", Journal(base / "journal"), binaries=("sysbench",)))
+                        TargetContext(base / "work", Journal(base / "journal"),
+                                      binaries=("sysbench",)))
 target.prepare()
 print("ready", flush=True)
 target.run(Job(["sleep", "4713"]))

@@ -33,7 +33,8 @@ def allowed(pid: int, tid: int) -> str:
 def test_pinned_vcpu_threads_have_the_asked_affinity(ctx):
     # Reversed, so vCPU order is seen to matter: vCPU 0 on the last CPU.
     pin = [CPUS[-1], CPUS[0]]
-    target = targets.create("vm", "vm", {"accel": "tcg", "vcpus": 2, "pin": pin, "memory": "256M"}, ctx)
+    target = targets.create("vm", "vm", {"accel": "tcg", "vcpus": 2, "pin": pin, "memory": "256M"},
+                            ctx)
     target.prepare()
     try:
         result = target.run(Job(["sysbench", "cpu", "--threads=2", "--time=1", "run"],
@@ -50,8 +51,8 @@ def test_pinned_vcpu_threads_have_the_asked_affinity(ctx):
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two host CPUs")
 def test_qemus_other_threads_stay_off_the_pinned_cpu(ctx):
-    target = targets.create("vm", "vm", {"accel": "tcg", "vcpus": 1, "pin": [CPUS[-1]], "memory": "256M"},
-                      ctx)
+    target = targets.create("vm", "vm", {"accel": "tcg", "vcpus": 1, "pin": [CPUS[-1]],
+                                         "memory": "256M"}, ctx)
     target.prepare()
     try:
         pid = target._run.proc.pid
@@ -70,7 +71,8 @@ def test_container_cpus(ctx, runtime):
     if shutil.which(runtime) is None:
         pytest.skip(f"{runtime} is not installed")
     cpu = CPUS[-1]
-    target = targets.create(f"container:{runtime}", "container", {"runtime": runtime, "cpus": [cpu]}, ctx)
+    target = targets.create(f"container:{runtime}", "container",
+                            {"runtime": runtime, "cpus": [cpu]}, ctx)
     target.prepare()
     try:
         result = target.run(Job(["sh", "-c", "grep Cpus_allowed_list /proc/self/status"]))

@@ -84,6 +84,9 @@ Every problem is reported as FILE:LINE: KEY: expected WHAT, got VALUE.
 @click.option("--json", "as_json", is_flag=True, help="Print the expanded plan as JSON.")
 @click.option("--quick", is_flag=True, help="The plan's [quick] form, as `vmtax run --quick`.")
 def plan_command(plan_file: str, dry_run: bool, as_json: bool, quick: bool) -> None:
+    from vmtax.cli import warn_left_behind   # cli imports this module
+
+    warn_left_behind()
     plan = load(plan_file, quick)
     if as_json:
         low = estimate(plan)

@@ -12,8 +12,8 @@ from typing import Any
 from vmtax import targets
 from vmtax.plan import Plan
 
-# Measured on the classic plan under TCG on a 2-core host (173 s for an estimate of 226 s:
-# a time-bounded workload that finishes its work early, like memory, is counted in full).
+# Measured on the classic plan under TCG on a 2-core host (173 s for an estimate of 226 s,
+# when memory still finished its 1 GiB early; it now runs for its whole time).
 RUN_OVERHEAD = 0.2      # s per repetition: start-up, result collection (0.05 native, 0.4 VM)
 UNBOUNDED_RUN = 1.0     # s per repetition without a time bound (mutex: 0.1 native, 0.5 VM)
 
@@ -35,11 +35,11 @@ def estimate(plan: Plan, runs: int | None = None) -> Estimate:
     n_targets = len(plan.targets)
     used: dict[str, None] = {}      # ordered set of the assumptions the sum relies on
     total = 0.0
-    for spec in plan.targets:
-        startup = targets.get(spec.kind).startup_seconds
+    for target in plan.targets:
+        startup = targets.get(target.kind).startup_seconds
         if startup:
             total += startup
-            used[f"each {spec.kind} target starts in {startup:g} s"] = None
+            used[f"each {target.kind} target starts in {startup:g} s"] = None
     for spec in plan.workloads:
         workload = spec.make(plan.time)
         seconds = workload.run_seconds()

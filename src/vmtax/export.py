@@ -22,6 +22,7 @@ from typing import Any
 
 from vmtax.errors import VmtaxError
 from vmtax.store import Run
+from vmtax.types import Metric
 
 LEADING = ["run_id", "target", "workload", "phase", "idx", "status", "error"]
 METRIC = ["metric", "value", "unit", "higher_is_better", "host_elapsed", "guest_elapsed",
@@ -51,7 +52,8 @@ def tidy(run: Run) -> tuple[list[str], list[dict[str, Any]]]:
                 **flatten(rep.params, "param")}
         tail = {"host_elapsed": rep.host_elapsed, "guest_elapsed": rep.guest_elapsed,
                 "started": rep.started, **host, **fingerprints.get(rep.target, {})}
-        for m in rep.metrics or [None]:
+        metrics: list[Metric | None] = [*rep.metrics] or [None]   # no metrics: one row
+        for m in metrics:
             metric = ({"metric": m.name, "value": m.value, "unit": m.unit,
                        "higher_is_better": m.higher_is_better,
                        **{f"dim.{k}": v for k, v in m.dimensions.items()}} if m else

@@ -23,6 +23,7 @@ import matplotlib
 from markupsafe import escape
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.typing import LineStyleType, RcKeyType
 
 from vmtax.analysis import Row, RunSummary
 
@@ -41,10 +42,10 @@ BASELINE_COLOR = "#8a8f98"
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442",
            "#000000")
-LINESTYLES = ("-", "--", ":", "-.")
+LINESTYLES: tuple[LineStyleType, ...] = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.titlesize": 11,
     "axes.titleweight": "bold",
@@ -152,15 +153,16 @@ def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
     fig = Figure(figsize=BAR_SIZE, dpi=DPI, layout="constrained")
     ax = fig.subplots()
     for target, target_bars in bars.items():
-        xs, values, heights, below, above = zip(*target_bars)
+        xs, _, heights, belows, aboves = zip(*target_bars)
         ax.bar(xs, heights, width * 0.92, color=colors[target], label=labels.get(target, target),
-               yerr=[below, above], error_kw={"elinewidth": 1, "capsize": 2.5, "ecolor": "#30343a"})
-        for x, value, height, _, up in target_bars:
+               yerr=[belows, aboves],
+               error_kw={"elinewidth": 1, "capsize": 2.5, "ecolor": "#30343a"})
+        for bar_x, value, height, _, up in target_bars:
             text = f"{value:.2f}" if value <= RATIO_AXIS_MAX else f"{value:.3g}↑"
             # inside the bar at its foot, clear of the whisker; above the whisker when
             # the bar is too short to hold the text
             inside = height >= top * (0.2 if crowded else 0.1)
-            ax.annotate(text, (x, 0 if inside else height + up), xytext=(0, 3),
+            ax.annotate(text, (bar_x, 0 if inside else height + up), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=7,
                         color=_text_on(colors[target]) if inside else "#30343a",
                         rotation=90 if crowded else 0)
@@ -240,6 +242,14 @@ def sweeps(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     return charts
 
 
+def _sweep_x(value: Any) -> float:
+    """A numeric sweep's x: the caller made sure every value of its key is a number."""
+    x = numeric(value)
+    if x is None:
+        raise ValueError(f"{value!r} is not a number")
+    return x
+
+
 def _sweep_figure(title: str, rows: list[Row], x_key: str, x_numeric: bool,
                   panel_keys: list[str], line_keys: list[str], targets: list[str],
                   labels: dict[str, str], colors: dict[str, str]) -> Figure:
@@ -251,7 +261,7 @@ def _sweep_figure(title: str, rows: list[Row], x_key: str, x_numeric: bool,
     # x positions: the value itself, or its rank for word-valued sweeps
     raw = sorted({json.dumps(r.params.get(x_key)) for r in rows},
                  key=lambda v: (numeric(json.loads(v)) or 0, v))
-    position = {v: (numeric(json.loads(v)) if x_numeric else i) for i, v in enumerate(raw)}
+    position = {v: (_sweep_x(json.loads(v)) if x_numeric else i) for i, v in enumerate(raw)}
     xs_all = [position[v] for v in raw]
     log_x = x_numeric and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= LOG_SPAN
     styles: dict[str, int] = {}     # remaining-parameter combination -> line style

@@ -146,7 +146,9 @@ class OptionInfo:
     def _adapter(self) -> TypeAdapter[Any]:
         if not self.info.metadata:
             return TypeAdapter(self.annotation)
-        return TypeAdapter(Annotated[self.annotation, *self.info.metadata])  # type: ignore[misc]
+        # An Annotated built at run time is no static type form to the type checker.
+        return TypeAdapter(
+            Annotated[self.annotation, *self.info.metadata])  # type: ignore[arg-type]
 
     def check(self, value: Any, *, strict: bool = True) -> Any:
         """The value as the plugin wants it; raises Invalid. Plan files are checked

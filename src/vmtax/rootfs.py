@@ -38,7 +38,8 @@ def busybox() -> Path:
     for candidate in BUSYBOX_CANDIDATES:
         if os.path.exists(candidate):
             return Path(candidate)
-    raise VmtaxError("busybox is not installed; install busybox-static (apt-get install busybox-static)")
+    raise VmtaxError("busybox is not installed; install busybox-static "
+                     "(apt-get install busybox-static)")
 
 
 def shared_libraries(binary: Path) -> list[Path]:

@@ -61,6 +61,12 @@ class Locator:
     def _peek(self, s: str) -> bool:
         return self.text.startswith(s, self.i)
 
+    def _match(self, pattern: re.Pattern[str]) -> re.Match[str]:
+        m = pattern.match(self.text, self.i)
+        if m is None:    # the text is valid TOML: a bare key or scalar is there
+            raise ValueError(f"not TOML at offset {self.i}")
+        return m
+
     def _skip(self, newlines: bool) -> None:
         blank = " \t\r\n" if newlines else " \t"
         while self.i < len(self.text):
@@ -99,7 +105,7 @@ class Locator:
             if self.text[self.i] in "\"'":
                 keys.append(self._string())
             else:
-                m = _BARE_KEY.match(self.text, self.i)
+                m = self._match(_BARE_KEY)
                 keys.append(m[0])
                 self.i = m.end()
             self._skip(newlines=False)
@@ -175,7 +181,7 @@ class Locator:
                     continue
                 self._pair(path)
         else:
-            m = _SCALAR.match(self.text, self.i)
+            m = self._match(_SCALAR)
             self.i = m.end()
 
 

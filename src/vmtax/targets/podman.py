@@ -204,6 +204,7 @@ class Podman(Runtime):
         # start podman, whose runroot link may be gone (podman would make a directory there).
         if launch.container not in self.unfinished:
             return True
+        assert launch.undo is not None   # launch() set it
         # `run --rm` has removed the container when the job ended by itself; after a kill it
         # is still there, and `rm` kills its whole pid namespace. --ignore: gone is success.
         removed = subprocess.run(launch.undo, capture_output=True, timeout=60).returncode == 0

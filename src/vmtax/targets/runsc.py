@@ -179,8 +179,9 @@ class Runsc(OciRuntime):
     def global_flags(self) -> list[str]:
         # network=none: the sandbox gets only its own loopback, like the other runtimes.
         # ignore-cgroups: runsc leaves its cgroup directories behind on this kind of host;
-        # it then ignores the cpuset too, so CPUs are confined by affinity (placement). overlay2=none: by default the rootfs
-        # gets an overlay that dies with the container, but /work must outlive each job
+        # it then ignores the cpuset too, so CPUs are confined by affinity (placement).
+        # overlay2=none: by default the rootfs gets an overlay that dies with the
+        # container, but /work must outlive each job
         # (fileio prepares its files in one job, measures in the next).
         # gofer-network-namespace=new: the default pins a shared namespace with a bind
         # mount under --root that nothing removes, so the container's directory could not
@@ -193,11 +194,13 @@ class Runsc(OciRuntime):
 
     def launch(self, job: Job) -> Launch:
         launch = super().launch(job)
+        assert launch.container is not None   # set by OciRuntime.launch()
         # runsc has no `delete -f`: it spells it `delete --force`.
         launch.undo = [*self.base(), "delete", "--force", launch.container]
         return launch
 
     def finish(self, launch: Launch) -> bool:
+        assert launch.undo is not None   # launch() set it
         # runsc keeps a container's state in files named after it, not in a directory.
         def left() -> bool:
             return any(self.state.glob(f"*{launch.container}*"))

@@ -361,7 +361,8 @@ class VmOptions(plugin.Options):
         memory = parse_size(self.memory)
         host_memory = hugepages.meminfo().get("MemTotal", 0) << 10
         if host_memory and memory > host_memory:
-            problems.append(("memory", f"at most the host's memory ({hugepages.human(host_memory)})"))
+            problems.append(("memory", "at most the host's memory "
+                             f"({hugepages.human(host_memory)})"))
         size = self.hugepages
         if size is not None and memory % hugepages.SIZES[size]:
             problems.append(("memory", f"a whole number of {hugepages.label(size)} huge pages "
@@ -387,7 +388,8 @@ def _tail(path: Path, lines: int = 5) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    return " | ".join(l.strip() for l in text.strip().splitlines()[-lines:] if l.strip())
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:]
+                      if line.strip())
 
 
 def _free_port() -> int:
