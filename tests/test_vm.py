@@ -1,6 +1,7 @@
 """VM target without booting a guest: QEMU argv, accel choice, the agent protocol (host half
 against canned bytes, guest half run by busybox on the host), and boot-failure handling."""
 
+import contextlib
 import os
 import pty
 import shutil
@@ -273,6 +274,12 @@ def agent(tmp_path):
     yield run
     os.killpg(proc.pid, 9)
     proc.wait()
+    # The agent's watchdogs run in sessions of their own (as they must in a guest): kill
+    # this agent's, which name its files, so no test leaves them sleeping.
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        if str(tmp_path).encode() in _cmdline(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pid), 9)
     os.close(master)
     os.close(slave)   # open until now: a pty with no slave open reads as EIO
 
