@@ -163,6 +163,20 @@ class Collector(plugin.Plugin, abc.ABC):
         """
 
 
+def running_at_start(collector: Collector, subject: Subject) -> dict[int, list[str]]:
+    """pid -> /proc/PID/stat fields of the subject's processes still running as a
+    collector starts; each one already gone is a warning of the collector's."""
+    found = {}
+    for pid in subject.pids:
+        fields = proc_stat(pid, collector.proc_root)
+        if fields is None or fields[0] == "Z":
+            collector.warnings.append(f"{collector.name}: process {pid} of {subject.name} "
+                                      "had exited before start; not counted")
+        else:
+            found[pid] = fields
+    return found
+
+
 def proc_stat(pid: int, proc_root: Path) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name, so proc(5)'s field N is
     index N - 3 (state 0, utime 11, stime 12, starttime 19); None when pid is gone."""

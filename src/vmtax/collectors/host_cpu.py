@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from vmtax import plugin
-from vmtax.collectors.base import Collector, CollectorError, Subject, proc_stat
+from vmtax.collectors.base import (Collector, CollectorError, Subject, proc_stat,
+                                   running_at_start)
 from vmtax.journal import Journal
 from vmtax.types import Metric, MetricSpec
 
@@ -84,13 +85,7 @@ class HostCpu(Collector):
             self._counter = next(p for p in self._counters(subject.cgroup) if p.is_file())
             self._cgroup_start = self._read_counter()
             return
-        for pid in subject.pids:
-            fields = proc_stat(pid, self.proc_root)
-            if fields is None or fields[_STATE] == "Z":
-                self.warnings.append(f"{self.name}: process {pid} of {subject.name} had "
-                                     "exited before start; not counted")
-            else:
-                self._procs[pid] = fields
+        self._procs.update(running_at_start(self, subject))
 
     def _read_counter(self) -> tuple[float, float, float]:
         """(runtime, user, system) seconds the cgroup has used since it was made."""

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from vmtax import plugin
-from vmtax.collectors.base import Collector, CollectorError, Subject, proc_stat
+from vmtax.collectors.base import (Collector, CollectorError, Subject, proc_stat,
+                                   running_at_start)
 from vmtax.journal import Journal
 from vmtax.types import Metric, MetricSpec
 
@@ -117,13 +118,8 @@ class HostMem(Collector):
         why = self.unavailable(subject)
         if why is not None:
             raise CollectorError(f"{self.name}: {why}")
-        for pid in subject.pids:
-            fields = proc_stat(pid, self.proc_root)
-            if fields is None or fields[_STATE] == "Z":
-                self.warnings.append(f"{self.name}: process {pid} of {subject.name} had "
-                                     "exited before start; not counted")
-            else:
-                self._born[pid] = fields[_STARTTIME]
+        self._born.update((pid, fields[_STARTTIME])
+                          for pid, fields in running_at_start(self, subject).items())
         _, self._peak, alive = self._read()
         if not alive:
             raise CollectorError(f"{self.name}: no process of {subject.name} left to observe")
