@@ -32,7 +32,7 @@ from vmtax.journal import Journal
 from vmtax.types import Metric, MetricSpec
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_STATE, _UTIME, _STIME, _STARTTIME = 0, 11, 12, 19
+_UTIME, _STIME, _STARTTIME = 11, 12, 19
 
 
 class HostCpu(Collector):

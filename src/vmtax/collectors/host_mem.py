@@ -23,7 +23,7 @@ from vmtax.collectors.base import (Collector, CollectorError, Subject, proc_stat
 from vmtax.journal import Journal
 from vmtax.types import Metric, MetricSpec
 
-_STATE, _STARTTIME = 0, 19
+_STARTTIME = 19
 
 
 class HostMemOptions(plugin.Options):
