@@ -20,14 +20,18 @@ from vmtax import kvm
      "vmtax: error: --max-runs (3) must be at least --min-runs (9)"),
     (["run", "--targets", "vm", "--qemu", "/nonexistent/qemu-system-x86_64", "--workloads", "cpu"],
      "vmtax: error: "),
-    (["show", "nope"], "vmtax: error: unknown run id 'nope'"),
-    (["compare", "a", "b"], "vmtax: error: unknown run id 'a'"),
+    # Read commands never create a results directory or database.
+    (["show", "nope"], "vmtax: error: no results database at "),
+    (["compare", "a", "b"], "vmtax: error: no results database at "),
+    (["export", "last", "--csv", "-"], "vmtax: error: no results database at "),
 ])
 def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
     res = vmtax(*args, "--results", str(tmp_path / "results"), cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith(message), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    if args[0] != "run":
+        assert not (tmp_path / "results").exists()
     assert "Traceback" not in res.stderr
 
 

@@ -590,7 +590,7 @@ def test_host_huge_pages_that_fit_are_not_a_problem(monkeypatch):
 
 @needs_sysbench
 def test_a_hugetlb_block_must_fit_in_each_targets_huge_pages(monkeypatch):
-    monkeypatch.setattr(planfile, "_host_free_hugepages", lambda: 2)
+    monkeypatch.setattr(planfile.hugepages, "host_free", lambda: 2)
     assert problems("""
         [targets.native]
         [targets.vm]

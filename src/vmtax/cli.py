@@ -230,7 +230,7 @@ def _show(store: Store, run_id: str, as_json: bool) -> None:
 def show(run_id, results, as_json) -> None:
     """Reprint a stored run (RUN_ID, a unique prefix of it, or 'last')."""
     warn_left_behind()
-    _show(Store(results), run_id, as_json)
+    _show(Store(results, readonly=True), run_id, as_json)
 
 
 @cli.command()
@@ -239,7 +239,7 @@ def show(run_id, results, as_json) -> None:
 def runs(results, as_json) -> None:
     """List the stored runs."""
     warn_left_behind()
-    rows = Store(results).list_runs()
+    rows = Store(results, readonly=True).list_runs()
     if as_json:
         _print_json(rows)
     elif not rows:
@@ -280,7 +280,7 @@ def compare(a, b, alpha, noise_floor, method, results, as_json) -> None:
       vmtax compare 20261121-2236 20261122-0910
     Failed repetitions are excluded and counted, never treated as zero.
     """
-    store = Store(results)
+    store = Store(results, readonly=True)
     (run_a, target_a), (run_b, target_b) = _side(store, a), _side(store, b)
     if bool(target_a) != bool(target_b):
         raise VmtaxError("give a target on both sides (RUN:TARGET RUN:TARGET) or on neither")

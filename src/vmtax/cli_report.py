@@ -46,7 +46,7 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     """
     from vmtax import htmlreport, plots   # matplotlib loads only for the commands that draw
 
-    store = Store(results)
+    store = Store(results, readonly=True)
     runs = list({run.id: run for run in (_load(store, r) for r in run_ids)}.values())
     reports = [htmlreport.build(run) for run in runs]
     export_mod.write_file(html_path, htmlreport.render_html(reports).encode())
@@ -76,7 +76,7 @@ def export(run_id, csv_path, json_path, results) -> None:
         raise click.UsageError("give --csv FILE or --json FILE (or both)")
     if csv_path == "-" and json_path == "-":
         raise click.UsageError("only one of --csv and --json can go to stdout (-)")
-    run = _load(Store(results), run_id)
+    run = _load(Store(results, readonly=True), run_id)
     for path, encode in ((csv_path, export_mod.to_csv), (json_path, export_mod.to_json)):
         if path == "-":   # stdout, for a pipe: nothing else is printed there
             sys.stdout.buffer.write(encode(run))

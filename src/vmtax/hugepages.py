@@ -276,3 +276,11 @@ def sysbench_pages(block: int, buffers: int = 1) -> int:
     """2 MiB pages that `buffers` sysbench memory buffers of `block` bytes take."""
     size = ((block - 1) & ~_SYSBENCH_LARGE_PAGE) + _SYSBENCH_LARGE_PAGE
     return buffers * -(-size // GUEST_PAGE)
+
+
+def host_free() -> int:
+    """Free 2 MiB pages on the host: what a workload on the host (native, containers) gets."""
+    try:
+        return int((pool_dir("2M") / "free_hugepages").read_text())
+    except (OSError, ValueError):
+        return 0

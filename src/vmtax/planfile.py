@@ -119,14 +119,6 @@ QUICK_KEYS = (*SETTINGS, "targets", "params")
 WORKLOAD_KEYS = ("name", "params", "zip")
 
 
-def _host_free_hugepages() -> int:
-    """Free 2 MiB pages on the host: what a workload on the host (native, containers) gets."""
-    try:
-        return int((hugepages.pool_dir("2M") / "free_hugepages").read_text())
-    except (OSError, ValueError):
-        return 0
-
-
 def params_text(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={_label(v)}" for k, v in params.items())
 
@@ -434,7 +426,7 @@ class _Reader:
                       time: int | None) -> None:
         """The huge pages a workload allocates must fit in each target: the ones it
         reserves for its workloads (a guest's), else the host's free ones."""
-        host_free = _host_free_hugepages()
+        host_free = hugepages.host_free()
         for config, origin in zip(configs, self.workload_origin):
             need, what = config.make(time).hugepages_needed()
             if not need:
