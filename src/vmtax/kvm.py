@@ -173,7 +173,10 @@ def _run_in_child(body: Callable[[str], str], dev: str, timeout: float) -> _Chil
     """Run body(dev) in a forked child; SIGKILL it if it has not answered within timeout."""
     read_end, write_end = os.pipe()
     parent = os.getpid()
+    # As in proc.spawn: a stop signal must not land in Python's at-fork hooks.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     pid = os.fork()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pid == 0:
         try:
             # Keep only the answer pipe: a copy of another thread's subprocess pipe would

@@ -46,13 +46,27 @@ def _die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+# Signals whose handler raises KeyboardInterrupt (stop_on_signal).
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def spawn(argv: list[str], *, preexec=None, **kwargs) -> subprocess.Popen:
     """Start argv in a new process group that is killed when vmtax dies."""
     def child_setup() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _die_with_parent()
         if preexec is not None:
             preexec()
-    return subprocess.Popen(argv, start_new_session=True, preexec_fn=child_setup, **kwargs)
+    # With a preexec function Python runs its at-fork hooks around fork(); a stop signal
+    # landing in one raises KeyboardInterrupt there, which Python prints as an ignored
+    # exception with a traceback. Held back until the fork is done, it is handled (and
+    # raised) in vmtax's own code right after; the child unblocks it before exec.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return subprocess.Popen(argv, start_new_session=True, preexec_fn=child_setup,
+                                **kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def kill_group(proc: subprocess.Popen, grace: float = 0.0) -> None:
