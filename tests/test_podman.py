@@ -5,6 +5,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,6 +127,10 @@ def test_processes_with():
     marker = "vmtax-podman-test-marker"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker])
     try:
+        # Until the child has exec'd, its command line is still the test's own.
+        deadline = time.monotonic() + 10
+        while not podman.processes_with(marker.encode()) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert podman.processes_with(marker.encode()) == [child.pid]
     finally:
         child.kill()
