@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,14 @@ def vmtax(*args, check=False, timeout=600, **kwargs):
     env = {**os.environ, **kwargs.pop("env", {})}
     return subprocess.run([*VMTAX, *args], capture_output=True, text=True, timeout=timeout,
                           check=check, env=env, **kwargs)
+
+
+def wait_for(condition, within: float, step: float = 0.02) -> bool:
+    """Poll until condition() is true (a SIGKILL, an undo, takes effect asynchronously);
+    False if it is still false after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True

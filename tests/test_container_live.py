@@ -14,6 +14,7 @@ from vmtax import journal
 from vmtax import targets
 from vmtax.journal import Journal
 from vmtax.targets.base import Job, TargetContext
+from conftest import wait_for
 
 pytestmark = [
     pytest.mark.live,
@@ -35,12 +36,7 @@ def processes_with(marker: bytes) -> list[int]:
 
 def gone(marker: bytes, within: float = 2.0) -> bool:
     """No process shows marker in its command line (SIGKILL takes effect asynchronously)."""
-    deadline = time.monotonic() + within
-    while processes_with(marker):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return wait_for(lambda: not processes_with(marker), within)
 
 
 def host_leftovers(target_dir: Path) -> list[str]:

@@ -15,6 +15,7 @@ from vmtax.journal import Journal
 from vmtax.targets.base import TargetContext
 from vmtax.targets.podman import Podman
 from vmtax.types import Job
+from conftest import wait_for
 
 pytestmark = [
     pytest.mark.live,
@@ -66,12 +67,7 @@ def running(marker: bytes, exact: bool = False) -> list[int]:
 
 
 def gone(marker: bytes, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while running(marker):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return wait_for(lambda: not running(marker), within, step=0.05)
 
 
 def mounts_under(path: Path) -> list[str]:

@@ -15,6 +15,7 @@ from vmtax.journal import Journal
 from vmtax.targets import runsc
 from vmtax.targets.base import TargetContext
 from vmtax.types import Job
+from conftest import wait_for
 
 pytestmark = [
     pytest.mark.live,
@@ -43,12 +44,7 @@ def runsc_processes(binary: Path) -> list[int]:
 
 def none_left(binary: Path, within: float = 5.0) -> bool:
     """No runsc process is left (SIGKILL takes effect asynchronously)."""
-    deadline = time.monotonic() + within
-    while runsc_processes(binary):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return wait_for(lambda: not runsc_processes(binary), within, step=0.05)
 
 
 def host_leftovers(base: Path) -> list[str]:

@@ -5,6 +5,7 @@ on the way out (normal end, Ctrl-C, SIGTERM, or a crash recovered by the journal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from vmtax import __version__, analysis, host, plugin, proc, stats, targets as target_registry
 from vmtax.collectors.base import Collector, Subject
@@ -238,18 +239,26 @@ class Runner:
             return
         port = workload.server_port or 0
         for name in active:
-            target = self.targets[name]
-            target.resume()
             try:
-                endpoint = target.start_server(server, port)
-                _wait_listening(endpoint, server.timeout)
+                with self._awake(name) as target:
+                    endpoint = target.start_server(server, port)
+                    _wait_listening(endpoint, server.timeout)
                 self.endpoints[name] = endpoint
             except VmtaxError as exc:
                 self.cell_errors[name] = f"its {workload.name} server did not start: {exc}"
                 self.reporter.warn(f"{name} · {workload.name}: {self.cell_errors[name]}")
-            finally:
-                if target.alive():
-                    target.pause()
+
+    @contextlib.contextmanager
+    def _awake(self, name: str) -> Iterator[Target]:
+        """Target name running for what is done inside (a paused guest answers nothing),
+        paused again after, so it costs no host CPU while others are measured."""
+        target = self.targets[name]
+        target.resume()
+        try:
+            yield target
+        finally:
+            if target.alive():
+                target.pause()
 
     # -- collectors ---------------------------------------------------------------------
     def _subject(self, name: str) -> Subject:
@@ -312,11 +321,8 @@ class Runner:
 
     def _stop_servers(self) -> None:
         for name, endpoint in self.endpoints.items():
-            target = self.targets[name]
-            target.resume()   # a paused guest would never answer the stop
-            target.stop_server(endpoint)
-            if target.alive():
-                target.pause()
+            with self._awake(name) as target:
+                target.stop_server(endpoint)
         self.endpoints = {}
         self.cell_errors = {}
 
