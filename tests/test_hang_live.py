@@ -9,7 +9,7 @@ from vmtax import plan as plan_mod, plugin
 from vmtax.errors import ParseError
 from vmtax.runner import Runner
 from vmtax.store import Store
-from vmtax.targets import vm
+from vmtax import vm_instance
 from vmtax.targets.base import Job
 from vmtax.types import MetricSpec
 from vmtax.workloads.base import Workload
@@ -42,7 +42,7 @@ class FreezeOnce(Workload):
 
 def test_hung_guest_is_killed_rebooted_and_the_plan_goes_on(tmp_path, monkeypatch):
     monkeypatch.setitem(plugin.registry()["workload"], FreezeOnce.name, FreezeOnce)
-    monkeypatch.setattr(vm, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
+    monkeypatch.setattr(vm_instance, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
     warnings = []
 
     class Collect:

@@ -40,7 +40,7 @@ def test_pinned_vcpu_threads_have_the_asked_affinity(ctx):
         result = target.run(Job(["sysbench", "cpu", "--threads=2", "--time=1", "run"],
                                 timeout=60))
         assert result.ok, result.stderr
-        pid = target._run.proc.pid
+        pid = target.host_pids()[0]
         threads = target.vcpu_threads()
         assert [allowed(pid, tid) for tid in threads] == [str(cpu) for cpu in pin]
         assert target.fingerprint()["vcpu_affinity"] == [[cpu] for cpu in pin]
@@ -55,7 +55,7 @@ def test_qemus_other_threads_stay_off_the_pinned_cpu(ctx):
                                          "memory": "256M"}, ctx)
     target.prepare()
     try:
-        pid = target._run.proc.pid
+        pid = target.host_pids()[0]
         (vcpu,) = target.vcpu_threads()
         others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != vcpu]
         assert allowed(pid, vcpu) == str(CPUS[-1])

@@ -23,8 +23,8 @@ from vmtax.journal import Journal
 from vmtax.targets import vm
 from vmtax.targets.base import TargetContext
 from vmtax.types import Job
-from vmtax.targets.vm import (Channel, VmConfig, encode_job, kernel_cmdline, parse_size,
-                              qemu_argv, read_result, resolve_accel)
+from vmtax.agent import Channel, encode_job, read_result
+from vmtax.qemu import VmConfig, kernel_cmdline, parse_size, qemu_argv, resolve_accel
 
 
 @pytest.fixture(autouse=True)
