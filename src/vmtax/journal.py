@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class Journal:
         with contextlib.suppress(FileNotFoundError):   # no changes yet, or all undone
             self.entries = {int(k): v for k, v in json.loads(self.path.read_text()).items()}
         self._ids = itertools.count(max(self.entries, default=0) + 1)
+        # Guests of a factory boot in threads: one writer of the file at a time.
+        self._lock = threading.RLock()
 
     @classmethod
     def at(cls, path: Path) -> "Journal":
@@ -48,6 +51,10 @@ class Journal:
         return cls(path.parent, pid, start)
 
     def _save(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
         if not self.entries:
             self.path.unlink(missing_ok=True)
             return
@@ -57,23 +64,26 @@ class Journal:
 
     def add(self, **entry: Any) -> int:
         """Record a change about to be made; returns a token for `undo`/`forget`."""
-        token = next(self._ids)
-        self.entries[token] = entry
-        self._save()
+        with self._lock:
+            token = next(self._ids)
+            self.entries[token] = entry
+            self._save()
         return token
 
     def update(self, token: int, **fields: Any) -> None:
         """A recorded change grew or shrank (a huge page lease): record its new extent."""
-        self.entries[token].update(fields)
-        self._save()
+        with self._lock:
+            self.entries[token].update(fields)
+            self._save()
 
     def process(self, pid: int) -> int:
         return self.add(type="kill", pid=pid, start=process_start_time(pid))
 
     def forget(self, token: int) -> None:
         """The change was undone by its owner: drop it from the journal."""
-        if self.entries.pop(token, None) is not None:
-            self._save()
+        with self._lock:
+            if self.entries.pop(token, None) is not None:
+                self._save()
 
     def undo(self, token: int) -> None:
         entry = self.entries.get(token)
@@ -118,6 +128,9 @@ def _undo(entry: dict[str, Any], journal: Journal) -> None:
     elif kind == "hugepages":
         from vmtax import hugepages   # here: the guardian imports little
         hugepages.end_lease(journal, entry)
+    elif kind == "remote":   # files and jobs on an ssh target: undone over a new connection
+        from vmtax import ssh_session
+        ssh_session.undo(entry)
     else:
         raise ValueError(f"unknown journal entry type {kind!r}")
 

@@ -50,6 +50,7 @@ import json
 import os
 import secrets
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -201,6 +202,8 @@ class Network:
         self._ns_token: int | None = None
         self._bridge_token: int | None = None
         self._last_host = GATEWAY_HOST
+        # Guests of a factory attach from threads: one address handed out at a time.
+        self._lock = threading.RLock()
 
     # -- names and addresses --
 
@@ -412,48 +415,51 @@ class Network:
     def attach_tap(self) -> Endpoint:
         """A tap on the bridge for a QEMU guest: start QEMU with preexec() and
         endpoint.qemu_args(); the guest sets endpoint.cidr and the gateway itself."""
-        self._need_live()
-        endpoint = self._endpoint("tap", self._next_host())
-        endpoint.token = self._journaled(
-            self._ip("link", "delete", endpoint.name),
-            [self._ip("tuntap", "add", "dev", endpoint.name, "mode", "tap"),
-             self._ip("link", "set", endpoint.name, "master", self.bridge, "up")])
-        self.endpoints.append(endpoint)
-        return endpoint
+        with self._lock:
+            self._need_live()
+            endpoint = self._endpoint("tap", self._next_host())
+            endpoint.token = self._journaled(
+                self._ip("link", "delete", endpoint.name),
+                [self._ip("tuntap", "add", "dev", endpoint.name, "mode", "tap"),
+                 self._ip("link", "set", endpoint.name, "master", self.bridge, "up")])
+            self.endpoints.append(endpoint)
+            return endpoint
 
     def attach_veth(self, target: int | str | os.PathLike[str],
                     ifname: str = "eth0") -> Endpoint:
         """A veth pair from the bridge into a container's network namespace (a pid or a
         namespace path): ifname there, with the endpoint's address and default route."""
-        self._need_live()
-        path = netns_path(target)
-        if _same_file(path, "/proc/1/ns/net") or _same_file(path, "/proc/self/ns/net"):
-            # A pid that has not entered its own namespace yet (or a wrong path) would put
-            # the peer, its address and a default route among the host's real interfaces.
-            raise VmtaxError(f"{target} is the host's network namespace, not a container's")
-        endpoint = self._endpoint("veth", self._next_host(), path)
-        endpoint.ifname = ifname
-        inside = ["nsenter", f"--net={path}", "ip"]
-        # The peer is made in the container's namespace directly: it is never in ours or
-        # the root namespace, and is removed with its peer (the undo) or with the container.
-        endpoint.token = self._journaled(
-            self._ip("link", "delete", endpoint.name),
-            [self._ip("link", "add", endpoint.name, "type", "veth", "peer", "name", ifname,
-                      "address", endpoint.mac, "netns", path),
-             self._ip("link", "set", endpoint.name, "master", self.bridge, "up"),
-             [*inside, "addr", "add", endpoint.cidr, "dev", ifname],
-             [*inside, "link", "set", ifname, "up"],
-             [*inside, "route", "add", "default", "via", self.gateway, "dev", ifname]])
-        self.endpoints.append(endpoint)
-        return endpoint
+        with self._lock:
+            self._need_live()
+            path = netns_path(target)
+            if _same_file(path, "/proc/1/ns/net") or _same_file(path, "/proc/self/ns/net"):
+                # A pid that has not entered its own namespace yet (or a wrong path) would put
+                # the peer, its address and a default route among the host's real interfaces.
+                raise VmtaxError(f"{target} is the host's network namespace, not a container's")
+            endpoint = self._endpoint("veth", self._next_host(), path)
+            endpoint.ifname = ifname
+            inside = ["nsenter", f"--net={path}", "ip"]
+            # The peer is made in the container's namespace directly: it is never in ours or
+            # the root namespace, and is removed with its peer (the undo) or with the container.
+            endpoint.token = self._journaled(
+                self._ip("link", "delete", endpoint.name),
+                [self._ip("link", "add", endpoint.name, "type", "veth", "peer", "name", ifname,
+                          "address", endpoint.mac, "netns", path),
+                 self._ip("link", "set", endpoint.name, "master", self.bridge, "up"),
+                 [*inside, "addr", "add", endpoint.cidr, "dev", ifname],
+                 [*inside, "link", "set", ifname, "up"],
+                 [*inside, "route", "add", "default", "via", self.gateway, "dev", ifname]])
+            self.endpoints.append(endpoint)
+            return endpoint
 
     def detach(self, endpoint: Endpoint) -> None:
         """Remove one endpoint's device (a veth pair goes as a whole)."""
-        if endpoint.token is not None:
-            self._undo(endpoint.token)
-            endpoint.token = None
-        with contextlib.suppress(ValueError):
-            self.endpoints.remove(endpoint)
+        with self._lock:
+            if endpoint.token is not None:
+                self._undo(endpoint.token)
+                endpoint.token = None
+            with contextlib.suppress(ValueError):
+                self.endpoints.remove(endpoint)
 
     # -- processes in the namespace --
 

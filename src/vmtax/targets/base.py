@@ -1,7 +1,9 @@
 """The contract every target kind follows: options, prepare, run jobs, clean up, describe.
 
 A target is where a workload runs (the host, a container, a QEMU guest). The runner only
-talks to targets through this interface, so a new kind is one new module.
+talks to targets through this interface, so a new kind is one new module. A target
+schedules jobs; what runs them may be an instance of its own (vmtax.instance: a booted
+guest, a long-lived container), and a factory asks it for more (`make_instance`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, ClassVar
 
 from vmtax import plugin
 from vmtax.errors import TargetError
+from vmtax.instance import Instance
 from vmtax.types import Endpoint, Job, JobResult
 
 
@@ -125,6 +128,14 @@ class Target(plugin.Plugin, abc.ABC):
 
     def stop_server(self, endpoint: Endpoint) -> None:
         """Stop what start_server started. Idempotent."""
+
+    def make_instance(self, index: int, network: Any) -> Instance:
+        """Start another running copy of this target's configuration, attached to
+        `network` (a vmtax.network.Network) at an address of its own, for a factory
+        (vmtax.factory); `index` tells the copies apart in names. The instance owns what it
+        made and undoes it on stop(). Raises TargetError where the kind cannot do this."""
+        raise TargetError(f"{self.name}: {self.kind} targets cannot start instances of "
+                          "their own")
 
     def cpus(self) -> set[int] | None:
         """Host CPUs the target's work runs on, when it is confined to some: a host-side

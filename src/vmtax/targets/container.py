@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ from typing import Annotated, Any, Callable, ClassVar
 from pydantic import AfterValidator
 
 from vmtax import host, network, plugin, proc, rootfs
+from vmtax.container_instance import ContainerInstance
 from vmtax.errors import TargetError, VmtaxError
+from vmtax.instance import Instance
 from vmtax.option_types import HostCpus, Programs
 from vmtax.targets.base import Target, TargetContext
 from vmtax.types import Endpoint, Job, JobResult
@@ -48,6 +51,9 @@ CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CA
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
            "urandom": (1, 9), "tty": (5, 0)}
 PROBE = Job(["true"], timeout=30.0)
+# What a factory's container runs: nothing, for as long as the factory keeps it (busybox's
+# sleep takes at most 2^31-1 seconds).
+HOLD = Job(["sleep", "2147483647"], timeout=30.0)
 # How long killed containers may take to release their output pipes.
 KILL_GRACE = 10.0
 
@@ -189,6 +195,8 @@ class Runtime(plugin.Plugin, abc.ABC):
         self.cpus = cpus
         # The network namespace the next launch joins (None: a fresh one, loopback only).
         self.netns: str | None = None
+        # Held from a long-lived container's launch until it runs (vmtax.container_instance).
+        self.launch_lock = threading.Lock()
 
     def placement(self) -> str | None:
         """How `cpus` is enforced: "cpuset" (the runtime's cgroup) or "affinity"."""
@@ -400,7 +408,7 @@ class ContainerTarget(Target):
         self._proc: subprocess.Popen[bytes] | None = None
         self._alive = True
         # Servers running for host-side clients, by network namespace path.
-        self._serving: dict[str, tuple[Any, ...]] = {}
+        self._serving: dict[str, ContainerInstance] = {}
 
     @classmethod
     def variants(cls) -> dict[str, str | None]:
@@ -527,66 +535,42 @@ class ContainerTarget(Target):
         if self._proc is not None:
             proc.kill_group(self._proc)
 
-    # -- servers for host-side clients --
+    # -- long-lived containers: servers for host-side clients, a factory's instances --
+
+    def _instance(self, name: str, job: Job, net: Any, log: str) -> ContainerInstance:
+        self.prepare()
+        runtime = self.runtime
+        assert runtime is not None and self.dir is not None   # prepared
+        if not runtime.joins_netns:
+            raise TargetError(f"{self.name}: the {runtime.name} runtime cannot join a network "
+                              "namespace vmtax made, so it cannot serve a client on the host "
+                              "or be one of many instances yet")
+        instance = ContainerInstance(name, runtime, job, self.ctx.journal, net, self.dir / log)
+        instance.start()
+        return instance
 
     def start_server(self, job: Job, port: int) -> Endpoint:
         """The server in a container of its own in a network namespace vmtax made, joined
         to the invocation's network by a veth pair."""
-        runtime = self.runtime
-        if runtime is None or not runtime.joins_netns:
-            raise TargetError(f"{self.name}: the {runtime.name if runtime else '?'} runtime "
-                              "cannot join a network namespace vmtax made, so it cannot "
-                              "serve a client on the host yet")
-        net = self.ctx.shared_network()
-        netns = f"{net.name}-c{uuid.uuid4().hex[:6]}"
-        undo_netns = self.ctx.journal.add(type="argv", argv=["ip", "netns", "delete", netns])
-        made = proc.run(["ip", "netns", "add", netns], timeout=30)
-        if made.exit_code != 0:
-            self.ctx.journal.forget(undo_netns)
-            raise TargetError(f"{self.name}: ip netns add failed: {made.stderr.strip()[:200]}")
-        path = f"/run/netns/{netns}"
-        veth = net.attach_veth(path)
-        runtime.netns = path
-        try:
-            launch = runtime.launch(job)
-        finally:
-            runtime.netns = None
-        if launch.container is not None and launch.undo is not None:
-            self._undo[launch.container] = [
-                self.ctx.journal.add(type="rmdir", paths=launch.cgroups or []),
-                self.ctx.journal.add(type="argv", argv=launch.undo)]
-        assert self.dir is not None   # prepared
-        with open(self.dir / f"server-{port}.log", "wb") as log:
-            server = proc.spawn(launch.argv, preexec=launch.preexec, env=launch.env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        token = self.ctx.journal.process(server.pid)
-        self._serving[path] = (server, token, launch, undo_netns, veth)
-        return Endpoint(veth.address, port, [], handle=path,
-                        client_preexec=net.client_preexec())
+        server = self._instance(f"{self.name} server", job, self.ctx.shared_network(),
+                                f"server-{port}.log")
+        assert server.netns is not None and server.address is not None   # started
+        self._serving[server.netns] = server
+        return Endpoint(server.address, port, [], handle=server.netns,
+                        client_preexec=server.client_preexec)
 
     def stop_server(self, endpoint: Endpoint) -> None:
-        server, token, launch, undo_netns, veth = self._serving.pop(
-            str(endpoint.handle), (None,) * 5)
-        if server is None:
-            return
-        assert self.runtime is not None
-        proc.kill_group(server, grace=2.0)
-        self.ctx.journal.forget(token)
-        if launch.container in self._undo:
-            self._remove(launch.container, delete=not self.runtime.finish(launch))
-        self.ctx.shared_network().detach(veth)
-        self.ctx.journal.undo(undo_netns)
+        server = self._serving.pop(str(endpoint.handle), None)
+        if server is not None:
+            server.stop()
+
+    def make_instance(self, index: int, network: Any) -> Instance:
+        """A container of this configuration that idles on `network` until stopped."""
+        return self._instance(f"{self.name}#{index}", HOLD, network, f"instance-{index}.log")
 
     def host_pids(self) -> list[int]:
         """The processes of the containers that serve: those in their network namespaces."""
-        inodes = {os.stat(path).st_ino for path in self._serving if os.path.exists(path)}
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
-                        pids.append(int(entry))
-        return pids
+        return [pid for server in self._serving.values() for pid in server.host_pids()]
 
     def _remove(self, container: str, delete: bool) -> None:
         """Delete the container (unless the runtime already did) and its cgroups. A cgroup
