@@ -62,3 +62,6 @@ def test_hung_guest_is_killed_rebooted_and_the_plan_goes_on(tmp_path, monkeypatc
     assert run.reps[1].host_elapsed >= 4   # the job's 2 s, then the host's 2 s of grace
     assert any("stopped responding" in w and "restarting it" in w for w in warnings)
     assert run.status == "done"
+    # Both guests' boot times are stored: the first, and the one that replaced it.
+    boots = run.targets["vm:tcg"]["fingerprint"]["boots_seconds"]
+    assert len(boots) == 2 and all(b > 0 for b in boots)

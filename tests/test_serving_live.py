@@ -60,6 +60,7 @@ def test_iperf3_in_native_container_and_guests_with_host_cpu(tmp_path):
     for guest in guests:
         fingerprint = data["run"]["targets"][guest]["fingerprint"]
         assert fingerprint["boot_seconds"] > 0
+        assert fingerprint["boots_seconds"] == [round(fingerprint["boot_seconds"], 4)]
         assert fingerprint["network"] == guest.split("=")[1].rstrip("]")
     assert _netns() - before == set()   # the run's network namespaces are gone
     assert not list(tmp_path.glob(".work-*"))

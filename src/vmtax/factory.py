@@ -20,6 +20,7 @@ from typing import Any
 from vmtax.errors import VmtaxError
 from vmtax.instance import Instance
 from vmtax.targets.base import Target
+from vmtax.types import Job
 
 
 class InstanceFactory:
@@ -36,10 +37,11 @@ class InstanceFactory:
         self._workers = 0
         self._retired: list[ThreadPoolExecutor] = []   # smaller pools, kept for their threads
 
-    def start(self, count: int, parallel: int = 1) -> list[Instance]:
-        """Start `count` more instances, up to `parallel` at a time; returns them in order
-        of their index. If any start fails, the others of this batch are kept (stop() ends
-        them with the rest) and the first failure is raised."""
+    def start(self, count: int, parallel: int = 1, job: Job | None = None) -> list[Instance]:
+        """Start `count` more instances, up to `parallel` at a time, each running `job` in
+        the background (a server) if given; returns them in order of their index. If any
+        start fails, the others of this batch are kept (stop() ends them with the rest) and
+        the first failure is raised."""
         if count < 1 or parallel < 1:
             raise VmtaxError(f"start {count} instances {parallel} at a time: both must be "
                              "at least 1")
@@ -49,7 +51,7 @@ class InstanceFactory:
             old, self._workers = self._pool, max(parallel, self._workers)
             self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="vmtax-start")
             self._retired.extend([old] if old else [])
-        futures = [self._pool.submit(self.target.make_instance, i, self.network)
+        futures = [self._pool.submit(self.target.make_instance, i, self.network, job)
                    for i in indices]
         batch, errors = [], []
         for future in futures:

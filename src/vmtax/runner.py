@@ -6,6 +6,7 @@ on the way out (normal end, Ctrl-C, SIGTERM, or a crash recovered by the journal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from vmtax import __version__, analysis, host, plugin, proc, stats, targets as target_registry
+from vmtax import __version__, analysis, estimate, host, plugin, proc, stats
+from vmtax import targets as target_registry
 from vmtax.collectors.base import Collector, Subject
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.journal import Journal
@@ -148,9 +150,7 @@ class Runner:
             else:
                 self.run_id = self.store.new_run(self.plan.to_dict(), host.fingerprint(),
                                                  __version__)
-            for name, target in self.targets.items():
-                self.store.set_target(self.run_id, name, target.kind,
-                                      {**target.fingerprint(), "bare_host": target.bare_host})
+            self._store_fingerprints()
             for workload in made:
                 self._run_workload(workload, units, done)
             status = "done"
@@ -158,6 +158,8 @@ class Runner:
             status = "interrupted"
             raise
         finally:
+            if self.run_id:   # what changed while it ran: a hung guest booted again
+                self._store_fingerprints()
             for target in self.targets.values():
                 target.cleanup()
             if ctx.network is not None:
@@ -167,6 +169,11 @@ class Runner:
                 self.store.finish_run(self.run_id, status)
                 self._store_flags()
         return self.run_id
+
+    def _store_fingerprints(self) -> None:
+        for name, target in self.targets.items():
+            self.store.set_target(self._stored_run, name, target.kind,
+                                  {**target.fingerprint(), "bare_host": target.bare_host})
 
     @property
     def _stored_run(self) -> str:
@@ -430,6 +437,8 @@ class Runner:
 
     def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
                  parse, store: bool = True, on_host: bool = False) -> list[Metric]:
+        job = dataclasses.replace(job, timeout=estimate.job_timeout(workload, job, phase,
+                                                                    self.plan.timeout))
         started = time.time()
         result = self._run_job(name, job, on_host)
         metrics: list[Metric] = []

@@ -129,11 +129,13 @@ class Target(plugin.Plugin, abc.ABC):
     def stop_server(self, endpoint: Endpoint) -> None:
         """Stop what start_server started. Idempotent."""
 
-    def make_instance(self, index: int, network: Any) -> Instance:
+    def make_instance(self, index: int, network: Any, job: Job | None = None) -> Instance:
         """Start another running copy of this target's configuration, attached to
         `network` (a vmtax.network.Network) at an address of its own, for a factory
-        (vmtax.factory); `index` tells the copies apart in names. The instance owns what it
-        made and undoes it on stop(). Raises TargetError where the kind cannot do this."""
+        (vmtax.factory), running `job` in the background for its lifetime (a server; None:
+        nothing but the instance itself); `index` tells the copies apart in names. The
+        instance owns what it made and undoes it on stop(). Raises TargetError where the
+        kind cannot do this."""
         raise TargetError(f"{self.name}: {self.kind} targets cannot start instances of "
                           "their own")
 

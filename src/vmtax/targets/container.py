@@ -564,9 +564,11 @@ class ContainerTarget(Target):
         if server is not None:
             server.stop()
 
-    def make_instance(self, index: int, network: Any) -> Instance:
-        """A container of this configuration that idles on `network` until stopped."""
-        return self._instance(f"{self.name}#{index}", HOLD, network, f"instance-{index}.log")
+    def make_instance(self, index: int, network: Any, job: Job | None = None) -> Instance:
+        """A container of this configuration on `network` running job (or idling) until
+        stopped."""
+        return self._instance(f"{self.name}#{index}", job or HOLD, network,
+                              f"instance-{index}.log")
 
     def host_pids(self) -> list[int]:
         """The processes of the containers that serve: those in their network namespaces."""

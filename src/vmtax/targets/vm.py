@@ -155,6 +155,8 @@ class VmTarget(Target):
         self.guest: VmInstance | None = None
         self._qemu_version: str | None = None
         self._network_warned = False
+        # QEMU start to agent READY of every guest the plan booted (a hung one is replaced).
+        self.boot_history: list[float] = []
 
     # -- configuration --
 
@@ -221,11 +223,20 @@ class VmTarget(Target):
         net = self.ctx.shared_network() if network == "bridge" else None
         self.guest = self._new_guest(self.name, network, net)
         self.guest.start()
+        assert self.guest.boot_seconds is not None   # started
+        self.boot_history.append(round(self.guest.boot_seconds, 4))
 
-    def make_instance(self, index: int, network: Any) -> Instance:
-        """Another guest of this configuration, on a tap of `network`."""
+    def make_instance(self, index: int, network: Any, job: Job | None = None) -> Instance:
+        """Another guest of this configuration, on a tap of `network`, running job in the
+        background."""
         guest = self._new_guest(f"{self.name}#{index}", "bridge", network)
         guest.start()
+        if job is not None:
+            try:
+                guest.spawn(job)
+            except BaseException:
+                guest.stop()
+                raise
         return guest
 
     def _need_guest(self) -> VmInstance:
@@ -325,6 +336,7 @@ class VmTarget(Target):
             # QEMU start to agent READY, as the host saw it, and the guest's uptime then.
             "boot_seconds": guest.boot_seconds if guest else None,
             "guest_boot_seconds": guest.guest_boot_seconds if guest else None,
+            "boots_seconds": list(self.boot_history),
             "disk_cache": cfg.disk_cache if cfg else None,
             "append": cfg.append if cfg else self._cmdline(image),
             # Requested and granted on each side: E5's precondition, kept with the results.
