@@ -64,3 +64,22 @@ def test_iperf3_in_native_container_and_guests_with_host_cpu(tmp_path):
         assert fingerprint["network"] == guest.split("=")[1].rstrip("]")
     assert _netns() - before == set()   # the run's network namespaces are gone
     assert not list(tmp_path.glob(".work-*"))
+
+
+@pytest.mark.parametrize("runtime", ["podman", "runsc"])
+def test_iperf3_server_in_podman_and_gvisor(tmp_path, runtime):
+    """Runtimes that take a network namespace their own way (podman's --network=ns:,
+    gVisor's netstack taking over the veth) serve a host-side client too."""
+    from vmtax.targets import container
+    why = container.runtimes()[runtime].unavailable()
+    if why:
+        pytest.skip(why)
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'runs = 1\nwarmup = 0\ntime = 1\n[targets.c]\nkind = "container"\n'
+                    f'runtime = "{runtime}"\n[[workloads]]\nname = "iperf3"\n')
+    run = vmtax("run", str(plan), "--results", str(tmp_path), "--json", timeout=600)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    throughput = next(r for r in data["summary"]["rows"] if r["metric"] == "throughput")
+    assert throughput["cells"]["c"]["summary"]["median"] > 0
+    assert data["run"]["targets"]["c"]["fingerprint"]["runtime"] == runtime

@@ -103,6 +103,7 @@ class Podman(Runtime):
                    "podman's storage and state kept in the target's directory")
     install = "apt-get install podman"
     packages = ("podman", "runc")
+    joins_netns = True
 
     @classmethod
     def locate(cls) -> str:
@@ -166,7 +167,9 @@ class Podman(Runtime):
     def launch(self, job: Job) -> Launch:
         container = f"vmtax-{uuid.uuid4().hex[:12]}"
         caps = [*CAPABILITIES, *(c for c in job.capabilities if c not in CAPABILITIES)]
-        argv = [*self.base(), "run", "--rm", f"--name={container}", "--network=none",
+        # A namespace vmtax made (a server's) is joined as it is: podman configures nothing.
+        network = f"--network=ns:{self.netns}" if self.netns else "--network=none"
+        argv = [*self.base(), "run", "--rm", f"--name={container}", network,
                 "--hostname=vmtax", f"--workdir={job_cwd(job)}",
                 # Exactly the environment and capabilities the other runtimes give.
                 "--unsetenv-all", *(f"--env={k}={v}" for k, v in container_env(job).items()),

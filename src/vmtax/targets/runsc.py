@@ -149,6 +149,7 @@ class Runsc(OciRuntime):
                    "systrap platform")
     install = f"built from gVisor's source on first use; needs {INSTALL}"
     packages = ("golang-go",)
+    joins_netns = True
     platform: ClassVar[str] = "systrap"     # gVisor's way of intercepting system calls
 
     @classmethod
@@ -177,7 +178,8 @@ class Runsc(OciRuntime):
         super().__init__(binary, home.resolve(), cpus)
 
     def global_flags(self) -> list[str]:
-        # network=none: the sandbox gets only its own loopback, like the other runtimes.
+        # network=none: the sandbox gets only its own loopback, like the other runtimes'
+        # jobs.
         # ignore-cgroups: runsc leaves its cgroup directories behind on this kind of host;
         # it then ignores the cpuset too, so CPUs are confined by affinity (placement).
         # overlay2=none: by default the rootfs gets an overlay that dies with the
@@ -186,7 +188,10 @@ class Runsc(OciRuntime):
         # gofer-network-namespace=new: the default pins a shared namespace with a bind
         # mount under --root that nothing removes, so the container's directory could not
         # be deleted.
-        return [f"--platform={self.platform}", "--network=none", "--ignore-cgroups",
+        # A server's sandbox joins the namespace vmtax made (network=sandbox): gVisor's own
+        # network stack takes over the namespace's veth, with its address and routes.
+        network = "--network=sandbox" if self.netns else "--network=none"
+        return [f"--platform={self.platform}", network, "--ignore-cgroups",
                 "--overlay2=none", "--gofer-network-namespace=new"]
 
     def placement(self) -> str | None:
