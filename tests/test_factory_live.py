@@ -44,10 +44,13 @@ def host_state(base: Path, net_id: str) -> dict[str, set[str]]:
         if ("qemu-system" in cmdline and str(base) in cmdline
                 or cmdline.startswith("sleep 2147483647")):
             procs.add(pid)
-    return {"netns": netns, "devices": devices, "processes": procs}
+    mounts = {line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+              if str(base) in line or f"vmtax-{net_id}" in line}
+    return {"netns": netns, "devices": devices, "processes": procs, "mounts": mounts}
 
 
-NOTHING: dict[str, set[str]] = {"netns": set(), "devices": set(), "processes": set()}
+NOTHING: dict[str, set[str]] = {"netns": set(), "devices": set(), "processes": set(),
+                                "mounts": set()}
 
 
 def reachable(net: Network, address: str) -> bool:
