@@ -400,8 +400,10 @@ def test_boot_timeout_kills_qemu(ctx, tmp_path):
 @pytest.mark.parametrize("options, message", [
     ({"qemu": "/nonexistent/qemu"}, "vm: qemu: expected an executable program (a path, or a "
                                     "name found on PATH), got '/nonexistent/qemu'"),
-    ({"kernel": "/nonexistent/vmlinuz"}, "vm: kernel: expected the path of an existing file, "
-                                         "got '/nonexistent/vmlinuz'"),
+    ({"kernel": "/nonexistent/vmlinuz"}, "vm: kernel: expected \"debian\" (Debian's kernel), "
+                                         "\"debian-rt\" (its PREEMPT_RT kernel) or the path "
+                                         "of a vmlinux or bzImage file, got "
+                                         "'/nonexistent/vmlinuz'"),
     ({"machine": "isapc"}, 'vm: machine: expected one of "microvm", "q35", got \'isapc\''),
     ({"kernel_args": "quiet\ninit=/bin/sh"}, "vm: kernel_args: expected a non-empty string, "
                                              "without control characters"),

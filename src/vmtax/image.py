@@ -2,7 +2,8 @@
 agent and the handful of kernel modules the guest needs.
 
 The kernel is Debian's (downloaded as a .deb and unpacked into the cache, never installed on
-the host) or one the user gives. Either way the uncompressed ELF inside is used: QEMU boots it
+the host): its general-purpose one ("debian") or its PREEMPT_RT one ("debian-rt"), or one
+the user gives. Either way the uncompressed ELF inside is used: QEMU boots it
 through PVH, skipping the bzImage decompressor, which under TCG saves seconds per boot.
 Everything is cached by a key of its inputs and published by an atomic rename.
 """
@@ -30,6 +31,8 @@ from vmtax.errors import VmtaxError
 
 FORMAT = "3"   # bump when the image layout changes, to invalidate caches
 DEBIAN_META_PACKAGE = "linux-image-amd64"
+# Guest kernel choices by name, and the Debian meta-package each follows.
+DEBIAN_KERNELS = {"debian": DEBIAN_META_PACKAGE, "debian-rt": "linux-image-rt-amd64"}
 AGENT_PORT = "vmtax.agent"
 GUEST_FILES = ("init", "agent", "disk", "net", "spawn")
 # Loaded by /init before READY, per transport of the virtio devices (microvm: mmio, q35: pci).
@@ -180,10 +183,10 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _apt_kernel_package() -> str:
-    """The versioned package linux-image-amd64 currently depends on."""
+def _apt_kernel_package(meta: str = DEBIAN_META_PACKAGE) -> str:
+    """The versioned package the meta-package (linux-image-amd64) currently depends on."""
     def resolve() -> str | None:
-        out = subprocess.run(["apt-cache", "depends", DEBIAN_META_PACKAGE],
+        out = subprocess.run(["apt-cache", "depends", meta],
                              capture_output=True, text=True)
         for line in out.stdout.splitlines():
             key, _, value = line.strip().partition(":")
@@ -200,7 +203,7 @@ def _apt_kernel_package() -> str:
         raise VmtaxError("no --kernel given and apt is not available to fetch Debian's "
                          "kernel; pass --kernel PATH (a vmlinux or bzImage)") from None
     if package is None:
-        raise VmtaxError(f"apt cannot resolve {DEBIAN_META_PACKAGE} (run apt-get update, "
+        raise VmtaxError(f"apt cannot resolve {meta} (run apt-get update, "
                          "or pass --kernel PATH)")
     return package
 
@@ -247,21 +250,37 @@ def _build_debian_kernel(deb: Path, dest: Path) -> None:
         raise
 
 
-def debian_kernel(cache: Path) -> Kernel:
-    """Debian's current kernel, fetched and prepared once; later calls reuse the cached one
+def _is_rt(name: str) -> bool:
+    """Is it a Debian kernel package, or its build, of the PREEMPT_RT flavour
+    (linux-image-6.1.0-56-rt-amd64)?"""
+    return "-rt-" in name
+
+
+def debian_kernel(cache: Path, meta: str = DEBIAN_META_PACKAGE) -> Kernel:
+    """The current kernel of Debian's meta-package `meta` (linux-image-amd64 or
+    linux-image-rt-amd64), fetched and prepared once; later calls reuse the cached one
     (without asking apt) so results stay comparable until the cache is cleared."""
     kernels = cache / "kernels"
-    built = sorted(kernels.glob(f"linux-image-*-f{FORMAT}/meta.json"),
-                   key=lambda p: p.stat().st_mtime)
+    rt = meta == DEBIAN_KERNELS["debian-rt"]
+    built = sorted((p for p in kernels.glob(f"linux-image-*-f{FORMAT}/meta.json")
+                    if _is_rt(p.parent.name) == rt), key=lambda p: p.stat().st_mtime)
     if built:
         return _load_kernel(built[-1].parent)
-    deb = _download_deb(_apt_kernel_package(), cache / "debs")
+    deb = _download_deb(_apt_kernel_package(meta), cache / "debs")
     kernels.mkdir(parents=True, exist_ok=True)
     # Keyed on the .deb's name and size: rehashing 70 MB on every call would be too slow.
     dest = kernels / f"{deb.stem}-{deb.stat().st_size}-f{FORMAT}"
     if not (dest / "meta.json").exists():
         _build_debian_kernel(deb, dest)
     return _load_kernel(dest)
+
+
+def guest_kernel(choice: str | Path, cache: Path) -> Kernel:
+    """The guest kernel a target asks for: "debian" (Debian's general-purpose kernel),
+    "debian-rt" (its PREEMPT_RT kernel) or the path of a vmlinux or bzImage."""
+    if isinstance(choice, str) and choice in DEBIAN_KERNELS:
+        return debian_kernel(cache, DEBIAN_KERNELS[choice])
+    return user_kernel(choice, cache)
 
 
 def user_kernel(path: str | Path, cache: Path) -> Kernel:
@@ -356,6 +375,7 @@ class GuestImage:
 
     def __init__(self, binaries: Iterable[str], kernel: str | Path | None = None,
                  cache: Path | None = None):
+        """kernel: as guest_kernel takes it; None is "debian"."""
         self.binaries = sorted(set(binaries))
         self.kernel_arg = kernel
         self.cache = cache or paths.cache_dir()
@@ -365,8 +385,7 @@ class GuestImage:
 
     def kernel_info(self) -> Kernel:
         if self._kernel is None:
-            self._kernel = (debian_kernel(self.cache) if self.kernel_arg is None
-                            else user_kernel(self.kernel_arg, self.cache))
+            self._kernel = guest_kernel(self.kernel_arg or "debian", self.cache)
         return self._kernel
 
     def kernel(self) -> Path:

@@ -78,9 +78,28 @@ Programs = Annotated[list[Annotated[str, AfterValidator(_on_path)]],
 
 
 def _is_file(value: str) -> str:
-    if not Path(value).expanduser().is_file():
+    try:
+        found = Path(value).expanduser().is_file()
+    except (OSError, ValueError):   # a name too long for the filesystem, a NUL in it
+        found = False
+    if not found:
         raise ValueError("missing")
     return value
 
 
 ExistingFile = Annotated[str, AfterValidator(_is_file), Expect("the path of an existing file")]
+
+
+# Guest kernels by name (vmtax.image.DEBIAN_KERNELS says which Debian package each is).
+DEBIAN_KERNEL_NAMES = ("debian", "debian-rt")
+
+
+def _guest_kernel(value: str) -> str:
+    if value in DEBIAN_KERNEL_NAMES:
+        return value
+    return _is_file(value)
+
+
+GuestKernel = Annotated[str, AfterValidator(_guest_kernel),
+                        Expect('"debian" (Debian\'s kernel), "debian-rt" (its PREEMPT_RT '
+                               'kernel) or the path of a vmlinux or bzImage file')]

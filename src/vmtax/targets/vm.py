@@ -20,7 +20,7 @@ from vmtax import hugepages, plugin, proc
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.image import GuestImage
 from vmtax.instance import Instance
-from vmtax.option_types import (ExistingFile, HostCpus, NonEmpty, Program, Programs, Seconds,
+from vmtax.option_types import (GuestKernel, HostCpus, NonEmpty, Program, Programs, Seconds,
                                 Size)
 from vmtax.qemu import (VmConfig, find_qemu, host_tsc_khz, kernel_cmdline, parse_size,
                         resolve_accel)
@@ -46,8 +46,9 @@ class VmOptions(plugin.Options):
     memory: Size = plugin.option("1G", "Guest memory", unit="bytes", cli=True)
     cpu: NonEmpty | None = plugin.option(None, "QEMU CPU model; none: host under KVM, "
                                          "max under TCG")
-    kernel: ExistingFile | None = plugin.option(
-        None, "Guest kernel (vmlinux or bzImage); none: Debian's linux-image-amd64", cli=True)
+    kernel: GuestKernel = plugin.option(
+        "debian", 'Guest kernel: "debian" (Debian\'s linux-image-amd64), "debian-rt" '
+        "(linux-image-rt-amd64, PREEMPT_RT) or a vmlinux/bzImage path", cli=True)
     disk_size: Size = plugin.option("4G", "Scratch disk (ext4 on virtio-blk) for "
                                     "workloads that write files", unit="bytes")
     boot_timeout: Seconds = plugin.option(60.0, "Give up on a boot after this long",
@@ -162,11 +163,8 @@ class VmTarget(Target):
 
     def image(self) -> GuestImage:
         """The shared image of this invocation, unless this target wants another kernel."""
-        def same(a, b) -> bool:
-            return (a is None) == (b is None) and (a is None or Path(a) == Path(b))
-
         image = self.ctx.image
-        if image is None or not same(image.kernel_arg, self.opts.kernel):
+        if image is None or (image.kernel_arg or "debian") != self.opts.kernel:
             image = GuestImage([*self.ctx.binaries, *self.opts.binaries], self.opts.kernel)
             if self.ctx.image is None:
                 self.ctx.image = image
@@ -258,9 +256,9 @@ class VmTarget(Target):
         guest_pid = guest.spawn(job)
         address, host_port = guest.reach(port)
         endpoint = Endpoint(address, host_port, guest.host_pids(), handle=(guest_pid, host_port),
-                            client_preexec=guest.client_preexec)
-        # QEMU's user-mode network accepts forwarded connections whether or not the guest
-        # listens: ask the guest itself.
+                            client_preexec=guest.client_preexec, listening=True)
+        # Asked in the guest: QEMU's user-mode network accepts forwarded connections whether
+        # or not the guest listens.
         if not guest.wait_listening(port, job.timeout):
             self.stop_server(endpoint)
             raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "

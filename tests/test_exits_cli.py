@@ -1,0 +1,165 @@
+"""`vmtax exits` as a user meets it: imported perf kvm stat reports of both layouts,
+shown and diffed through the CLI and a real results database. Errors go through the real
+command (one line on stderr); the rest runs in-process, to spare an interpreter start."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import vmtax
+from vmtax.cli import cli
+from vmtax.store import Store
+
+from test_perf_kvm import FIXTURES
+
+
+def ok(*args: str) -> str:
+    """The command's stdout; it must succeed."""
+    res = CliRunner().invoke(cli, list(args))
+    assert res.exit_code == 0 and res.exception is None, (res.output, res.exception)
+    return res.stdout
+
+
+@pytest.fixture
+def imported(tmp_path):
+    """The E2 pair, imported: the RT guest unpinned (classic layout, 10 s of recording)
+    and pinned (hists layout)."""
+    results = str(tmp_path / "results")
+    ids = []
+    for name, label, extra in (("e2-rt-unpinned.txt", "rt-unpinned", ["--seconds", "10"]),
+                               ("e2-rt-pinned.txt", "rt-pinned", [])):
+        stdout = ok("exits", "import", str(FIXTURES / name), "--label", label, *extra,
+                    "--results", results)
+        assert stdout.startswith("stored 11 vmexit reasons"), stdout
+        ids.append(stdout.split(" as run ")[1].split()[0])
+    return results, ids
+
+
+def test_diff_of_two_imported_reports_shows_the_published_change(imported):
+    results, (a, b) = imported
+    data = json.loads(ok("exits", "diff", a, b, "--json", "--results", results))
+    first = data["reasons"][0]
+    # E2: with the RT guest, pinning cut EXTERNAL_INTERRUPT from 4.11% to 0.35% of samples.
+    assert (first["reason"], first["share_a"], first["share_b"], first["change"]) == (
+        "EXTERNAL_INTERRUPT", 4.11, 0.35, -3.76)
+    # Sorted by the size of the change; pinning raised IO_INSTRUCTION and MSR_WRITE.
+    changes = [abs(r["change"]) for r in data["reasons"]]
+    assert changes == sorted(changes, reverse=True)
+    assert {r["reason"] for r in data["reasons"][1:3]} == {"IO_INSTRUCTION", "MSR_WRITE"}
+    assert all(r["change"] > 0 for r in data["reasons"][1:3])
+    # Exits per second where the recording's length is known (A: --seconds 10).
+    assert first["per_second_a"] == 41.1 and first["per_second_b"] is None
+    assert data["only_a"] == data["only_b"] == []
+    assert "-3.76" in ok("exits", "diff", a, b, "--results", results)
+
+
+def test_show_sorts_by_time_share_with_totals_and_runs_lists_imports(imported):
+    results, (a, _) = imported
+    cell = json.loads(ok("exits", a, "--json", "--results", results))["cells"][0]
+    shares = [r["time_share"] for r in cell["reasons"]]
+    assert shares == sorted(shares, reverse=True) and cell["reasons"][0]["reason"] == "HLT"
+    assert cell["total_samples"] == 10000 and cell["seconds"] == 10
+    table = ok("exits", f"{a}:rt-unpinned", "--results", results)
+    assert "EXTERNAL_INTERRUPT" in table and "10,000" in table
+    runs = json.loads(ok("runs", "--json", "--results", results))
+    assert [r["targets"] for r in runs] == [["rt-unpinned"], ["rt-pinned"]]
+
+
+def test_reasons_on_one_side_only(tmp_path):
+    results = str(tmp_path / "results")
+    for name in ("classic-vmx.txt", "classic-old-vmx.txt"):
+        ok("exits", "import", str(FIXTURES / name), "--label", name, "--results", results)
+    a, b = (r["id"] for r in Store(results, readonly=True).list_runs())
+    data = json.loads(ok("exits", "diff", a, b, "--json", "--results", results))
+    # The old perf's capture has 8 of the 12 reasons; a missing one counts as 0% there.
+    assert set(data["only_a"]) == {"INTERRUPT_WINDOW", "CPUID", "MSR_READ", "TDCALL"}
+    assert data["only_b"] == []
+    cpuid = next(r for r in data["reasons"] if r["reason"] == "CPUID")
+    assert (cpuid["share_a"], cpuid["share_b"], cpuid["change"]) == (0.84, None, -0.84)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "vmtax: error: cannot read "),
+    ("hello\n", "vmtax: error: {file}: no `perf kvm stat report` table"),
+    ("TRUNCATED", "vmtax: error: {file}: line 20 (after the end): expected the closing"),
+])
+def test_import_errors_are_one_line(tmp_path, content, message):
+    file = tmp_path / "report.txt"
+    if content == "TRUNCATED":
+        text = (FIXTURES / "classic-vmx.txt").read_text()
+        file.write_text(text[:text.index("Total Samples")])
+    elif content is not None:
+        file.write_text(content)
+    res = vmtax("exits", "import", str(file), "--label", "x", "--results",
+                str(tmp_path / "results"))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(message.format(file=file)), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_a_run_without_exits_says_why(tmp_path):
+    results = tmp_path / "results"
+    store = Store(results)
+    run = store.new_run({}, {}, "test")
+    store.set_target(run, "vm:tcg", "vm", {})
+    store.add_rep(run, target="vm:tcg", workload="cyclictest", params={}, phase="collect",
+                  idx=0, status="unavailable", argv=["exits"], started=0.0,
+                  error="exits: unavailable — vm:tcg runs under TCG, which has no VM exits")
+    store.finish_run(run, "done")
+    store.close()
+    res = vmtax("exits", run, "--results", str(results))
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        f"vmtax: error: {run}: no VM exits stored (vm:tcg · cyclictest: exits: unavailable — "
+        "vm:tcg runs under TCG, which has no VM exits)")
+
+
+def _recorded_run(store, target, report, latency, vcpu_report=None):
+    """A run as the runner stores E2's cell: one measured cyclictest repetition of 2 s,
+    and the exits collector's metrics (all vCPUs, and vCPU 0 when given)."""
+    from vmtax import perf_kvm
+    from vmtax.types import Metric
+
+    run = store.new_run({}, {}, "test")
+    store.set_target(run, target, "vm", {})
+    store.add_rep(run, target=target, workload="cyclictest", params={"threads": 1},
+                  phase="measure", idx=0, status="ok", argv=["cyclictest"], started=0.0,
+                  host_elapsed=2.0, metrics=[
+                      Metric(f"latency {k}", v, "µs", False, {"thread": "0"})
+                      for k, v in zip(("min", "avg", "max"), latency)])
+    metrics = perf_kvm.parse((FIXTURES / report).read_text()).metrics()
+    if vcpu_report:
+        metrics += [Metric(m.name, m.value, m.unit, m.higher_is_better,
+                           {**m.dimensions, "vcpu": "0"})
+                    for m in perf_kvm.parse((FIXTURES / vcpu_report).read_text()).metrics()]
+    store.add_rep(run, target=target, workload="cyclictest", params={"threads": 1},
+                  phase="collect", idx=0, status="ok", argv=["exits"], started=0.0,
+                  metrics=metrics)
+    store.finish_run(run, "done")
+    return run
+
+
+def test_diff_shows_the_workload_result_and_exits_per_second(tmp_path):
+    store = Store(tmp_path / "results")
+    a = _recorded_run(store, "rt[pin=none]", "e2-rt-unpinned.txt", (3, 12, 95),
+                      vcpu_report="classic-old-vmx.txt")
+    b = _recorded_run(store, "rt[pin=1]", "e2-rt-pinned.txt", (2, 8, 41))
+    store.close()
+    results = str(tmp_path / "results")
+    data = json.loads(ok("exits", "diff", f"{a}:rt[pin=none]", f"{b}:rt[pin=1]", "--json",
+                         "--results", results))
+    assert data["a"]["result"] == {"latency min[thread=0] µs": 3, "latency avg[thread=0] µs": 12,
+                                   "latency max[thread=0] µs": 95}
+    assert data["b"]["result"]["latency max[thread=0] µs"] == 41
+    first = data["reasons"][0]
+    # 411 and 35 exits over the cell's 2 s of measured cyclictest.
+    assert (first["reason"], first["per_second_a"], first["per_second_b"]) == (
+        "EXTERNAL_INTERRUPT", 205.5, 17.5)
+    text = ok("exits", "diff", a, b, "--results", results)
+    assert "latency max[thread=0] 95 µs" in text and "latency max[thread=0] 41 µs" in text
+    # One vCPU's table, where it was recorded; none where it was not.
+    one = json.loads(ok("exits", a, "--vcpu", "0", "--json", "--results", results))
+    assert one["cells"][0]["total_samples"] == 9721
+    res = vmtax("exits", b, "--vcpu", "0", "--results", results)
+    assert res.returncode == 2 and "no --event=vmexit --vcpu=0 recorded" in res.stderr
