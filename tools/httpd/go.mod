@@ -1,0 +1,3 @@
+module vmtax.local/httpd
+
+go 1.19
