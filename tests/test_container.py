@@ -256,3 +256,9 @@ def test_a_job_asking_for_real_time_gets_a_budget_where_cgroups_ration_it(tmp_pa
     assert "CAP_SYS_NICE" in config["process"]["capabilities"]["effective"]
     plain = oci_config(Job(["true"]), tmp_path)
     assert "CAP_SYS_NICE" not in plain["process"]["capabilities"]["bounding"]
+
+
+def test_confined_cpus_keep_a_host_side_client_off_them(ctx):
+    # The runner pins a client to the host CPUs the target does not take.
+    assert targets.create("container", "container", {}, ctx).cpus() is None
+    assert targets.create("container", "container", {"cpus": [1]}, ctx).cpus() == {1}

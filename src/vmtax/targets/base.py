@@ -46,6 +46,8 @@ class Target(plugin.Plugin, abc.ABC):
     variant_option: ClassVar[str | None] = None
     # The bare host: results against it may call a "faster than" win suspicious.
     bare_host: ClassVar[bool] = False
+    # Runs on another machine: a client on this host takes none of its CPUs.
+    remote: ClassVar[bool] = False
     # Seconds from prepare() to the first job, for plan estimates.
     startup_seconds: ClassVar[float] = 0.0
 

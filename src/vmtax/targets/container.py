@@ -556,8 +556,13 @@ class ContainerTarget(Target):
                                 f"server-{port}.log")
         assert server.netns is not None and server.address is not None   # started
         self._serving[server.netns] = server
-        return Endpoint(server.address, port, [], handle=server.netns,
-                        client_preexec=server.client_preexec)
+        endpoint = Endpoint(server.address, port, [], handle=server.netns,
+                            client_preexec=server.client_preexec, listening=True)
+        if not network.wait_tcp_listening(server.host_pids, port, job.timeout, server.alive):
+            self.stop_server(endpoint)
+            raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "
+                              f"in the container after {job.timeout:g} s")
+        return endpoint
 
     def stop_server(self, endpoint: Endpoint) -> None:
         server = self._serving.pop(str(endpoint.handle), None)
@@ -569,6 +574,9 @@ class ContainerTarget(Target):
         stopped."""
         return self._instance(f"{self.name}#{index}", job or HOLD, network,
                               f"instance-{index}.log")
+
+    def cpus(self) -> set[int] | None:
+        return set(self.opts.cpus) if self.opts.cpus else None
 
     def host_pids(self) -> list[int]:
         """The processes of the containers that serve: those in their network namespaces."""

@@ -170,6 +170,7 @@ class SshTarget(Target):
     Options = SshOptions
     variant_option = "host"
     startup_seconds = 2.0
+    remote = True
 
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)
