@@ -363,3 +363,20 @@ def test_a_hung_namespace_add_is_undone_not_forgotten(j):
     with pytest.raises(VmtaxError, match="timed out"):
         net.create()
     assert ip.calls[-1][:3] == ["ip", "netns", "delete"] and j.entries == {}
+
+
+def test_tcp_listening_reads_the_socket_table_without_connecting():
+    from vmtax.network import tcp_listening, wait_tcp_listening
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        assert not tcp_listening(os.getpid(), port)   # bound, not yet listening
+        server.listen(1)
+        assert tcp_listening(os.getpid(), port)
+        assert wait_tcp_listening(lambda: [os.getpid()], port, 1.0, lambda: True)
+        # Nobody was taken for a client: no connection waits to be accepted.
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    assert not wait_tcp_listening(lambda: [os.getpid()], port, 0.2, lambda: True)
+    assert not wait_tcp_listening(lambda: [os.getpid()], port, 5.0, lambda: False)

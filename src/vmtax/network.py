@@ -51,6 +51,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -509,3 +510,34 @@ def user_net_args(guest_port: int, transport: str = "pci", host_port: int | None
     suffix = "device" if transport == "mmio" else "pci"
     return (["-netdev", f"user,id={netdev},hostfwd=tcp:127.0.0.1:{port}-:{guest_port}",
              "-device", f"virtio-net-{suffix},netdev={netdev}"], port)
+
+
+def tcp_listening(pid: int, port: int) -> bool:
+    """Whether a TCP socket listens on port in the network namespace of process pid: read
+    from the kernel's socket table, without a connection the server could take for a
+    client."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local_address is ADDR:PORT in hex; state 0A is LISTEN.
+            if (len(fields) > 3 and fields[3] == "0A"
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port):
+                return True
+    return False
+
+
+def wait_tcp_listening(pids: Callable[[], list[int]], port: int, timeout: float,
+                       alive: Callable[[], bool]) -> bool:
+    """Until a TCP socket listens on port where the first of pids() lives; False after
+    timeout or once alive() says the server is gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        found = pids()
+        if found and tcp_listening(found[0], port):
+            return True
+        time.sleep(0.01)
+    return False

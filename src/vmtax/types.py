@@ -49,6 +49,10 @@ class Endpoint:
     handle: object = None
     # What the client must do before exec to reach `address` (enter a network namespace).
     client_preexec: Callable[[], None] | None = None
+    # The target saw the server listen (from the server's side). Otherwise the runner
+    # probes with a connection, which some servers take for a client: iperf3 then resets
+    # the next, real one while it still waits for the probe's test parameters.
+    listening: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import subprocess
 import tempfile
 from typing import Any, cast
 
-from vmtax import plugin, proc
+from vmtax import network, plugin, proc
+from vmtax.errors import TargetError
 from vmtax.targets.base import Target, TargetContext
 from vmtax.types import Endpoint, Job, JobResult
 
@@ -51,7 +52,14 @@ class NativeTarget(Target):
                                 preexec=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         token = self.ctx.journal.process(server.pid)
-        return Endpoint("127.0.0.1", port, [server.pid], handle=(server, token))
+        endpoint = Endpoint("127.0.0.1", port, [server.pid], handle=(server, token),
+                            listening=True)
+        if not network.wait_tcp_listening(lambda: [server.pid], port, job.timeout,
+                                          lambda: server.poll() is None):
+            self.stop_server(endpoint)
+            raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "
+                              f"after {job.timeout:g} s")
+        return endpoint
 
     def stop_server(self, endpoint: Endpoint) -> None:
         server, token = cast("tuple[subprocess.Popen[bytes], int]", endpoint.handle)
