@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from matplotlib.collections import PathCollection
 from PIL import Image
 
 from conftest import vmtax
@@ -92,7 +93,16 @@ def test_figures_cover_each_workload_and_the_sweep(run):
     summary = analysis.summarize_run(run)
     charts = plots.charts(summary, {t: t for t in summary.targets})
     slugs = [c.slug for c in charts]
-    assert slugs == ["cpu-ratio", "fileio-ratio", "memory-mib-s-vs-memory-block-size"]
+    assert slugs == ["cpu-ratio", "fileio-ratio", "cpu-repetitions", "fileio-repetitions",
+                     "memory-mib-s-vs-memory-block-size"]
+    # the baseline is a dashed line at 1, not a bar in every group: bars of 2 targets
+    bars = charts[0].figure.axes[0]
+    assert len(bars.patches) == 2 * 3          # container, vm × events/s, latency avg, max
+    assert any(line.get_label() == "native = 1" for line in bars.get_lines())
+    # every repetition, one strip per target
+    strips = charts[2].figure.axes[0]
+    dots = [c for c in strips.collections if isinstance(c, PathCollection)]
+    assert [len(c.get_offsets()) for c in dots] == [RUNS, RUNS, RUNS]
     sweep = charts[-1].figure.axes[0]
     assert sweep.get_xscale() == "log"         # 16K .. 1G spans five decades
     assert [t.get_text() for t in sweep.get_xticklabels()] == BLOCKS
@@ -105,7 +115,7 @@ def test_html_is_self_contained_and_shows_everything(run):
         assert f'data-fingerprint="{target}"' in html
     assert "crun" in html and "Synthetic CPU" in html and "qemu.version" in html
     svgs = re.findall(r"<svg\b.*?</svg>", html, re.DOTALL)
-    assert len(svgs) == 3 and all("<path" in s for s in svgs)
+    assert len(svgs) == 5 and all("<path" in s for s in svgs)
     assert not re.search(r"https?://|<script|<link|@import|url\((?!#)", html)
     ids = re.findall(r'\bid="([^"]+)"', html)
     assert len(ids) == len(set(ids)), "figures share element ids"
@@ -128,14 +138,16 @@ def test_report_cli_writes_html_png_and_svg(tmp_path):
     assert "<svg" in (tmp_path / "r.html").read_text()
     pngs = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert pngs == [f"{run_id}-{s}.png" for s in
-                    ("cpu-ratio", "fileio-ratio", "memory-mib-s-vs-memory-block-size")]
+                    ("cpu-ratio", "cpu-repetitions", "fileio-ratio", "fileio-repetitions",
+                     "memory-mib-s-vs-memory-block-size")]
     for name in pngs:
         with Image.open(tmp_path / "png" / name) as img:
             assert img.format == "PNG"
-            size = plots.SWEEP_SIZE if "-vs-" in name else plots.BAR_SIZE
+            size = (plots.SWEEP_SIZE if "-vs-" in name else (5.2, 3.4) if "repetitions" in name
+                    else plots.BAR_SIZE)
             assert img.size == (round(size[0] * plots.DPI), round(size[1] * plots.DPI))
     svgs = list((tmp_path / "svg").iterdir())
-    assert len(svgs) == 3 and all(p.read_text().lstrip().startswith("<?xml") for p in svgs)
+    assert len(svgs) == 5 and all(p.read_text().lstrip().startswith("<?xml") for p in svgs)
     assert not [p for p in tmp_path.rglob(".*.tmp")]
 
 

@@ -151,8 +151,8 @@ def test_report_of_a_real_run_renders_cleanly_in_chromium(tmp_path):
                 if e["method"] == "Network.requestWillBeSent"]
     assert set(requests) == {url}, "the page loaded something besides itself"
 
-    # one bar chart per workload, each a drawn SVG
-    assert len(facts["figures"]) == 2
+    # per workload a bar chart and a strip of every repetition, each a drawn SVG
+    assert len(facts["figures"]) == 4
     for figure in facts["figures"]:
         assert figure is not None, "a figure without an SVG"
         assert min(figure["size"]) > 100 and min(figure["drawn"]) > 100 and figure["paths"] > 20

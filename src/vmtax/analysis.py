@@ -8,6 +8,7 @@ always agree.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,7 @@ class Cell:
     ratio: stats.RatioSummary | None = None
     flags: list[str] = field(default_factory=list)
     duration: float | None = None           # median host time of its repetitions, s
+    values: list[float] = field(default_factory=list)   # each repetition's, as measured
     # Why the cell has no ratio although both medians exist: "below resolution" when its
     # median or the baseline's is at or below the resolution the tool prints it in.
     no_ratio: str | None = None
@@ -108,6 +110,92 @@ def metric_spec(workload: str, metric: str) -> MetricSpec | None:
     return cls.metric_spec(metric) if cls is not None else None
 
 
+def is_secondary(workload: str, metric: str) -> bool:
+    """A metric shown only on request: a total a fixed time sets, a fairness spread."""
+    spec = metric_spec(workload, metric)
+    return spec is not None and spec.secondary
+
+
+def headline(rows: list[Row]) -> list[Row]:
+    """The rows a summary shows: per workload configuration its primary metric (every
+    dimension of it); a workload whose manifest is unknown here (a plugin not installed)
+    its first metric. Collectors' rows and prepare steps are context, not a headline."""
+    firsts: dict[tuple[str, str], str] = {}
+    for row in rows:
+        firsts.setdefault((row.workload, json.dumps(row.params, sort_keys=True)), row.metric)
+    chosen = []
+    for row in rows:
+        if row.workload.endswith((" (host)", " prepare")):
+            continue
+        cls = workloads.registered().get(row.workload)
+        if cls is None or not any(s.primary for s in cls.metrics):
+            if row.metric == firsts[(row.workload, json.dumps(row.params, sort_keys=True))]:
+                chosen.append(row)
+        elif (spec := cls.metric_spec(row.metric)) is not None and spec.primary:
+            chosen.append(row)
+    return chosen
+
+
+# The classes of performance that verdicts are given for, in the order they are shown; a
+# metric joins the class its workload's manifest names (`MetricSpec.group`).
+CLASS_ORDER = ["CPU", "memory", "disk I/O", "network", "threads/scheduling", "latency"]
+
+
+def ratio_of(pair: tuple[Row, Cell]) -> float:
+    """The ratio of a cell a standing counts (it counts only cells with a usable one)."""
+    ratio = pair[1].ratio
+    if ratio is None:
+        raise ValueError(f"{pair[0].workload} {pair[0].metric}: a cell without a ratio")
+    return ratio.value
+
+
+@dataclass
+class Standing:
+    """How much of the baseline one target keeps in one class."""
+    target: str
+    keeps: float                          # geometric mean of the ratios
+    ratios: list[tuple[Row, Cell]]        # each metric counted, with the target's cell
+
+    @property
+    def flags(self) -> list[str]:
+        """Sanity flags on the metrics counted: the verdict is only as good as they are."""
+        return sorted({f for _, cell in self.ratios for f in cell.flags})
+
+    @property
+    def worst(self) -> tuple[Row, Cell]:
+        return min(self.ratios, key=ratio_of)
+
+    @property
+    def best(self) -> tuple[Row, Cell]:
+        return max(self.ratios, key=ratio_of)
+
+
+def standings(summary: RunSummary) -> dict[str, list[Standing]]:
+    """Per class of performance, each target's geometric mean of its ratios to the
+    baseline over the class's metrics, best first (the report's findings cards and the
+    terminal summary's last rows)."""
+    ratios: dict[str, dict[str, list[tuple[Row, Cell]]]] = {}
+    for row in summary.rows:
+        spec = metric_spec(row.workload, row.metric)
+        if spec is None or spec.group is None:
+            continue
+        for target, cell in row.cells.items():
+            if cell.ratio is None or not (math.isfinite(cell.ratio.value) and cell.ratio.value > 0):
+                continue
+            ratios.setdefault(spec.group, {}).setdefault(target, []).append((row, cell))
+    classes = {}
+    for cls in [*CLASS_ORDER, *sorted(set(ratios) - set(CLASS_ORDER))]:
+        found = [Standing(t, _geomean([ratio_of(p) for p in pairs]), pairs)
+                 for t, pairs in ratios.get(cls, {}).items()]
+        if found:
+            classes[cls] = sorted(found, key=lambda s: s.keeps, reverse=True)
+    return classes
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def _is_spread(workload: str, metric: str) -> bool:
     spec = metric_spec(workload, metric)
     return spec is not None and spec.spread
@@ -162,6 +250,7 @@ def summarize_run(run: Run, baseline: str | None = None,
             hib = metric.higher_is_better
             spread = _is_spread(workload, metric.name)
             resolution = _resolution(workload, metric.name)
+            secondary = is_secondary(workload, metric.name)
             samples = {t: [m.value for r in reps if r.status == "ok"
                            for m in r.metrics if m.key == metric_key]
                        for t, reps in by_target.items()}
@@ -174,7 +263,7 @@ def summarize_run(run: Run, baseline: str | None = None,
                 if not reps:
                     continue
                 cell = Cell(n=len(samples[t]), failed=sum(r.status != "ok" for r in reps),
-                            duration=durations[t])
+                            duration=durations[t], values=samples[t])
                 below = False
                 if samples[t]:
                     cell.summary = stats.summarize(samples[t])
@@ -183,7 +272,9 @@ def summarize_run(run: Run, baseline: str | None = None,
                     below = resolution is not None and cell.summary.median <= resolution
                     if below or (t != baseline and base_below):
                         cell.no_ratio = BELOW_RESOLUTION
-                    if not below and stats.noisy(cell.summary, NOISY_CV):
+                    # Noise in a secondary metric (a fixed time's total) misleads nobody.
+                    if (not below and not secondary
+                            and stats.noisy(cell.summary, NOISY_CV)):
                         cell.flags.append("noisy")
                     if (ci_target and cell.summary.median and not below
                             and not stats.precise_enough(samples[t], ci_target)):

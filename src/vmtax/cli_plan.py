@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+from typing import TYPE_CHECKING
 
 import click
 
-from vmtax.estimate import configurations, duration, estimate
-from vmtax.plan import Plan
-from vmtax.planfile import params_text, load
+if TYPE_CHECKING:
+    from vmtax.plan import Plan
 
 
 def _repetitions(plan: Plan) -> int:
@@ -16,6 +17,8 @@ def _repetitions(plan: Plan) -> int:
 
 
 def _summary(source: str, plan: Plan) -> list[str]:
+    from vmtax.estimate import duration, estimate
+
     n_targets, n_configs = len(plan.targets), len(plan.workloads)
     runs = (f"{plan.runs} to {plan.max_runs} measured, until the CI is within "
             f"{plan.ci_target:.0%}" if plan.max_runs else f"{plan.runs} measured")
@@ -32,6 +35,9 @@ def _summary(source: str, plan: Plan) -> list[str]:
 
 
 def _matrix(plan: Plan) -> list[str]:
+    from vmtax.estimate import configurations
+    from vmtax.planfile import params_text
+
     lines = [f"targets (baseline: {plan.baseline})"]
     width = max(len(t.name) for t in plan.targets)
     kind_width = max(len(t.kind) for t in plan.targets)
@@ -85,6 +91,8 @@ Every problem is reported as FILE:LINE: KEY: expected WHAT, got VALUE.
 @click.option("--quick", is_flag=True, help="The plan's [quick] form, as `vmtax run --quick`.")
 def plan_command(plan_file: str, dry_run: bool, as_json: bool, quick: bool) -> None:
     from vmtax.cli import warn_left_behind   # cli imports this module
+    from vmtax.estimate import configurations, estimate
+    from vmtax.planfile import load
 
     warn_left_behind()
     plan = load(plan_file, quick)
@@ -101,6 +109,22 @@ def plan_command(plan_file: str, dry_run: bool, as_json: bool, quick: bool) -> N
                          "assumptions": low.assumptions},
         }, indent=2))
         return
-    summary = _summary(plan_file, plan)
-    lines = summary[:1] + ([""] + _matrix(plan) if dry_run else []) + summary[1:]
-    click.echo("\n".join(lines))
+    click.echo(describe(plan_file, plan, matrix=dry_run))
+
+
+def warnings(plan: Plan) -> list[str]:
+    """What in a valid plan will not measure what it seems to: more vCPUs than this host
+    has CPUs (they then take turns, and the result is contention)."""
+    usable = len(os.sched_getaffinity(0))
+    return [f"{t.name}: vcpus = {t.options['vcpus']} is more than the {usable} CPUs this "
+            "host lets vmtax use: the vCPUs take turns on them"
+            for t in plan.targets
+            if isinstance(t.options.get("vcpus"), int) and t.options["vcpus"] > usable]
+
+
+def describe(source: str, plan: Plan, matrix: bool) -> str:
+    """What a plan runs and how long it should take (`vmtax plan`, `vmtax run --dry-run`);
+    with matrix, every target and workload configuration as they will run."""
+    summary = _summary(source, plan)
+    return "\n".join(summary[:1] + ([""] + _matrix(plan) if matrix else []) + summary[1:]
+                     + [f"warning: {w}" for w in warnings(plan)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import click
@@ -19,9 +20,40 @@ results_option = click.option(
     help="Results directory (one SQLite database in it).")
 
 
+# A run's name starts with a letter, so it never reads as a run id (they start with the
+# date) or a prefix of one, and has no ':' (RUN:TARGET) and no space.
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: str) -> str:
+    if not NAME.fullmatch(name) or name == "last":
+        raise VmtaxError(f"--name: expected a letter then letters, digits, '.', '_' or '-' "
+                         f"(at most 64, not 'last'), got {name!r}")
+    return name
+
+
+def run_names(store: Store) -> dict[str, str]:
+    """Run id -> the name it was given (`vmtax run --name`), for runs that have one."""
+    return {row[0]: row[1] for row in store.db.execute(
+        "SELECT id, json_extract(plan, '$.name') FROM runs"
+        " WHERE json_extract(plan, '$.name') IS NOT NULL")}
+
+
+def resolve(store: Store, spec: str) -> str:
+    """A run id from what a user may give: a name (its latest run), an id, a unique prefix
+    of one, or 'last'."""
+    row = store.db.execute("SELECT id FROM runs WHERE json_extract(plan, '$.name') = ?"
+                           " ORDER BY created DESC LIMIT 1", (spec,)).fetchone()
+    return row[0] if row else store.resolve(spec)
+
+
+def load_run(store: Store, spec: str) -> Run:
+    return store.load_run(resolve(store, spec))
+
+
 def _load(store: Store, run_id: str) -> Run:
     """A stored run that has something to show."""
-    run = store.load_run(run_id)
+    run = load_run(store, run_id)
     measured = [r for r in run.reps if r.phase == "measure"]
     if not any(r.status == "ok" for r in measured):
         failed = sum(r.status != "ok" for r in run.reps)
@@ -40,16 +72,19 @@ def _load(store: Store, run_id: str) -> Run:
               help="Also write every figure as SVG into this directory.")
 @results_option
 def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
-    """Write an HTML report of stored runs: findings, figures, every metric, fingerprints.
+    """Write an HTML report of stored runs: findings, figures, every metric, fingerprints;
+    of two runs, also the second against the first (change, CI, verdict per metric).
 
-    RUN_ID may be a unique prefix of a run id, or 'last'.
+    RUN_ID may be a unique prefix of a run id, a run's name, or 'last'.
     """
     from vmtax import htmlreport, plots   # matplotlib loads only for the commands that draw
 
     store = Store(results, readonly=True)
     runs = list({run.id: run for run in (_load(store, r) for r in run_ids)}.values())
     reports = [htmlreport.build(run) for run in runs]
-    export_mod.write_file(html_path, htmlreport.render_html(reports).encode())
+    # Two runs: the second against the first, metric by metric, as `vmtax compare` does.
+    comparison = htmlreport.compare_runs(runs[0], runs[1]) if len(runs) == 2 else None
+    export_mod.write_file(html_path, htmlreport.render_html(reports, comparison).encode())
     written = 0
     for fmt, directory in (("png", png_dir), ("svg", svg_dir)):
         if directory:
@@ -62,22 +97,43 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     click.echo(f"wrote {html_path}" + (f" and {written} figure files" if written else ""))
 
 
+FORMATS = {"csv": export_mod.to_csv, "json": export_mod.to_json, "jsonl": export_mod.to_jsonl,
+           "benchstat": export_mod.to_benchstat}
+
+
 @click.command()
 @click.argument("run_id")
 @click.option("--csv", "csv_path", type=click.Path(), metavar="FILE",
               help="Write CSV to this file (- for stdout).")
 @click.option("--json", "json_path", type=click.Path(), metavar="FILE",
               help="Write JSON (a list of records) to this file (- for stdout).")
+@click.option("--jsonl", "jsonl_path", type=click.Path(), metavar="FILE",
+              help="Write JSON Lines (one record a line) to this file (- for stdout).")
+@click.option("--benchstat", "benchstat_path", type=click.Path(), metavar="FILE",
+              help="Write Go benchmark lines, one per repetition, for `benchstat` "
+                   "(- for stdout): benchstat -col /target FILE.")
+@click.option("--format", "to_stdout", type=click.Choice(list(FORMATS)),
+              help="Write this format to stdout (as --FORMAT -).")
 @results_option
-def export(run_id, csv_path, json_path, results) -> None:
+def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, to_stdout, results) -> None:
     """Write a run's tidy data: one row per repetition × metric, with every parameter and
-    the host and target fingerprints as columns (for pandas, R, spreadsheets)."""
-    if not csv_path and not json_path:
-        raise click.UsageError("give --csv FILE or --json FILE (or both)")
-    if csv_path == "-" and json_path == "-":
-        raise click.UsageError("only one of --csv and --json can go to stdout (-)")
+    the host and target fingerprints as columns (for pandas, R, spreadsheets); or its
+    samples for benchstat. Times are ISO 8601 (UTC)."""
+    paths = {"csv": csv_path, "json": json_path, "jsonl": jsonl_path,
+             "benchstat": benchstat_path}
+    if to_stdout:
+        if paths[to_stdout] not in (None, "-"):
+            raise click.UsageError(f"--format {to_stdout} writes to stdout; --{to_stdout} "
+                                   "names a file: give one of them")
+        paths[to_stdout] = "-"
+    if not any(paths.values()):
+        raise click.UsageError("give --csv, --json, --jsonl or --benchstat FILE (or several), "
+                               "or --format FORMAT for stdout")
+    if sum(p == "-" for p in paths.values()) > 1:
+        raise click.UsageError("only one format can go to stdout (-)")
     run = _load(Store(results, readonly=True), run_id)
-    for path, encode in ((csv_path, export_mod.to_csv), (json_path, export_mod.to_json)):
+    for fmt, path in paths.items():
+        encode = FORMATS[fmt]
         if path == "-":   # stdout, for a pipe: nothing else is printed there
             sys.stdout.buffer.write(encode(run))
             sys.stdout.flush()

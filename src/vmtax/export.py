@@ -6,16 +6,22 @@ workload, phase, repetition index and status, every workload parameter in its ow
 metric's values of one repetition differ in them: `dim.percentile`), and the host and
 target fingerprints flattened to `host.<field>` / `target.<field>` columns. A failed
 repetition has no metrics; it still gets one row (metric empty, error set) so failures
-stay visible in the data.
+stay visible in the data. Times (`started`, a repetition's start) are ISO 8601 in UTC.
+
+`to_benchstat` writes the same samples as Go benchmark lines, which `benchstat` reads:
+    benchstat -col /target run.txt         targets side by side
+    benchstat old.txt new.txt              two runs
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import datetime
 import io
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def iso_time(timestamp: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601 in UTC: 2026-11-23T14:30:05.123456+00:00."""
+    if timestamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat()
+
+
 def tidy(run: Run) -> tuple[list[str], list[dict[str, Any]]]:
     """The columns and rows of one run."""
     host = flatten(run.host, "host")
@@ -51,7 +64,7 @@ def tidy(run: Run) -> tuple[list[str], list[dict[str, Any]]]:
                 "phase": rep.phase, "idx": rep.idx, "status": rep.status, "error": rep.error,
                 **flatten(rep.params, "param")}
         tail = {"host_elapsed": rep.host_elapsed, "guest_elapsed": rep.guest_elapsed,
-                "started": rep.started, **host, **fingerprints.get(rep.target, {})}
+                "started": iso_time(rep.started), **host, **fingerprints.get(rep.target, {})}
         metrics: list[Metric | None] = [*rep.metrics] or [None]   # no metrics: one row
         for m in metrics:
             metric = ({"metric": m.name, "value": m.value, "unit": m.unit,
@@ -83,6 +96,60 @@ def to_json(run: Run) -> bytes:
     columns, rows = tidy(run)
     # Every record has every column (null where absent), as pandas.read_json expects.
     return json.dumps([{c: row.get(c) for c in columns} for row in rows], indent=1).encode()
+
+
+def to_jsonl(run: Run) -> bytes:
+    """JSON Lines: one record per line, for streaming tools (jq -c, pandas lines=True)."""
+    columns, rows = tidy(run)
+    return "".join(json.dumps({c: row.get(c) for c in columns}) + "\n" for row in rows).encode()
+
+
+def _token(text: str) -> str:
+    """A name part or unit benchfmt reads as one token: no spaces, no slashes in values."""
+    return re.sub(r"\s+", "-", str(text).strip()) or "-"
+
+
+def benchstat_unit(metric: Metric) -> str:
+    """The unit a metric's values get: its name, and its unit where the name does not say
+    it ("latency-avg-ms", "events/s"), and its dimensions ("latency-ms[percentile=99]")."""
+    named = metric.unit in (metric.name, *metric.name.split())   # "total events" says it
+    unit = metric.name if named else f"{metric.name} {metric.unit}"
+    dims = ",".join(f"{k}={v}" for k, v in sorted(metric.dimensions.items()))
+    return _token(unit) + (f"[{_token(dims)}]" if dims else "")
+
+
+def to_benchstat(run: Run) -> bytes:
+    """Go benchmark format: a header of configuration lines, a `Unit` line per unit saying
+    which direction is better, then one line per successful measured repetition:
+    BenchmarkCpu/target=native/cpu-max-prime=2000-2  1  9854 events/s  0.2 latency-avg-ms
+    (the trailing -N is the host's CPU count, as Go appends GOMAXPROCS)."""
+    procs = run.host.get("logical_cpus") or 1
+    lines = ["goos: linux", f"goarch: {_token(run.host.get('arch') or 'unknown')}",
+             f"cpu: {run.host.get('cpu_model') or 'unknown'}", "pkg: vmtax",
+             f"vmtax-run: {run.id}"]
+    if run.plan.get("name"):
+        lines.append(f"vmtax-name: {_token(run.plan['name'])}")
+    units: dict[str, bool] = {}
+    body = []
+    # benchstat's columns come in the order first seen: the baseline first, then the plan's
+    order = [t["name"] for t in run.plan.get("targets", [])] or list(run.targets)
+    baseline = run.plan.get("baseline") or order[0]
+    rank = {t: i for i, t in enumerate([baseline, *[t for t in order if t != baseline]])}
+    for rep in sorted(run.reps, key=lambda r: rank.get(r.target, len(rank))):
+        if rep.phase != "measure" or rep.status != "ok" or not rep.metrics:
+            continue
+        name = "Benchmark" + _token(rep.workload).replace("-", "_").capitalize()
+        parts = [f"target={_token(rep.target).replace('/', '_')}"]
+        parts += [f"{_token(k)}={_token(json.dumps(v) if isinstance(v, (list, dict)) else v)}"
+                  .replace("/", "_") for k, v in sorted(rep.params.items())]
+        values = []
+        for m in rep.metrics:
+            unit = benchstat_unit(m)
+            units.setdefault(unit, m.higher_is_better)
+            values.append(f"{m.value!r} {unit}")
+        body.append(f"{name}/{'/'.join(parts)}-{procs} 1 " + " ".join(values))
+    lines += [f"Unit {u} better={'higher' if hib else 'lower'}" for u, hib in units.items()]
+    return ("\n".join(lines + [""] + body) + "\n").encode()
 
 
 def write_file(path: str | os.PathLike, data: bytes) -> None:

@@ -11,46 +11,18 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 
 from vmtax import __version__, analysis, plots, report
-from vmtax.analysis import Cell, Row, RunSummary
+from vmtax.errors import VmtaxError
+from vmtax.analysis import Cell, Row, RunSummary, Standing, ratio_of as _ratio
 from vmtax.export import flatten
 from vmtax.store import Run
 
-# The classes of performance that verdicts are given for, in the order they are shown; a
-# metric joins the class its workload's manifest names (`MetricSpec.group`).
-CLASS_ORDER = ["CPU", "memory", "disk I/O", "network", "threads/scheduling", "latency"]
 # Failed repetitions alike in these are listed once, with a count.
 FAILURE_KEYS = ("target", "workload", "phase", "status", "error")
-
-
-def workload_class(workload: str, metric: str) -> str | None:
-    spec = analysis.metric_spec(workload, metric)
-    return spec.group if spec is not None else None
-
-
-@dataclass
-class Standing:
-    """How much of the baseline one target keeps in one class."""
-    target: str
-    keeps: float                          # geometric mean of the ratios
-    ratios: list[tuple[Row, Cell]]        # each metric counted, with the target's cell
-
-    @property
-    def flags(self) -> list[str]:
-        """Sanity flags on the metrics counted: the verdict is only as good as they are."""
-        return sorted({f for _, cell in self.ratios for f in cell.flags})
-
-    @property
-    def worst(self) -> tuple[Row, Cell]:
-        return min(self.ratios, key=_ratio)
-
-    @property
-    def best(self) -> tuple[Row, Cell]:
-        return max(self.ratios, key=_ratio)
 
 
 @dataclass
@@ -69,37 +41,13 @@ class Findings:
     failures: list[dict[str, Any]]        # grouped: target, workload, phase, error, count
 
 
-def _usable(ratio: float | None) -> bool:
-    return ratio is not None and math.isfinite(ratio) and ratio > 0
-
-
-def _ratio(pair: tuple[Row, Cell]) -> float:
-    """The ratio of a cell the findings count (they count only cells with a usable one)."""
-    ratio = pair[1].ratio
-    if ratio is None:
-        raise ValueError(f"{pair[0].workload} {pair[0].metric}: a cell without a ratio")
-    return ratio.value
-
-
 def findings(summary: RunSummary) -> Findings:
-    ratios: dict[str, dict[str, list[tuple[Row, Cell]]]] = {}
+    classes = analysis.standings(summary)
     worst: dict[str, tuple[Row, Cell]] = {}
-    for row in summary.rows:
-        cls = workload_class(row.workload, row.metric)
-        if cls is None:
-            continue
-        for target, cell in row.cells.items():
-            if cell.ratio is None or not _usable(cell.ratio.value):
-                continue
-            ratios.setdefault(cls, {}).setdefault(target, []).append((row, cell))
-            if target not in worst or cell.ratio.value < _ratio(worst[target]):
-                worst[target] = (row, cell)
-    classes = {}
-    for cls in [*CLASS_ORDER, *sorted(set(ratios) - set(CLASS_ORDER))]:
-        standings = [Standing(t, _geomean([_ratio(p) for p in pairs]), pairs)
-                     for t, pairs in ratios.get(cls, {}).items()]
-        if standings:
-            classes[cls] = sorted(standings, key=lambda s: s.keeps, reverse=True)
+    for standing in (s for ss in classes.values() for s in ss):
+        if (standing.target not in worst
+                or _ratio(standing.worst) < _ratio(worst[standing.target])):
+            worst[standing.target] = standing.worst
     flags = [Flag(kind, target, row, _flag_detail(kind, cell))
              for row in summary.rows for target, cell in row.cells.items() for kind in cell.flags]
     grouped: dict[tuple, dict[str, Any]] = {}
@@ -107,10 +55,6 @@ def findings(summary: RunSummary) -> Findings:
         key = tuple(f[k] for k in FAILURE_KEYS)
         grouped.setdefault(key, {**dict(zip(FAILURE_KEYS, key)), "count": 0})["count"] += 1
     return Findings(classes, worst, flags, list(grouped.values()))
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def _flag_detail(kind: str, cell: Cell) -> str:
@@ -143,15 +87,70 @@ class RunReport:
     charts: list[plots.Chart]
     findings: Findings
     workloads: list[str] = field(default_factory=list)
+    flags_line: str = ""                  # every flag, counted, in one line
 
 
 def build(run: Run) -> RunReport:
+    from vmtax import quiet
+
     summary = analysis.summarize_run(run)
     labels = {t: report.target_label(run, t) for t in summary.targets}
     return RunReport(run=run, summary=summary, labels=labels,
-                     colors=plots.target_colors(summary), charts=plots.charts(summary, labels),
+                     colors=plots.target_colors(summary),
+                     charts=(_paired(plots.charts(summary, labels))
+                             + plots.run_charts(run, labels)),   # E4: density, start-up
                      findings=findings(summary),
-                     workloads=list(dict.fromkeys(r.workload for r in summary.rows)))
+                     workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
+                     flags_line=report.flags_line(summary.rows, quiet.during(run.host)))
+
+
+def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
+    """Each workload's strip of every repetition right after its ratio bars."""
+    after = {c.slug.removesuffix("-ratio"): i for i, c in enumerate(charts)
+             if c.slug.endswith("-ratio")}
+    return [c for _, _, c in sorted(
+        (after.get(c.slug.removesuffix("-repetitions"), i) if c.slug.endswith("-repetitions")
+         else i, i, c) for i, c in enumerate(charts))]
+
+
+@dataclass
+class RunComparison:
+    """Run B against run A, metric by metric, as `vmtax compare A B` judges it."""
+    a: str
+    b: str
+    rows: list[analysis.CompareRow]
+    alpha: float
+    noise_floor: float
+    method: str
+
+    @property
+    def swept(self) -> set[str]:
+        """Workloads compared in several configurations: only their rows name them."""
+        configs: dict[str, set[str]] = {}
+        for row in self.rows:
+            configs.setdefault(row.workload, set()).add(repr(sorted(row.params.items())))
+        return {w for w, c in configs.items() if len(c) > 1}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row.comparison.verdict] = counts.get(row.comparison.verdict, 0) + 1
+        return counts
+
+
+def compare_runs(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
+                 method: Literal["holm", "bh"] = "bh") -> RunComparison | None:
+    """B against A on every target they share; None when they share no metric."""
+    pairs = [(a, t, b, t) for t in a.targets if t in b.targets]
+    if not pairs:
+        return None
+    try:
+        rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor,
+                                        method=method)
+    except VmtaxError:      # nothing in common: the runs are shown side by side only
+        return None
+    return RunComparison(a.id, b.id, rows, alpha, noise_floor, method)
 
 
 def pct(ratio: float) -> str:
@@ -185,17 +184,25 @@ def fingerprint_items(data: dict[str, Any]) -> list[tuple[str, str]]:
             for k, v in flatten(data).items()]
 
 
+def change(value: float) -> str:
+    """A relative change as `vmtax compare` prints it: +4.2%."""
+    return "–" if math.isnan(value) else f"{value:+.1%}"
+
+
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("vmtax", "templates"), autoescape=True,
                           undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 _ENV.filters.update(fmt=report.fmt, interval=report.interval, pct=pct, ratio_class=ratio_class,
                     flag_text=report.flag_text,
                     params=params_text, when=when, fingerprint=fingerprint_items, repr=repr)
+_ENV.filters["change"] = change
 _ENV.tests["finite"] = math.isfinite
+_ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.metric)
 
 
-def render_html(reports: list[RunReport]) -> str:
+def render_html(reports: list[RunReport], comparison: RunComparison | None = None) -> str:
     svgs = {(i, c.slug): plots.inline_svg(c, prefix=f"r{i}-{c.slug}-")
             for i, r in enumerate(reports) for c in r.charts}
     return _ENV.get_template("report.html.j2").render(
-        reports=reports, svgs=svgs, version=__version__, generated=when(time.time()),
+        reports=reports, svgs=svgs, comparison=comparison, version=__version__,
+        generated=when(time.time()),
         noisy_cv=analysis.NOISY_CV)

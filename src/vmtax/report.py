@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import time
 
+from rich import box
 from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from vmtax.analysis import TOO_SHORT, Cell, RunSummary
+from vmtax import analysis
+from vmtax.analysis import TOO_SHORT, Cell, Row, RunSummary
 from vmtax.store import Run
 
 FLAG_STYLE = "bold yellow"
@@ -29,6 +31,19 @@ def fmt(value: float | None) -> str:
     digits = max(0, 3 - int(math.floor(math.log10(abs(value)))))
     text = f"{value:,.{digits}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def sig3(value: float) -> str:
+    """Three significant digits, trailing zeros kept (a ratio: 0.970, 1.00, 12.3)."""
+    if not math.isfinite(value) or value == 0 or not 1e-3 <= abs(value) < 1e3:
+        return fmt(value)
+    return f"{value:#.3g}".rstrip(".")
+
+
+def _sig2(value: float) -> str:
+    if not math.isfinite(value) or value == 0 or not 1e-3 <= abs(value) < 1e3:
+        return fmt(value)
+    return f"{value:.2g}" if abs(value) < 1 else f"{value:#.2g}".rstrip(".")
 
 
 def target_label(run: Run, name: str) -> str:
@@ -83,9 +98,131 @@ def cell_text(cell: Cell | None) -> Text:
     return text
 
 
-def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
+def _title(run: Run) -> str:
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created))
-    table = Table(title=f"run {run.id}  ·  {started}  ·  {run.status}",
+    name = run.plan.get("name")
+    return f"run {run.id}{f' ({name})' if name else ''}  ·  {started}  ·  {run.status}"
+
+
+def _ratio_text(cell: Cell | None) -> Text:
+    """A target's ratio to the baseline with its 95% CI (none from a single sample), or
+    why there is none; ⚠ when a flag is raised on it."""
+    text = Text()
+    if cell is None:
+        return text
+    if cell.summary is None:
+        return text.append(f"failed ×{cell.failed}", style="red")
+    if cell.ratio is not None:
+        r = cell.ratio
+        text.append(sig3(r.value), style="green" if r.value >= 1 else
+                    ("red" if r.value < 0.9 else ""))
+        if cell.n > 1:   # the interval to two digits: its width is what it tells
+            text.append(f" [{_sig2(r.ci_low)}–{_sig2(r.ci_high)}]", style="dim")
+    elif cell.no_ratio is not None:
+        text.append(cell.no_ratio, style="dim")
+    else:
+        text.append(fmt(cell.summary.median))
+    if cell.flags:   # unspaced: a narrow column never wraps it onto a line of its own
+        text.append("⚠", style=FLAG_STYLE)
+    return text
+
+
+def flag_counts(rows: list[Row]) -> dict[str, int]:
+    """How many cells of these rows raise each flag, most frequent first."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for cell in row.cells.values():
+            for flag in cell.flags:
+                counts[flag] = counts.get(flag, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+FLAG_WHY = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
+            TOO_SHORT: f"repetitions under {analysis.MIN_DURATION:g} s",
+            "faster than baseline": "suspicious", "clock skew": "guest clock disagreed"}
+
+
+def flags_line(rows: list[Row], context: str = "") -> str:
+    """All flags of these rows in one line: "3 cells noisy (CV > 5%), 1 clock skew"."""
+    counts = flag_counts(rows)
+    if not counts:
+        return ""
+    parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({FLAG_WHY[flag]})" if flag in FLAG_WHY
+                                                    else "")
+             for flag, n in counts.items()]
+    return "⚠ " + ", ".join(parts) + (f": {context}" if context else "")
+
+
+def print_headline(console: Console, run: Run, summary: RunSummary, context: str = "") -> None:
+    """The answer on one screen: per workload its primary metric, the baseline's median and
+    each target's ratio to it with its 95% CI, then each class's geometric mean; every
+    flag in one line. `vmtax show --all` has every metric."""
+    rows = analysis.headline(summary.rows)
+    others = [t for t in summary.targets if t != summary.baseline]
+    # The title on a line of its own: a table's title wraps at the table's width.
+    console.print(Text(_title(run), style="bold"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("workload", overflow="fold")
+    table.add_column("metric", overflow="fold")
+    # Numbers keep their line while the names beside them wrap; fold only if they must.
+    table.add_column(escape(target_label(run, summary.baseline)), justify="right",
+                     overflow="fold", no_wrap=True)
+    for name in others:
+        table.add_column(escape(target_label(run, name)), justify="right", overflow="fold",
+                         no_wrap=True)
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        unit = "" if row.unit == row.metric else f" ({row.unit})"
+        base = row.cells.get(summary.baseline)
+        table.add_row(escape(row.workload + (f" {params}" if params else "")),
+                      f"{'↑' if row.higher_is_better else '↓'} {escape(row.label)}{unit}",
+                      cell_median(base), *[_ratio_text(row.cells.get(t)) for t in others])
+    classes = analysis.standings(summary)
+    if classes and others:
+        table.add_section()
+        for cls, found in classes.items():
+            keeps = {s.target: s for s in found}
+            table.add_row(Text("geomean", style="bold"),
+                          # a long name may wrap at its "/": threads / scheduling
+                          Text(cls.replace("/", " / ") if len(cls) > 12 else cls,
+                               style="bold"),
+                "1", *[Text(sig3(keeps[t].keeps), style="bold") if t in keeps else ""
+                       for t in others])
+    console.print(table)
+    console.print(f"[dim]{escape(summary.baseline)}: median of its runs; others: ratio to it "
+                  "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)[/dim]")
+    line = flags_line(rows, context)
+    if line:
+        console.print(Text(line, style=FLAG_STYLE))
+    _print_failures(console, summary)
+    hidden = len(summary.rows) - len(rows)
+    if hidden:
+        console.print(f"[dim]{hidden} more metric rows: vmtax show {run.id} --all[/dim]")
+
+
+def cell_median(cell: Cell | None) -> Text:
+    if cell is None:
+        return Text()
+    if cell.summary is None:
+        return Text(f"failed ×{cell.failed}", style="red")
+    text = Text(fmt(cell.summary.median))
+    return text.append("⚠", style=FLAG_STYLE) if cell.flags else text
+
+
+def _print_failures(console: Console, summary: RunSummary) -> None:
+    for failure in summary.failures[:10]:
+        console.print("[red]failed[/red] " + escape(
+            f"{failure['target']} · {failure['workload']} · {failure['phase']} "
+            f"{failure['idx'] + 1}: {failure['error']}"), highlight=False)
+    if len(summary.failures) > 10:
+        console.print(f"[red]… and {len(summary.failures) - 10} more failed repetitions[/red]")
+    for note in summary.notes:
+        console.print("[yellow]not recorded[/yellow] " + escape(note), highlight=False)
+
+
+def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
+    """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
+    table = Table(title=_title(run),
                   caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
                           "cv = coefficient of variation; "
                           f"×ratio to {summary.baseline} [95% CI]: below 1 = worse, "
@@ -110,24 +247,21 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
                       *[cell_text(row.cells.get(t)) for t in summary.targets])
         previous = group
     console.print(table)
-    for failure in summary.failures[:10]:
-        console.print("[red]failed[/red] " + escape(
-            f"{failure['target']} · {failure['workload']} · {failure['phase']} "
-            f"{failure['idx'] + 1}: {failure['error']}"), highlight=False)
-    if len(summary.failures) > 10:
-        console.print(f"[red]… and {len(summary.failures) - 10} more failed repetitions[/red]")
-    for note in summary.notes:
-        console.print("[yellow]not recorded[/yellow] " + escape(note), highlight=False)
+    _print_failures(console, summary)
 
 
-def print_runs(console: Console, runs: list[dict]) -> None:
-    table = Table(title="stored runs")
+def print_runs(console: Console, runs: list[dict], source: str) -> None:
+    table = Table(title=f"stored runs in {escape(source)}")
     table.add_column("id", no_wrap=True)
+    if any(r.get("name") for r in runs):
+        table.add_column("name")
     table.add_column("started", no_wrap=True)
     for col in ("status", "targets", "workloads", "runs", "failed"):
         table.add_column(col)
     for r in runs:
-        table.add_row(r["id"], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
+        named = [escape(r.get("name") or "")] if any(x.get("name") for x in runs) else []
+        table.add_row(r["id"], *named,
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
                       r["status"], escape(", ".join(r["targets"])), ", ".join(r["workloads"]),
                       str(r["reps"]), str(r["failed"]))
     console.print(table)

@@ -62,7 +62,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import special, stats
+
+# scipy loads only inside the tests that need it (~0.5 s): `vmtax show` summarizes
+# without it.
 
 N_BOOT = 10_000
 # Beyond this many arrangements the exact permutation test gets slow (~0.15 s here).
@@ -143,7 +145,8 @@ def _median_ci(x: np.ndarray, confidence: float) -> tuple[float, float, float]:
     s = np.sort(x)
     n = s.size
     k = np.arange(1, (n + 1) // 2 + 1)
-    coverage = 1 - 2 * stats.binom.cdf(k - 1, n, 0.5)
+    cdf = np.cumsum([math.comb(n, i) for i in range(k.size)]) / 2.0 ** n   # P(B <= k - 1)
+    coverage = 1 - 2 * cdf
     # Coverages are multiples of 2**-n; the slack absorbs cdf rounding at exact ties.
     ok = np.flatnonzero(coverage >= confidence - 1e-12)
     i = ok[-1] if ok.size else 0  # no interval is good enough: fall back to [min, max]
@@ -216,6 +219,8 @@ def ratio(values: Iterable[float], baseline: Iterable[float], higher_is_better: 
 
 
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy import stats
+
     pooled = np.concatenate([a, b])
     if np.unique(pooled).size == pooled.size:
         method = "auto"  # scipy: exact when either side has <= 8 runs, else normal approx.
@@ -225,7 +230,7 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
         ranks = stats.rankdata(pooled)
         r = ranks[0] if a.size == 1 else ranks[-1]
         return float(min(1.0, 2 * min(np.mean(ranks >= r), np.mean(ranks <= r))))
-    elif special.comb(a.size + b.size, a.size) <= _MAX_EXACT_PERMUTATIONS:
+    elif math.comb(a.size + b.size, a.size) <= _MAX_EXACT_PERMUTATIONS:
         # scipy's "exact" ignores ties and the normal approximation is too optimistic
         # for tiny samples, so enumerate every arrangement instead.
         method = stats.PermutationMethod(n_resamples=np.inf)
@@ -235,6 +240,8 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _t_log_p(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy import stats
+
     la, lb = np.log(a), np.log(b)
     if np.ptp(la) == 0 and np.ptp(lb) == 0:
         # Both samples constant (quantized metrics): any difference is systematic.
@@ -261,7 +268,7 @@ def _no_test(a: np.ndarray, b: np.ndarray) -> bool:
 
 def min_p_value(n_a: int, n_b: int) -> float:
     """Smallest two-sided p any rank/permutation test can give for n_a vs n_b runs."""
-    return min(1.0, 2 / float(special.comb(n_a + n_b, n_a, exact=True)))
+    return min(1.0, 2 / float(math.comb(n_a + n_b, n_a)))
 
 
 def min_runs_to_detect(alpha: float = 0.01, tests: int = 1) -> int:
@@ -285,6 +292,8 @@ def adjust_pvalues(p_values: Sequence[float], method: str = "bh") -> list[float]
     if p.size == 0:
         return []
     if method == "bh":
+        from scipy import stats
+
         return [float(v) for v in stats.false_discovery_control(p, method="bh")]
     if method == "holm":
         order = np.argsort(p)
