@@ -22,11 +22,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Coroutine, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Coroutine, Literal, TypeVar
 
-import asyncssh
 
 from vmtax.errors import TargetError
+
+if TYPE_CHECKING:
+    import asyncssh
 
 T = TypeVar("T")
 
@@ -118,6 +120,7 @@ def _known_hosts_path(config: SshConfig) -> Path:
 
 
 def _is_known(config: SshConfig, host: str, port: int) -> bool:
+    import asyncssh   # 0.2 s to import: only where a connection is made
     path = _known_hosts_path(config)
     if not path.exists():
         return False
@@ -126,6 +129,7 @@ def _is_known(config: SshConfig, host: str, port: int) -> bool:
 
 
 def _explain(exc: BaseException, config: SshConfig, host: str, port: int) -> str:
+    import asyncssh
     where = f"ssh {host}:{port}"
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         if not _is_known(config, host, port):
@@ -169,6 +173,7 @@ class Session:
 
     async def _open(self, host: str, port: int, user: str | None,
                     tunnel: asyncssh.SSHClientConnection | None) -> asyncssh.SSHClientConnection:
+        import asyncssh
         config = self.config
         accept_new = config.host_key_check == "accept-new" and not _is_known(config, host, port)
         known: Any = None if accept_new else str(_known_hosts_path(config))
@@ -236,6 +241,7 @@ class Session:
 
     async def _run(self, argv: list[str], timeout: float | None,
                    on_timeout: list[str] | None) -> Done:
+        import asyncssh
         if self.conn is None or self.conn.is_closed():
             raise ConnectionLost(f"ssh {self.config.where}: not connected")
         start = time.perf_counter()
@@ -289,6 +295,7 @@ class Session:
         call(self._put(files))
 
     async def _put(self, files: dict[str, Path]) -> None:
+        import asyncssh
         assert self.conn is not None
         doing = "files"
         try:
