@@ -1,4 +1,5 @@
-"""What a plan will cost: its configurations as they will run, and an estimated time.
+"""What a plan will cost: its configurations as they will run, and an estimated time; and
+how long each job may take before it is stopped as hung.
 
 Built from what each plugin declares: a target kind's start-up time, a workload's expected
 repetition length (its time option, or its own estimate) and prepare time.
@@ -11,11 +12,17 @@ from typing import Any
 
 from vmtax import targets
 from vmtax.plan import Plan
+from vmtax.types import Job
+from vmtax.workloads.base import Workload
 
 # Measured on the classic plan under TCG on a 2-core host (173 s for an estimate of 226 s,
 # when memory still finished its 1 GiB early; it now runs for its whole time).
 RUN_OVERHEAD = 0.2      # s per repetition: start-up, result collection (0.05 native, 0.4 VM)
-UNBOUNDED_RUN = 1.0     # s per repetition without a time bound (mutex: 0.1 native, 0.5 VM)
+UNBOUNDED_RUN = 1.0     # s per repetition without a time bound or an estimate of its own
+# A job may run this many times its estimate, plus the margin, before it is stopped as
+# hung: estimates are native speed, and a TCG guest runs 5-20 times slower than that.
+TIMEOUT_FACTOR = 10.0
+TIMEOUT_MARGIN = 60.0
 
 
 @dataclass
@@ -48,6 +55,9 @@ def estimate(plan: Plan, runs: int | None = None) -> Estimate:
         elif seconds is None:
             used[f"a repetition without a time bound ({workload.name}) takes "
                  f"{UNBOUNDED_RUN:g} s"] = None
+        else:
+            used[f"{workload.name} takes its own estimate of its work at native speed "
+                 f"({seconds:.3g} s)"] = None
         total += ((UNBOUNDED_RUN if seconds is None else seconds) + RUN_OVERHEAD) * reps * n_targets
         prepare = workload.prepare_seconds()
         if prepare:
@@ -57,6 +67,18 @@ def estimate(plan: Plan, runs: int | None = None) -> Estimate:
     used[f"every repetition costs {RUN_OVERHEAD:g} s beyond its run time "
          "(start-up, collecting results)"] = None
     return Estimate(total, list(used))
+
+
+def job_timeout(workload: Workload, job: Job, phase: str, setting: float | None) -> float:
+    """How long job (of workload, in phase prepare, warmup or measure) may run: the plan's
+    `timeout` for a repetition when it sets one; else the estimate of the job times
+    TIMEOUT_FACTOR plus TIMEOUT_MARGIN, never less than the workload's own timeout."""
+    if setting is not None and phase != "prepare":
+        return setting
+    expected = workload.prepare_seconds() if phase == "prepare" else workload.run_seconds()
+    if not expected:
+        return job.timeout
+    return max(job.timeout, expected * TIMEOUT_FACTOR + TIMEOUT_MARGIN)
 
 
 def duration(seconds: float) -> str:

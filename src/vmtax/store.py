@@ -1,6 +1,12 @@
 """Results in SQLite: one database per results directory, one row per repetition.
 
 Each repetition is committed the moment it finishes, so an interrupted plan loses nothing.
+A database that cannot take it (damaged, made immutable, deleted or on a filesystem gone
+read-only while a run goes on) does not lose it either: from then on the run's records go
+to a side file beside it (PENDING_NAME, JSON Lines, the run's own record first; in the
+runtime directory when the results directory cannot take it either), which the next
+writer that opens the directory imports. A writer opens a database only after a
+quick integrity check; every SQLite error reaches the user as one line (StoreError).
 
 The schema is versioned by SQLite's `PRAGMA user_version`: a new database is created at
 the newest schema (SCHEMA), an older one is brought to it by MIGRATIONS, one transaction
@@ -9,6 +15,9 @@ per step, when it is opened.
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import hashlib
 import json
 import os
 import secrets
@@ -16,13 +25,19 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
+from vmtax import paths
 from vmtax.errors import VmtaxError
 from vmtax.proc import process_start_time, running
 from vmtax.types import Metric
 
 DB_NAME = "vmtax.sqlite"
+PENDING_NAME = "vmtax.pending.jsonl"
+
+
+class StoreError(VmtaxError):
+    """The results database cannot be read or written."""
 
 # The newest schema, one statement each: it is created inside one transaction, which
 # executescript() would commit first. Change it only together with a new MIGRATIONS step.
@@ -139,6 +154,63 @@ def _bring_up_to_date(db: sqlite3.Connection, path: Path) -> None:
             raise
 
 
+def _problem(path: Path, exc: BaseException) -> str:
+    """One line saying what is wrong with the database at path, and what to do."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if any(word in text for word in ("not a database", "malformed", "corrupt")):
+        return (f"{path} is damaged ({text}); move it aside and vmtax starts a new one "
+                f"(`sqlite3 {path} .recover` may rescue its runs), or give --results DIR")
+    if "locked" in text or "busy" in text:
+        return f"{path} is locked by another process ({text}); try again when it is done"
+    return (f"{path} cannot be used ({text}); check the file's permissions and attributes "
+            "(lsattr) and its filesystem, or give --results DIR")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(method: _F) -> _F:
+    """SQLite's errors (and a filesystem's under it) as one StoreError line."""
+    @functools.wraps(method)
+    def guarded(self: "Store", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(_problem(self.path, exc)) from None
+    return guarded  # type: ignore[return-value]
+
+
+def _connect(path: Path, uri: str | None = None) -> sqlite3.Connection:
+    """A connection whose first read already checked the file: SQLite opens lazily, so a
+    garbage header would otherwise surface at some later query."""
+    db = (sqlite3.connect(uri, uri=True, timeout=30) if uri
+          else sqlite3.connect(path, timeout=30))
+    try:
+        db.execute("PRAGMA schema_version").fetchone()
+        # quick_check reads every page of the b-trees (not the indexes' contents): tens of
+        # milliseconds for thousands of repetitions, and no half-broken file is run into.
+        problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError("database disk image is malformed: "
+                                        + "; ".join(problems)[:200])
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+_REP_COLUMNS = ("run_id", "target", "workload", "params", "phase", "idx", "status", "error",
+                "exit_code", "host_elapsed", "guest_elapsed", "started", "argv", "stdout",
+                "stderr")
+
+
 @dataclass
 class Rep:
     id: int
@@ -185,13 +257,30 @@ class Store:
     def __init__(self, results_dir: str | os.PathLike, *, readonly: bool = False):
         self.dir = Path(results_dir)
         self.path = self.dir / DB_NAME
+        self.pending = self.dir / PENDING_NAME
+        # Where records go when the results directory refuses them too (a read-only
+        # filesystem): named after the database, which may be gone by then.
+        digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:16]
+        self.fallback = paths.runtime_dir(create=False) / f"pending-{digest}.jsonl"
+        self.aside: Path | None = None   # the side file records went to
         self.readonly = readonly
-        if readonly:
-            self.db = self._open_readonly()
-        else:
-            self.db = self._open_for_writing()
-        self.db.row_factory = sqlite3.Row
-        self._reap_orphans()
+        # Runs this process writes: their own records, for a side file to start with.
+        self._records: dict[str, dict[str, Any]] = {}
+        # Why the database stopped taking this process's records (None: it takes them).
+        self.diverted: str | None = None
+        self.n_diverted = 0
+        try:
+            if readonly:
+                self.db = self._open_readonly()
+            else:
+                self.db = self._open_for_writing()
+            self.db.row_factory = sqlite3.Row
+            self._reap_orphans()
+            if not readonly:
+                self._import_pending()
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(_problem(self.path, exc)) from None
+        self._identity = self._file_identity()
 
     def _open_for_writing(self) -> sqlite3.Connection:
         try:
@@ -202,7 +291,10 @@ class Store:
         except OSError as exc:
             raise VmtaxError(f"results directory {self.dir} is not writable ({exc.strerror}); "
                              "choose another with --results DIR") from None
-        db = sqlite3.connect(self.path, timeout=30)
+        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
+            raise StoreError(_problem(self.path, PermissionError(
+                "the file cannot be read and written; an immutable attribute, or its mode")))
+        db = _connect(self.path)
         try:
             _bring_up_to_date(db, self.path)
         except BaseException:
@@ -216,7 +308,7 @@ class Store:
         if not self.path.is_file():
             raise missing
         uri = self.path.resolve().as_uri() + "?mode=ro"
-        db = sqlite3.connect(uri, uri=True, timeout=30)
+        db = _connect(self.path, uri)
         try:
             version = _schema_version(db, self.path)
             if version is None:     # left empty by a writer that died before its schema
@@ -259,63 +351,213 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
+    # -- the side file ---------------------------------------------------------------------
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _write(self, run_id: str, record: dict[str, Any], write: Callable[[], Any]) -> Any:
+        """Do one write of run_id's, or once the database cannot take it, append record to
+        the side file; returns write's result, or None when the record went aside."""
+        if self.diverted is None:
+            # A file deleted or replaced under the open connection takes writes that
+            # nobody will ever read: those go aside too.
+            if self._identity is not None and self._file_identity() != self._identity:
+                self.diverted = "the file was deleted or replaced while vmtax ran"
+            else:
+                try:
+                    return write()
+                except (sqlite3.Error, OSError) as exc:
+                    self.diverted = str(exc) or type(exc).__name__
+        self._append_pending(run_id, record)
+        return None
+
+    def _append_pending(self, run_id: str, record: dict[str, Any]) -> None:
+        lines = []
+        header = self._records.get(run_id)
+        if header is not None and not header.get("aside"):
+            header["aside"] = True
+            lines += [{"kind": "run", **header["run"]},
+                      *({"kind": "target", **t} for t in header["targets"].values())]
+        lines.append(record)
+        text = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
+        failures = []
+        for path in (self.pending, self.fallback):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._append(path, text)
+            except OSError as exc:
+                failures.append(f"{path}: {exc.strerror}")
+                continue
+            self.aside = path
+            self.n_diverted += record["kind"] == "rep"
+            return
+        raise StoreError(f"{self.path} cannot take results ({self.diverted}) and neither can "
+                         f"a side file ({'; '.join(failures)}); the run stops here")
+
+    @staticmethod
+    def _append(path: Path, text: str) -> None:
+        while True:
+            with open(path, "a", encoding="utf-8") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                # An importer may have taken the file meanwhile: append to the new one.
+                if os.fstat(f.fileno()).st_ino != _inode(path):
+                    continue
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+                return
+
+    def _aside_error(self, run_id: str) -> StoreError:
+        return StoreError(
+            f"{self.path} stopped taking results ({self.diverted}); {self.n_diverted} "
+            f"repetitions of run {run_id} are kept in {self.aside}, imported by the next "
+            f"vmtax run that opens {self.dir}" + (
+                "" if self._file_identity() is None else
+                " (move the damaged database aside first if it stays unusable)"))
+
+    def _import_pending(self) -> None:
+        """Bring what an earlier vmtax kept aside into the database, once: a repetition
+        already stored (same run, target, configuration, phase and index) is skipped. The
+        file's lock keeps a vmtax still appending to it, or another importing it, out."""
+        for path in (self.pending, self.fallback):
+            try:
+                f = open(path, "r", encoding="utf-8")
+            except FileNotFoundError:
+                continue
+            with f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                if os.fstat(f.fileno()).st_ino == _inode(path):
+                    self._import_lines(path, f.read().splitlines())
+                    path.unlink()
+
+    def _import_lines(self, path: Path, lines: list[str]) -> None:
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if number < len(lines):   # only the last line may be cut short by a crash
+                    raise StoreError(f"{path}:{number}: not a record of vmtax "
+                                     f"({exc.msg}); move the file aside") from None
+        try:
+            with self.db:
+                for r in records:
+                    self._import_record(r)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise StoreError(f"{path}: a record lacks {exc} or is not an object; "
+                             "move the file aside") from None
+
+    def _import_record(self, r: dict[str, Any]) -> None:
+        kind = r.get("kind")
+        if kind == "run":
+            self.db.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                            (r["id"], r["created"], None, "interrupted", r["plan"], r["host"],
+                             r["version"], None, None))
+        elif kind == "target":
+            self.db.execute("INSERT OR REPLACE INTO targets VALUES (?,?,?,?)",
+                            (r["run_id"], r["name"], r["target_kind"], r["fingerprint"]))
+        elif kind == "rep" and not self.db.execute(
+                "SELECT 1 FROM reps WHERE run_id=? AND target=? AND workload=? AND params=?"
+                " AND phase=? AND idx=?", (r["run_id"], r["target"], r["workload"],
+                                           r["params"], r["phase"], r["idx"])).fetchone():
+            self._insert_rep(r)
+        elif kind == "finish":
+            self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL, pid_start=NULL"
+                            " WHERE id=?", (r["finished"], r["status"], r["run_id"]))
+
+    def _insert_rep(self, r: dict[str, Any]) -> int:
+        cur = self.db.execute(
+            "INSERT INTO reps (run_id, target, workload, params, phase, idx, status, error,"
+            " exit_code, host_elapsed, guest_elapsed, started, argv, stdout, stderr)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            tuple(r[c] for c in _REP_COLUMNS))
+        rep_id = cur.lastrowid
+        assert rep_id is not None    # set by the INSERT just done
+        self.db.executemany(
+            "INSERT INTO metrics (rep_id, name, value, unit, higher_is_better, dimensions)"
+            " VALUES (?,?,?,?,?,?)", [(rep_id, *m) for m in r["metrics"]])
+        return rep_id
+
     # -- writing ---------------------------------------------------------------------------
+    @_guarded
     def new_run(self, plan: dict[str, Any], host: dict[str, Any], version: str) -> str:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+        record = {"id": run_id, "created": time.time(), "plan": json.dumps(plan),
+                  "host": json.dumps(host), "version": version}
         with self.db:
             self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
-                            (run_id, time.time(), None, "running", json.dumps(plan),
-                             json.dumps(host), version, os.getpid(),
+                            (run_id, record["created"], None, "running", record["plan"],
+                             record["host"], version, os.getpid(),
                              process_start_time(os.getpid())))
+        self._records[run_id] = {"run": record, "targets": {}}
         return run_id
 
     def set_target(self, run_id: str, name: str, kind: str, fingerprint: dict[str, Any]) -> None:
-        with self.db:
-            self.db.execute("INSERT OR REPLACE INTO targets VALUES (?,?,?,?)",
-                            (run_id, name, kind, json.dumps(fingerprint)))
+        record = {"run_id": run_id, "name": name, "target_kind": kind,
+                  "fingerprint": json.dumps(fingerprint)}
+        if run_id in self._records:
+            self._records[run_id]["targets"][name] = record
+
+        def write() -> None:
+            with self.db:
+                self.db.execute("INSERT OR REPLACE INTO targets VALUES (?,?,?,?)",
+                                (run_id, name, kind, record["fingerprint"]))
+        self._write(run_id, {"kind": "target", **record}, write)
 
     def add_rep(self, run_id: str, *, target: str, workload: str, params: dict[str, Any],
                 phase: str, idx: int, status: str, argv: list[str], started: float,
                 error: str | None = None, exit_code: int | None = None,
                 host_elapsed: float | None = None, guest_elapsed: float | None = None,
                 stdout: str | None = None, stderr: str | None = None,
-                metrics: Iterable[Metric] = ()) -> int:
-        """Store one finished repetition and its metrics in one transaction."""
-        with self.db:
-            cur = self.db.execute(
-                "INSERT INTO reps (run_id, target, workload, params, phase, idx, status, error,"
-                " exit_code, host_elapsed, guest_elapsed, started, argv, stdout, stderr)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, target, workload, json.dumps(params, sort_keys=True), phase, idx, status,
-                 error, exit_code, host_elapsed, guest_elapsed, started, json.dumps(argv),
-                 stdout, stderr))
-            rep_id = cur.lastrowid
-            assert rep_id is not None    # set by the INSERT just done
-            self.db.executemany(
-                "INSERT INTO metrics (rep_id, name, value, unit, higher_is_better, dimensions)"
-                " VALUES (?,?,?,?,?,?)",
-                [(rep_id, m.name, m.value, m.unit, int(m.higher_is_better),
-                  json.dumps(dict(m.dimensions), sort_keys=True)) for m in metrics])
-        return rep_id
+                metrics: Iterable[Metric] = ()) -> int | None:
+        """Store one finished repetition and its metrics in one transaction; its id, or
+        None when the database could not take it and it went to the side file."""
+        record = {"kind": "rep", "run_id": run_id, "target": target, "workload": workload,
+                  "params": json.dumps(params, sort_keys=True), "phase": phase, "idx": idx,
+                  "status": status, "error": error, "exit_code": exit_code,
+                  "host_elapsed": host_elapsed, "guest_elapsed": guest_elapsed,
+                  "started": started, "argv": json.dumps(argv), "stdout": stdout,
+                  "stderr": stderr,
+                  "metrics": [(m.name, m.value, m.unit, int(m.higher_is_better),
+                               json.dumps(dict(m.dimensions), sort_keys=True))
+                              for m in metrics]}
+
+        def write() -> int:
+            with self.db:
+                return self._insert_rep(record)
+        return self._write(run_id, record, write)
 
     def finish_run(self, run_id: str, status: str) -> None:
-        with self.db:
-            self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL, pid_start=NULL"
-                            " WHERE id=?",
-                            (time.time(), status, run_id))
+        finished = time.time()
 
+        def write() -> None:
+            with self.db:
+                self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL,"
+                                " pid_start=NULL WHERE id=?", (finished, status, run_id))
+        self._write(run_id, {"kind": "finish", "run_id": run_id, "finished": finished,
+                             "status": status}, write)
+
+    @_guarded
     def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:
         """Replace the run's stored sanity flags: (target, workload, params, metric, flag)."""
+        if self.diverted is not None:
+            raise self._aside_error(run_id)
         with self.db:
             self.db.execute("DELETE FROM flags WHERE run_id = ?", (run_id,))
             self.db.executemany("INSERT INTO flags VALUES (?,?,?,?,?,?)",
                                 [(run_id, t, w, json.dumps(p, sort_keys=True), m, f)
                                  for t, w, p, m, f in flags])
 
+    @_guarded
     def flags(self, run_id: str) -> list[tuple[str, str, dict, str, str]]:
         return [(r["target"], r["workload"], json.loads(r["params"]), r["metric"], r["flag"])
                 for r in self.db.execute("SELECT * FROM flags WHERE run_id = ?", (run_id,))]
 
+    @_guarded
     def claim_run(self, run_id: str) -> None:
         """Make this process the one executing run_id (to resume it), unless another live
         one is. BEGIN IMMEDIATE: of two processes claiming at once, the second sees the
@@ -332,13 +574,18 @@ class Store:
         except BaseException:
             self.db.rollback()
             raise
+        row = self.db.execute("SELECT id, created, plan, host, version FROM runs WHERE id = ?",
+                              (run_id,)).fetchone()
+        self._records[run_id] = {"run": dict(row), "targets": {}}
 
+    @_guarded
     def reopen_run(self, run_id: str) -> None:
         """A resumed run (claimed by this process) is running again."""
         with self.db:
             self.db.execute("UPDATE runs SET status='running' WHERE id=?", (run_id,))
 
     # -- reading ---------------------------------------------------------------------------
+    @_guarded
     def list_runs(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT r.id, r.created, r.finished, r.status,"
@@ -355,6 +602,7 @@ class Store:
                  "workloads": sorted((r["workloads"] or "").split(",")) if r["workloads"] else [],
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
+    @_guarded
     def resolve(self, run_id: str) -> str:
         """A run id, or a unique prefix of one, or 'last'."""
         if run_id == "last":
@@ -370,8 +618,11 @@ class Store:
         raise VmtaxError(f"run id {run_id!r} is ambiguous ({len(rows)} runs match); "
                          "give more of it")
 
+    @_guarded
     def load_run(self, run_id: str, *, with_output: bool = False) -> Run:
         run_id = self.resolve(run_id)
+        if self.diverted is not None and run_id in self._records:
+            raise self._aside_error(run_id)
         r = self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         targets = {t["name"]: {"kind": t["kind"], "fingerprint": json.loads(t["fingerprint"])}
                    for t in self.db.execute("SELECT * FROM targets WHERE run_id=?", (run_id,))}
