@@ -84,3 +84,9 @@ def test_native_throughput_over_loopback_end_to_end(tmp_path):
     throughput = [m.value for r in run.reps for m in r.metrics if m.name == "throughput"]
     assert len(throughput) == 2 and all(v > 0.1 for v in throughput)
     assert list(tmp_path.glob(".work-*")) == []   # the server was stopped and its dir removed
+
+
+def test_a_number_too_long_to_convert_is_a_parse_error():
+    workload = Iperf3.make({})
+    with pytest.raises(ParseError, match="unusable value"):
+        workload.parse('{"end": {"sum_received": {"bits_per_second": ' + "9" * 5000 + "}}}")

@@ -68,6 +68,8 @@ class Iperf3(Workload):
         except json.JSONDecodeError as exc:
             raise ParseError(f"iperf3 printed no JSON report ({exc.msg} at line "
                              f"{exc.lineno})") from None
+        except ValueError as exc:   # a number json cannot convert (over 4,300 digits)
+            raise ParseError(f"iperf3's report has an unusable value: {str(exc)[:100]}") from None
         if not isinstance(report, dict):
             raise ParseError("iperf3's report is not a JSON object")
         if report.get("error"):

@@ -242,6 +242,9 @@ class Serving(Workload):
             raise ParseError(f"serving client printed no JSON ({exc.msg})") from None
         except (KeyError, TypeError) as exc:
             raise ParseError(f"serving client's report lacks {exc}") from None
+        except ValueError as exc:   # a number json cannot convert (over 4,300 digits)
+            raise ParseError(f"serving client's report has an unusable value: "
+                             f"{str(exc)[:100]}") from None
         if not steps:
             raise ParseError("serving client measured no step")
         return metrics
