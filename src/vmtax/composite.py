@@ -1,0 +1,222 @@
+"""E3's composite index, in the style of UnixBench: per class of performance and overall,
+the geometric mean of each workload's ratio to the baseline, with a confidence interval
+propagated from the workloads' own intervals; and the one-line recommendation per class.
+
+A workload counts once, whatever its metric's dimensions: dd's buffered and direct copies,
+or bzip2's file and tree, are first combined by their own geometric mean into the
+workload's ratio. Only primary metrics count (a workload's throughput and time are one
+measurement, not two votes), each in the class its manifest names (`MetricSpec.group`).
+
+Intervals are combined in log space, where a geometric mean is an arithmetic one: for a
+mean of n independent log-ratios, each side of the interval is sqrt(sum of that side's
+squared half-widths) / n. The recommendation names the best target of a class only when
+its interval lies wholly above every other target's (the baseline's is exactly 1);
+otherwise it says there is no significant difference (and with fewer than 3 runs per
+target, that there are too few runs for a verdict).
+
+Suspicious wins are explained, not just flagged: where a target beats the bare host beyond
+noise (analysis' "faster than baseline"), `explanations` names the likely cause from the
+stored results themselves: the target's clock disagreeing with the host's ("clock skew"),
+the host's page cache when dd's buffered copy wins but its O_DIRECT copy does not (the
+target's disk is a host file, so its buffered writes may stop in the host's memory), and
+for other disk-bound wins the page cache or fewer fsyncs reaching the disk.
+
+`composite(summary)` and `explanations(summary)` are what views print; `print_composite`
+is the terminal form (`vmtax composite RUN`), and a report can add it through the same
+function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+from vmtax import analysis
+from vmtax.analysis import Cell, Row, RunSummary
+
+OVERALL = "overall"
+# No verdict from fewer runs per side than E3's method keeps: one run gives an interval of
+# zero width, and at 2 against 2 a bootstrap interval clears 1 by chance 1 time in 6.
+MIN_RUNS = 3
+
+
+@dataclass(frozen=True)
+class Index:
+    """A geometric mean of ratios to the baseline with its propagated interval."""
+    value: float
+    ci_low: float
+    ci_high: float
+    parts: tuple[str, ...] = ()        # what it averages: workload labels
+    # The fewest measured runs behind any ratio counted (on either side of it).
+    runs: int = MIN_RUNS
+
+
+@dataclass
+class ClassIndex:
+    cls: str
+    by_target: dict[str, Index]        # baseline included (exactly 1)
+    recommendation: str
+    skipped: list[str] = field(default_factory=list)   # "workload on target: why"
+
+
+def combine(indices: list[Index], parts: tuple[str, ...] = ()) -> Index:
+    """The geometric mean of ratios, its interval propagated in log space."""
+    if not indices:
+        raise ValueError("a composite of nothing")
+    n = len(indices)
+    logs = [math.log(i.value) for i in indices]
+    low = math.sqrt(sum((v - math.log(i.ci_low)) ** 2 for v, i in zip(logs, indices)))
+    high = math.sqrt(sum((math.log(i.ci_high) - v) ** 2 for v, i in zip(logs, indices)))
+    mean = sum(logs) / n
+    return Index(math.exp(mean), math.exp(mean - low / n), math.exp(mean + high / n), parts,
+                 min(i.runs for i in indices))
+
+
+def _usable(cell: Cell) -> bool:
+    r = cell.ratio
+    return (r is not None and all(math.isfinite(v) and v > 0
+                                  for v in (r.value, r.ci_low, r.ci_high)))
+
+
+def _label(row: Row) -> str:
+    params = " ".join(f"{k}={v}" for k, v in row.params.items())
+    return f"{row.workload} {params}" if params else row.workload
+
+
+def composite(summary: RunSummary) -> list[ClassIndex]:
+    """Per class (in the report's order) and overall: each target's index."""
+    # (class, workload label) -> target -> the ratios of its primary metric's dimensions
+    ratios: dict[str, dict[str, dict[str, list[Index]]]] = {}
+    skipped: dict[str, list[str]] = {}
+    for row in analysis.headline(summary.rows):
+        spec = analysis.metric_spec(row.workload, row.metric)
+        base = row.cells.get(summary.baseline)
+        if spec is None or spec.group is None or base is None:
+            continue
+        label = _label(row)
+        for target, cell in row.cells.items():
+            if target == summary.baseline:
+                continue
+            if _usable(cell):
+                assert cell.ratio is not None
+                ratios.setdefault(spec.group, {}).setdefault(label, {}).setdefault(
+                    target, []).append(Index(cell.ratio.value, cell.ratio.ci_low,
+                                             cell.ratio.ci_high, runs=min(cell.n, base.n)))
+            else:
+                why = cell.no_ratio or "no ratio (failed or missing runs)"
+                skipped.setdefault(spec.group, []).append(f"{row.label} of {label} on "
+                                                          f"{target}: {why}")
+    order = [c for c in analysis.CLASS_ORDER if c in ratios]
+    order += sorted(set(ratios) - set(order))
+    per_workload: dict[str, dict[str, list[Index]]] = {}   # target -> class -> workloads
+    results = []
+    for cls in order:
+        by_target: dict[str, list[Index]] = {}
+        for label, targets in ratios[cls].items():
+            for target, dims in targets.items():
+                one = combine(dims, (label,))
+                by_target.setdefault(target, []).append(one)
+                per_workload.setdefault(target, {}).setdefault(cls, []).append(one)
+        indices = {t: combine(parts, tuple(p for i in parts for p in i.parts))
+                   for t, parts in by_target.items()}
+        results.append(_with_baseline(cls, indices, summary, skipped.get(cls, [])))
+    overall = {t: combine([i for parts in classes.values() for i in parts],
+                          tuple(p for parts in classes.values() for i in parts for p in i.parts))
+               for t, classes in per_workload.items()}
+    if overall:
+        results.append(_with_baseline(OVERALL, overall, summary,
+                                      [s for c in order for s in skipped.get(c, [])]))
+    return results
+
+
+def _with_baseline(cls: str, indices: dict[str, Index], summary: RunSummary,
+                   skipped: list[str]) -> ClassIndex:
+    by_target = {summary.baseline: Index(1.0, 1.0, 1.0)}
+    by_target.update(sorted(indices.items(), key=lambda kv: -kv[1].value))
+    return ClassIndex(cls, by_target, recommend(cls, by_target), skipped)
+
+
+def recommend(cls: str, by_target: dict[str, Index]) -> str:
+    """The best target of the class when it wins beyond noise, else no verdict."""
+    if min(i.runs for i in by_target.values()) < MIN_RUNS:
+        return f"{cls}: too few runs for a verdict (at least {MIN_RUNS} per target)"
+    best_name, best = max(by_target.items(), key=lambda kv: kv[1].value)
+    others = [i for name, i in by_target.items() if name != best_name]
+    if others and all(best.ci_low > other.ci_high for other in others):
+        return f"{cls}: {best_name} (index {best.value:.3g} [{best.ci_low:.3g}, " \
+               f"{best.ci_high:.3g}])"
+    return f"{cls}: no significant difference"
+
+
+FASTER = "faster than baseline"
+CLOCK = "clock skew"
+
+
+def explanations(summary: RunSummary) -> list[str]:
+    """One line per suspicious win (a target beating the bare host beyond noise): the
+    likely cause, as far as the stored results tell."""
+    lines: list[str] = []
+    dd = {row.dimensions.get("mode"): row for row in summary.rows
+          if row.workload == "dd" and row.metric == "throughput"}
+    for row in analysis.headline(summary.rows):
+        spec = analysis.metric_spec(row.workload, row.metric)
+        for target, cell in row.cells.items():
+            if FASTER not in cell.flags:
+                continue
+            where = f"{target} · {_label(row)} {row.label}"
+            if CLOCK in cell.flags:
+                lines.append(f"{where}: guest clock drift: the target's clock disagreed "
+                             "with the host's over these runs, so the times it measured "
+                             "itself are off")
+            elif row.workload == "dd" and row.dimensions.get("mode") == "buffered":
+                direct = dd.get("direct")
+                other = direct.cells.get(target) if direct else None
+                if other is not None and other.ratio is not None and FASTER not in other.flags:
+                    lines.append(f"{where}: host page cache: the buffered copy beats "
+                                 f"{summary.baseline} but the oflag=direct copy does not "
+                                 f"(×{other.ratio.value:.3g}); the target's disk is a host "
+                                 "file, and its buffered writes end in the host's memory")
+                else:
+                    lines.append(f"{where}: its O_DIRECT copy wins too: the host caches "
+                                 "the target's disk even for direct writes (a VM disk "
+                                 "without cache=none), or the disk is faster")
+            elif spec is not None and spec.group == "disk I/O":
+                lines.append(f"{where}: likely the host's page cache or fewer fsyncs "
+                             "reaching the disk: the target's disk is a host file; compare "
+                             "dd's oflag=direct copy")
+            else:
+                lines.append(f"{where}: no I/O to explain it and no clock skew seen: check "
+                             "the host's load during the baseline's runs")
+    return lines
+
+
+def print_composite(console: Console, summary: RunSummary) -> None:
+    """The composite index per class and target, then the recommendations."""
+    classes = composite(summary)
+    if not classes:
+        console.print("no workload of this run has a ratio to the baseline in a class")
+        return
+    table = Table(title=f"composite index: ratio to {summary.baseline}, geometric mean "
+                  "[95% CI]; below 1 = worse")
+    table.add_column("class")
+    table.add_column("workloads", justify="right")
+    for target in summary.targets:
+        table.add_column(target, justify="right")
+    for ci in classes:
+        counted = max((len(i.parts) for i in ci.by_target.values()), default=0)
+        cells = []
+        for target in summary.targets:
+            index = ci.by_target.get(target)
+            cells.append("" if index is None else "1" if target == summary.baseline else
+                         f"{index.value:.3g} [{index.ci_low:.3g}, {index.ci_high:.3g}]")
+        table.add_row(ci.cls, str(counted), *cells)
+    console.print(table)
+    for ci in classes:
+        console.print(ci.recommendation)
+        for why in ci.skipped if ci.cls != OVERALL else []:
+            console.print(f"  not counted: {why}")
+    for line in explanations(summary):
+        console.print(f"suspicious win: {line}")

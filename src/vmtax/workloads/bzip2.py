@@ -1,0 +1,116 @@
+"""bzip2: compress one large file and a tarred tree of many small files (E3's bzip2 test).
+
+A prepare job generates the data once per target (vmtax.workloads.macro_util: text that
+compresses like real text, the same bytes in every target): a file of `size` bytes and a
+tree of `files` small files, which GNU tar packs into one archive with fixed names, order,
+owners and times, so the archive too is byte-identical everywhere. Each repetition runs
+Debian's bzip2 on both, timed by the target's clock; the page cache holds the inputs after
+the prepare job, so what is measured is compression, CPU-bound.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vmtax import plugin
+from vmtax.errors import ParseError
+from vmtax.option_types import Size
+from vmtax.types import Job, Metric, MetricSpec
+from vmtax.workloads.base import Workload
+from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_env, programs,
+                                        script_job, size_bytes, times)
+
+INPUTS = ("file", "tree")
+# Rates for estimates and timeouts: bzip2 -9 compressed 2-10 MiB/s natively on this
+# (shared) host, and TCG is several times slower; a timeout allows 0.1 MiB/s.
+ESTIMATE_MIB_S = 5.0
+SLOWEST_MIB_S = 0.1
+# Mean size of a generated tree file (256 B + 16128 B * E[r^3]).
+MEAN_FILE_BYTES = 256 + 16128 / 4
+
+_PREPARE = MAKE_DATA + """
+"$TAR_BIN" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf tree.tar tree
+busybox rm -rf tree seed
+"""
+_RUN = """begin; "$BZIP2_BIN" -c -"$1" big > big.bz2; end file
+begin; "$BZIP2_BIN" -c -"$1" tree.tar > tree.tar.bz2; end tree
+for f in big tree.tar; do
+    echo "vmtax-bytes $f $(busybox stat -c %s $f) $(busybox stat -c %s $f.bz2)"
+done
+busybox rm -f big.bz2 tree.tar.bz2
+"""
+_BYTES = re.compile(r"vmtax-bytes (big|tree\.tar) ([0-9]+) ([0-9]+)")
+
+
+class Bzip2Options(plugin.Options):
+    size: Size = plugin.option("256M", "Size of the large file compressed")
+    files: int = plugin.option(20000, "Small files in the tree (256 B to 16 KiB, 4 KiB on "
+                               "average) tarred and compressed", unit="files", ge=1,
+                               le=1000000)
+    level: int = plugin.option(9, "bzip2's block size in 100 kB steps (-1 .. -9)", ge=1, le=9)
+
+
+class Bzip2(Workload):
+    name = "bzip2"
+    description = ("bzip2 compressing a large generated text file and a tarred tree of many "
+                   "small files (seconds, MiB/s)")
+    Options = Bzip2Options
+    options: Bzip2Options
+    binaries = ("bzip2", "tar")
+    packages = ("bzip2", "tar")
+    metrics = (
+        MetricSpec("time", "s", False, "Seconds to compress the input, by the target's "
+                   "clock", group="CPU", primary=True, dimensions=("input",),
+                   resolution=TIME_RESOLUTION),
+        MetricSpec("throughput", "MiB/s", True, "Input bytes compressed per second",
+                   group="CPU", dimensions=("input",)),
+        MetricSpec("compression ratio", "x", True, "Input size over compressed size (the "
+                   "same in every target: a check on the data)", secondary=True,
+                   dimensions=("input",)),
+    )
+
+    def _mib(self) -> float:
+        return (size_bytes(self.options.size) + self.options.files * MEAN_FILE_BYTES) / 2**20
+
+    def _env(self) -> dict[str, str]:
+        # Only the prepare job generates data: a guest's agent decodes every byte of a
+        # job's environment before its clock starts, which the host's time would count.
+        return programs("bzip2", "tar")
+
+    def run_seconds(self) -> float:
+        return self._mib() / ESTIMATE_MIB_S
+
+    def prepare_seconds(self) -> float:
+        # Generating the tree costs about a millisecond a file natively.
+        return self._mib() / 100 + self.options.files / 1000
+
+    def prepare_jobs(self) -> list[Job]:
+        return [script_job(_PREPARE, size_bytes(self.options.size), self.options.files,
+                           env={**data_env(), **self._env()},
+                           timeout=20 * self.prepare_seconds() + 300)]
+
+    def run_job(self) -> Job:
+        return script_job(_RUN, self.options.level, env=self._env(),
+                          timeout=self._mib() / SLOWEST_MIB_S + 60)
+
+    def cleanup_jobs(self) -> list[Job]:
+        return [script_job("busybox rm -rf big seed tree tree.tar big.bz2 tree.tar.bz2\n",
+                           timeout=120)]
+
+    def parse(self, stdout: str) -> list[Metric]:
+        seconds = times(stdout, INPUTS)
+        sizes: dict[str, tuple[int, int]] = {}
+        for line in stdout.splitlines():
+            if m := _BYTES.fullmatch(line.strip()):
+                sizes["file" if m[1] == "big" else "tree"] = (int(m[2]), int(m[3]))
+        metrics: list[Metric] = []
+        for name in INPUTS:
+            if name not in sizes:
+                raise ParseError(f"no sizes for the {name} input in the output")
+            raw, packed = sizes[name]
+            if raw <= 0 or packed <= 0:
+                raise ParseError(f"the {name} input or its compressed form is empty")
+            metrics += [self.metric("time", seconds[name], input=name),
+                        self.metric("throughput", raw / 2**20 / seconds[name], input=name),
+                        self.metric("compression ratio", raw / packed, input=name)]
+        return metrics

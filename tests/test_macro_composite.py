@@ -1,0 +1,142 @@
+"""The composite index: each workload counts once, per class and overall, with intervals
+propagated in log space, and a recommendation only beyond noise."""
+
+import math
+
+import pytest
+from rich.console import Console
+
+from vmtax import composite
+from vmtax.analysis import Cell, Row, RunSummary
+from vmtax.composite import Index, combine
+from vmtax.stats import RatioSummary
+
+
+def cell(value, low, high) -> Cell:
+    return Cell(n=3, failed=0, ratio=RatioSummary(value, low, high))
+
+
+def row(workload, metric, cells, **dims) -> Row:
+    return Row(workload, {}, metric, dims, "s", False,
+               {"native": Cell(n=3, failed=0), **cells})
+
+
+def summary(rows) -> RunSummary:
+    return RunSummary("r1", "native", ["native", "container", "vm"], rows, [])
+
+
+def test_combine_is_a_geometric_mean_with_log_space_intervals():
+    one = combine([Index(2.0, 1.0, 4.0), Index(0.5, 0.25, 1.0)])
+    assert one.value == pytest.approx(1.0)
+    # each side: sqrt(2 * ln(2)^2) / 2 = ln(2) / sqrt(2)
+    assert one.ci_low == pytest.approx(math.exp(-math.log(2) / math.sqrt(2)))
+    assert one.ci_high == pytest.approx(math.exp(math.log(2) / math.sqrt(2)))
+    with pytest.raises(ValueError):
+        combine([])
+
+
+def test_a_workload_counts_once_whatever_its_dimensions():
+    rows = [
+        row("dd", "throughput", {"vm": cell(4.0, 3.0, 5.0), "container": cell(1, 0.9, 1.1)},
+            mode="buffered"),
+        row("dd", "throughput", {"vm": cell(0.25, 0.2, 0.3), "container": cell(1, 0.9, 1.1)},
+            mode="direct"),
+        row("dbench", "throughput", {"vm": cell(0.5, 0.4, 0.6),
+                                     "container": cell(1, 0.9, 1.1)}),
+        # not primary: never counted
+        row("dbench", "max latency", {"vm": cell(100, 90, 110), "container": cell(1, 1, 1)}),
+        row("bzip2", "time", {"vm": cell(0.8, 0.75, 0.85), "container": cell(1, 0.98, 1.02)},
+            input="file"),
+    ]
+    classes = {c.cls: c for c in composite.composite(summary(rows))}
+    assert list(classes) == ["CPU", "disk I/O", "overall"]
+    disk = classes["disk I/O"]
+    # dd's two copies make one workload of ratio 1, then the mean with dbench's 0.5
+    assert disk.by_target["vm"].value == pytest.approx(math.sqrt(1.0 * 0.5))
+    assert disk.by_target["vm"].parts == ("dd", "dbench")
+    assert disk.by_target["native"] == Index(1.0, 1.0, 1.0)
+    overall = classes["overall"].by_target["vm"]
+    assert overall.value == pytest.approx((1.0 * 0.5 * 0.8) ** (1 / 3))
+    # container's interval holds native's 1
+    assert classes["CPU"].recommendation == "CPU: no significant difference"
+
+
+def test_recommendation_only_beyond_noise():
+    wins = {"native": Index(1, 1, 1), "vm": Index(1.3, 1.1, 1.5), "c": Index(1.0, 0.9, 1.05)}
+    assert composite.recommend("CPU", wins) == "CPU: vm (index 1.3 [1.1, 1.5])"
+    overlaps = {"native": Index(1, 1, 1), "vm": Index(1.3, 0.95, 1.5)}
+    assert composite.recommend("CPU", overlaps) == "CPU: no significant difference"
+    # the baseline itself wins when every other target is worse beyond noise
+    loses = {"native": Index(1, 1, 1), "vm": Index(0.5, 0.4, 0.6)}
+    assert composite.recommend("disk I/O", loses) == "disk I/O: native (index 1 [1, 1])"
+
+
+def test_cells_without_a_ratio_are_left_out_and_said():
+    rows = [row("dbench", "throughput", {"vm": Cell(n=0, failed=3),
+                                         "container": cell(0.9, 0.8, 1.0)})]
+    disk = composite.composite(summary(rows))[0]
+    assert set(disk.by_target) == {"native", "container"}
+    assert disk.skipped == ["throughput of dbench on vm: no ratio (failed or missing runs)"]
+    console = Console(record=True, width=200)
+    composite.print_composite(console, summary(rows))
+    text = console.export_text()
+    assert "0.9 [0.8, 1]" in text and "not counted: throughput of dbench on vm" in text
+    assert "disk I/O: no significant difference" in text
+
+
+def test_single_runs_give_no_verdict():
+    single = {"native": Index(1, 1, 1), "vm": Index(2.0, 2.0, 2.0, runs=1)}
+    assert composite.recommend("CPU", single) == \
+        "CPU: too few runs for a verdict (at least 3 per target)"
+    two = {"native": Index(1, 1, 1), "vm": Index(2.0, 1.5, 2.5, runs=2)}
+    assert composite.recommend("CPU", two).startswith("CPU: too few runs")
+    assert combine([Index(2, 1, 3, runs=3), Index(2, 1, 3, runs=1)]).runs == 1
+
+
+# -- suspicious wins, from stored results -------------------------------------------------
+
+def _stored_dd_run(tmp_path, vm_direct: float, vm_guest_elapsed: float = 2.0):
+    """A run stored as the runner stores one: native (the bare host) and a VM, 5 dd runs
+    each; the VM's buffered copy is 3 times native's, its direct copy `vm_direct`."""
+    from vmtax.store import Store
+    from vmtax.workloads.dd import Dd
+    store = Store(str(tmp_path / "results"))
+    plan = {"baseline": "native", "targets": [{"name": "native"}, {"name": "vm"}]}
+    run_id = store.new_run(plan, {}, "test")
+    store.set_target(run_id, "native", "native", {"kind": "native", "bare_host": True})
+    store.set_target(run_id, "vm", "vm", {"kind": "vm", "job_overhead_s": 0.0})
+    dd = Dd.make({})
+    for target, buffered, direct in (("native", 300.0, 100.0), ("vm", 900.0, vm_direct)):
+        for i in range(5):
+            metrics = [dd.metric("throughput", buffered + i, mode="buffered"),
+                       dd.metric("throughput", direct + i, mode="direct")]
+            store.add_rep(run_id, target=target, workload="dd", params=dd.params,
+                          phase="measure", idx=i, status="ok", argv=["dd"], started=0.0,
+                          host_elapsed=2.0, guest_elapsed=vm_guest_elapsed
+                          if target == "vm" else None, metrics=metrics)
+    store.finish_run(run_id, "done")
+    from vmtax import analysis
+    return analysis.summarize_run(store.load_run(run_id))
+
+
+def test_buffered_dd_win_without_a_direct_one_is_the_host_page_cache(tmp_path):
+    lines = composite.explanations(_stored_dd_run(tmp_path, vm_direct=60.0))
+    assert len(lines) == 1
+    assert lines[0].startswith("vm · dd throughput mode=buffered: host page cache: the "
+                               "buffered copy beats native but the oflag=direct copy "
+                               "does not (×0.6")
+
+
+def test_direct_dd_win_too_blames_the_disk_cache_and_clock_drift_comes_first(tmp_path):
+    lines = composite.explanations(_stored_dd_run(tmp_path / "a", vm_direct=300.0))
+    assert len(lines) == 2 and "O_DIRECT copy wins too" in lines[0]
+    drift = composite.explanations(_stored_dd_run(tmp_path / "b", vm_direct=60.0,
+                                                  vm_guest_elapsed=1.0))
+    assert drift and "guest clock drift" in drift[0]
+
+
+def test_no_win_no_explanation(tmp_path):
+    summary = _stored_dd_run(tmp_path, vm_direct=60.0)
+    for row in summary.rows:
+        row.cells["vm"].flags.clear()
+    assert composite.explanations(summary) == []
