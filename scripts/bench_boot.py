@@ -27,7 +27,7 @@ def boots(accel: str, runs: int, options: dict, ctx: TargetContext) -> list[tupl
         target = targets.create(f"vm:{accel}", "vm", {**options, "accel": accel}, ctx)
         try:
             target.prepare()
-            results.append((target.boot_seconds, target.guest_boot_seconds))
+            results.append((target.guest.boot_seconds, target.guest.guest_boot_seconds))
         finally:
             target.cleanup()
     return results

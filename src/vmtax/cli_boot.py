@@ -1,0 +1,83 @@
+"""`vmtax boot`: N cold starts of each target configuration, side by side (E4 start-up).
+
+    vmtax boot --target vm:tcg --count 20
+    vmtax boot --target container,vm:tcg --count 10
+
+Each start is stored as a repetition of the workload "boot" with the metrics "ready" and
+"first http" (seconds), so `vmtax show` lists them and the report draws their ECDF.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from vmtax import boottime
+from vmtax.cli_density import (err, out, results_option, session, stored_plan,
+                               target_specs)
+from vmtax.types import Metric
+
+
+def _cell(values: dict[str, float], key: str) -> str:
+    return f"{values[key]:.3f}" if key in values else "–"
+
+
+@click.command("boot")
+@click.option("--target", "target_names", required=True, metavar="NAME[,NAME...]",
+              help="Target(s) to start, e.g. vm:tcg or container,vm:tcg.")
+@click.option("--count", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Measured cold starts per target.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Unrecorded starts first (builds the image and rootfs caches).")
+@click.option("--http-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds an instance may take to answer HTTP.")
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def boot_command(target_names, count, warmup, http_timeout, results, as_json) -> None:
+    """Cold-start each target COUNT times, one at a time: time to ready and to the first
+    HTTP answer, p50/p90/p99/max."""
+    specs = target_specs([n.strip() for n in target_names.split(",") if n.strip()])
+    found: dict[str, dict[str, dict[str, float]]] = {}
+    with session(results) as s:
+        run_id = s.new_run(stored_plan(boottime.WORKLOAD, specs, runs=count, warmup=warmup))
+        err.print(f"boot run {run_id} on network {s.network.name}")
+        for name, spec in specs.items():
+            target = s.target(name, spec)
+
+            def store(i: int, start: boottime.Start, name: str = name) -> None:
+                metrics = [Metric("ready", start.ready, "s", False)]
+                if start.http is not None:
+                    metrics.append(Metric("first http", start.http, "s", False))
+                err.print(f"{escape(name)} start {i + 1}/{count}: ready {start.ready:.3f} s, "
+                          + ("no HTTP answer" if start.http is None
+                             else f"first HTTP answer {start.http:.3f} s"))
+                s.store.add_rep(run_id, target=name, workload=boottime.WORKLOAD, params={},
+                                phase="measure", idx=i,
+                                status="ok" if start.http is not None else "failed",
+                                error=None if start.http is not None else "no HTTP answer",
+                                argv=["boot"], started=time.time(), metrics=metrics)
+
+            starts = boottime.run(target, s.network, count, warmup, http_timeout, store)
+            s.fingerprint(name)
+            target.cleanup()
+            found[name] = {
+                "ready": boottime.distribution([x.ready for x in starts]),
+                "first http": boottime.distribution([x.http for x in starts
+                                                     if x.http is not None])}
+    if as_json:
+        click.echo(json.dumps({"run": run_id, "targets": found}, indent=1))
+        return
+    table = Table(title=f"Cold starts (s), {count} per target", title_justify="left")
+    for column in ("target", "time to", "p50", "p90", "p99", "max", "n"):
+        table.add_column(column, justify="left" if column in ("target", "time to") else "right")
+    for name, kinds in found.items():
+        for what, values in kinds.items():
+            table.add_row(escape(name), what, *(_cell(values, k) for k in
+                                                ("p50", "p90", "p99", "max")),
+                          str(int(values.get("n", 0))))
+    out.print(table)
+    out.print(f"stored as run {run_id}")

@@ -1,0 +1,302 @@
+"""`vmtax density` (E4): instances of each target started until memory or `--max` says
+stop, memory per instance with KSM off and on; and the session both it and `vmtax boot`
+run in (journal and guardian, results store, network, targets carrying nginx).
+
+    vmtax density --targets container,vm:tcg --max 32
+    vmtax density plans/density.toml [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from vmtax import __version__, density, guardian, host, journal, plugin, proc, targets
+from vmtax.errors import VmtaxError
+from vmtax.store import Store
+from vmtax.targets.base import Target, TargetContext
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+results_option = click.option(
+    "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
+    show_default=True, type=click.Path(file_okay=False), metavar="DIR",
+    help="Results directory (one SQLite database in it).")
+# A target named on the command line is a small instance: density is about many of them.
+SMALL = {"vm": {"vcpus": 1, "memory": "256M", "disk_size": "64M"}}
+
+
+def target_specs(names: list[str]) -> dict[str, dict[str, Any]]:
+    """--targets names -> name: {"kind": ..., options}."""
+    specs = {}
+    for name in names:
+        kind, options = targets.parse_name(name)
+        specs[name] = {"kind": kind, **SMALL.get(kind, {}), **options}
+    return specs
+
+
+def stored_plan(kind: str, specs: dict[str, dict[str, Any]], **rest: Any) -> dict[str, Any]:
+    """The run's plan as stored, with its targets as `vmtax run` stores them."""
+    return {"kind": kind, "targets": [
+        {"name": name, "kind": spec["kind"],
+         "options": {k: v for k, v in spec.items() if k != "kind"}}
+        for name, spec in specs.items()], "workloads": [{"name": kind, "params": {}}], **rest}
+
+
+@dataclass
+class Session:
+    """What one invocation has made: undone (all of it) when the block ends."""
+    store: Store
+    ctx: TargetContext
+    network: Any
+    targets: dict[str, Target] = field(default_factory=dict)
+    run_id: str | None = None
+
+    def target(self, name: str, spec: dict[str, Any]) -> Target:
+        if name not in self.targets:
+            options = {k: v for k, v in spec.items() if k != "kind"}
+            self.targets[name] = targets.create(name, spec["kind"], options, self.ctx)
+        return self.targets[name]
+
+    def new_run(self, plan: dict[str, Any]) -> str:
+        self.run_id = self.store.new_run(plan, host.fingerprint(), __version__)
+        return self.run_id
+
+    def fingerprint(self, name: str) -> None:
+        target = self.targets[name]
+        try:
+            found = target.fingerprint()
+        except VmtaxError as exc:   # a target that never came up still has its kind
+            found = {"kind": target.kind, "error": str(exc)}
+        assert self.run_id is not None
+        self.store.set_target(self.run_id, name, target.kind, {**found, "bare_host": False})
+
+
+@contextlib.contextmanager
+def session(results: str) -> Iterator[Session]:
+    """Journal (and its guardian), store, the network every instance joins; at the end
+    targets cleaned up, network removed, run finished with its status."""
+    from vmtax.network import Network
+
+    for line in journal.recover():
+        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
+    own = journal.Journal()
+    store = Store(results)
+    with guardian.guard(own.path):
+        work_dir = Path(tempfile.mkdtemp(prefix=".work-", dir=store.dir.resolve()))
+        own.add(type="rmtree", path=str(work_dir))
+        ctx = TargetContext(work_dir=work_dir, journal=own, binaries=(density.SERVER,),
+                            serves=True)
+        status = "failed"
+        current = None
+        try:
+            network = Network(own).create()
+            ctx.network = network
+            current = Session(store, ctx, network)
+            yield current
+            status = "done"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            # The journal first, newest first: an instance still starting when the study
+            # was interrupted is known to it alone, and its runtime's state must still be
+            # there when it is deleted (a target's cleanup removes that state).
+            own.undo_all()
+            if current is not None:
+                for target in current.targets.values():
+                    with contextlib.suppress(Exception):
+                        target.cleanup()
+            if ctx.network is not None:
+                with contextlib.suppress(Exception):
+                    ctx.network.destroy()
+            if current is not None and current.run_id is not None:
+                store.finish_run(current.run_id, status)
+
+
+# --- the plan file -----------------------------------------------------------------------
+
+def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str, dict]]:
+    """(settings values, targets) of a density plan file; errors name the file and key."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise VmtaxError(f"{path}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise VmtaxError(f"{path}: not valid TOML: {exc}") from None
+    tables = data.pop("targets", None)
+    quick_values = data.pop("quick", None)
+    if not isinstance(tables, dict) or not tables:
+        raise VmtaxError(f"{path}: targets: expected [targets.NAME] tables, got "
+                         f"{tables!r}")
+    if quick and quick_values is not None:
+        if not isinstance(quick_values, dict):
+            raise VmtaxError(f"{path}: quick: expected a table, got {quick_values!r}")
+        data.update(quick_values)
+    specs = {}
+    for name, table in tables.items():
+        if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
+            raise VmtaxError(f"{path}: targets.{name}: expected a table with kind = "
+                             f'"container" or "vm", got {table!r}')
+        if table["kind"] not in targets.kinds():
+            raise VmtaxError(f"{path}: targets.{name}.kind: expected one of "
+                             f"{', '.join(sorted(targets.kinds()))}, got {table['kind']!r}")
+        cls = targets.get(table["kind"])
+        plugin.build(cls.Options, {k: v for k, v in table.items() if k != "kind"},
+                     f"{path}: targets.{name}", strict=False, kind=table["kind"])
+        specs[name] = table
+    plugin.build(density.Settings, data, path, strict=False, kind="density")
+    return data, specs
+
+
+# --- the command -------------------------------------------------------------------------
+
+def _step_line(name: str, with_ksm: bool, step: density.Step) -> str:
+    ksm = f"  KSM sharing {step.ksm.get('pages_sharing', 0)} pages" if with_ksm else ""
+    return (f"{name} (KSM {'on' if with_ksm else 'off'}): {step.instances} instances, "
+            f"used +{step.used_delta:.0f} MiB, PSS {step.pss / step.instances:.1f} "
+            f"MiB/instance, {step.answering}/{step.instances} answer HTTP"
+            + ("" if step.settled else ", memory not settled") + ksm)
+
+
+def print_summaries(summaries: list[density.Summary]) -> None:
+    ratio = density.ratios(summaries)
+    table = Table(title="Memory per instance (MiB)", title_justify="left")
+    for column in ("target", "KSM", "n", "ended by", "raw", "adjusted", "PSS", "marginal",
+                   "ratio", "HTTP"):
+        table.add_column(column, justify="left" if column in ("target", "ended by")
+                         else "right", overflow="fold")
+
+    def num(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f}"
+    for s in summaries:
+        r = ratio.get((s.target, s.ksm))
+        table.add_row(escape(s.target), "on" if s.ksm else "off", str(s.instances),
+                      escape(s.stopped), num(s.raw), num(s.adjusted), num(s.pss),
+                      num(s.marginal), "–" if r is None else f"{r:.2f}",
+                      "all" if s.all_answered else "NOT ALL")
+    out.print(table)
+    out.print("raw = host used memory delta / instances; adjusted = the same minus the "
+              "growth of Slab, PageTables and KernelStack (kernel memory the instances "
+              "made); PSS = the instances' processes, shared pages divided; marginal = the "
+              "last batch's delta per instance; ratio = adjusted cost / the cheapest "
+              "target's with the same KSM setting; HTTP = instances answering at every "
+              "step.")
+    if not all(s.settled for s in summaries if s.instances):
+        out.print("[yellow]warning:[/yellow] host memory did not settle after the last step "
+                  "(something else on the host allocates or frees memory): raw, adjusted "
+                  "and marginal include that; PSS does not.")
+
+
+@click.command("density")
+@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
+@click.option("--targets", "target_names", metavar="NAME,...",
+              help="Targets to fill the host with, e.g. container,vm:tcg. [default: those "
+                   "of the plan, else container]")
+@click.option("--max", "max_", type=click.IntRange(min=1), help="Start up to N instances. "
+              "[default: 100]")
+@click.option("--batch", type=click.IntRange(min=1), help="Instances per step after the "
+              "first ones, started singly. [default: 10]")
+@click.option("--singles", type=click.IntRange(min=1), help="Instances started one at a "
+              "time first. [default: 10]")
+@click.option("--budget", metavar="PCT%|SIZE", help="Memory the instances may take. "
+              "[default: 75%]")
+@click.option("--ksm", type=click.Choice(["off", "on", "both"]),
+              help="KSM off, on, or each in turn. [default: off]")
+@click.option("--quick", is_flag=True, help="With PLAN.toml: its short [quick] form.")
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def density_command(plan_file, target_names, max_, batch, singles, budget, ksm, quick,
+                    results, as_json) -> None:
+    """Fill the host with instances of each target serving nginx, step by step, and report
+    memory per instance (E4 density)."""
+    import json
+
+    values: dict[str, Any] = {}
+    specs: dict[str, dict] = {}
+    if plan_file:
+        values, specs = load_plan(plan_file, quick)
+    elif quick:
+        raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
+    if target_names:
+        specs = target_specs([n.strip() for n in target_names.split(",") if n.strip()])
+    if not specs:
+        specs = target_specs(["container"])
+    given = {"max": max_, "batch": batch, "singles": singles, "budget": budget,
+             "ksm": {"off": [False], "on": [True], "both": [False, True]}.get(ksm or "")}
+    values.update({k: v for k, v in given.items() if v is not None})
+    settings: density.Settings = plugin.build(  # type: ignore[assignment]
+        density.Settings, values, "density", strict=False)
+    outcomes = run_density(settings, specs, results)
+    summaries = [density.summarize(o) for o in outcomes]
+    if as_json:
+        ratio = density.ratios(summaries)
+        click.echo(json.dumps({"outcomes": [o.to_json() for o in outcomes],
+                               "summaries": [{**s.__dict__, "ratio": ratio.get((s.target,
+                                                                                 s.ksm))}
+                                             for s in summaries]}, indent=1))
+    else:
+        print_summaries(summaries)
+
+
+def run_density(settings: density.Settings, specs: dict[str, dict],
+                results: str) -> list[density.Outcome]:
+    outcomes: list[density.Outcome] = []
+    if True in settings.ksm:
+        from vmtax import ksm
+        if (why := ksm.unavailable()) is not None:
+            raise VmtaxError(f"density: ksm = true: {why}")
+    with session(results) as s:
+        run_id = s.new_run(stored_plan(density.WORKLOAD, specs, settings=settings.values()))
+        err.print(f"density run {run_id} on network {s.network.name}")
+        for name, spec in specs.items():
+            target = s.target(name, spec)
+            for with_ksm in settings.ksm:
+                proc.check_stop()
+                idx = [0]
+
+                def store_step(step: density.Step, name=name, with_ksm=with_ksm,
+                               idx=idx) -> None:
+                    err.print(escape(_step_line(name, with_ksm, step)))
+                    s.store.add_rep(run_id, target=name, workload=density.WORKLOAD,
+                                    params=density.params(with_ksm), phase="step",
+                                    idx=idx[0], status="ok", argv=["density"],
+                                    started=time.time(), stdout=density.json_step(step),
+                                    metrics=density.step_metrics(step))
+                    idx[0] += 1
+
+                outcome = density.study(target, s.network, settings, with_ksm, s.ctx.journal,
+                                        store_step, lambda text: err.print(escape(text)))
+                outcomes.append(outcome)
+                if outcome.stopped not in ("max", "budget"):
+                    err.print(f"[yellow]{escape(name)}: stopped early: "
+                              f"{escape(outcome.stopped)}[/yellow]")
+            s.fingerprint(name)
+            target.cleanup()
+        summaries = [density.summarize(o) for o in outcomes]
+        ratio = density.ratios(summaries)
+        for outcome, summary in zip(outcomes, summaries):
+            s.store.add_rep(run_id, target=outcome.target, workload=density.WORKLOAD,
+                            params=density.params(outcome.ksm), phase="measure", idx=0,
+                            status="ok" if summary.instances else "failed",
+                            error=None if summary.instances else outcome.stopped,
+                            argv=["density"], started=time.time(),
+                            stdout=density.json_summary(outcome),
+                            metrics=density.summary_metrics(
+                                summary, ratio.get((outcome.target, outcome.ksm))))
+    if sys.stderr.isatty():
+        err.print(f"stored as run {run_id}: vmtax show {run_id}")
+    return outcomes

@@ -1,0 +1,244 @@
+"""The density study's arithmetic and input: steps, settling, memory per instance, ratios,
+the plan file (live: tests/test_density_live.py)."""
+
+import pytest
+
+from vmtax import cli_density, density, plugin
+from vmtax.errors import VmtaxError
+
+
+def settings(**values):
+    return plugin.build(density.Settings, values, "density")
+
+
+def test_singles_then_batches_up_to_max():
+    assert settings(max=25, singles=3, batch=10).sizes() == [1, 1, 1, 10, 10, 2]
+    assert settings(max=2).sizes() == [1, 1]
+    assert settings(max=12).sizes() == [1] * 10 + [2]
+
+
+def test_budget_as_share_or_size():
+    assert settings(budget="50%").budget_bytes(8 << 30) == 4 << 30
+    assert settings(budget="2G").budget_bytes(8 << 30) == 2 << 30
+
+
+@pytest.mark.parametrize("key,value", [("budget", "75"), ("budget", "120%"), ("max", 0),
+                                       ("ksm", [True, True])])
+def test_bad_settings_are_one_line(key, value):
+    with pytest.raises(VmtaxError, match=f"density: {key}: expected"):
+        settings(**{key: value})
+
+
+def meminfo(used_mib):
+    return {"MemTotal": 8 << 20, "MemAvailable": (8 << 20) - used_mib * 1024}
+
+
+def test_memory_settles_when_it_stops_moving():
+    now = [0.0]
+    readings = iter([100, 200, 300, 400, 410, 405, 408, 409, 407, 406, 408] + [408] * 50)
+
+    def sleep(seconds):
+        now[0] += 1.0
+
+    settled, waited, info = density.settle(16, 3.0, 60, read=lambda: meminfo(next(readings)),
+                                           clock=lambda: now[0], sleep=sleep)
+    assert settled and 6 <= waited <= 8
+    assert density.used_kib(info) >= 400 * 1024
+
+
+def test_memory_that_keeps_moving_times_out():
+    now = [0.0]
+    used = iter(range(0, 10**6, 100))
+
+    def sleep(seconds):
+        now[0] += 1.0
+
+    settled, waited, _ = density.settle(16, 3.0, 20, read=lambda: meminfo(next(used)),
+                                        clock=lambda: now[0], sleep=sleep)
+    assert not settled and waited >= 20
+
+
+def step(n, added, used, kernel=(0, 0, 0), pss=0.0, answering=None):
+    return density.Step(instances=n, added=added, start_seconds=1.0, used_delta=used,
+                        kernel_delta=dict(zip(density.KERNEL_LINES, kernel)), pss=pss,
+                        rss=pss * 2, answering=n if answering is None else answering,
+                        settled=True, settle_seconds=1.0, available=1000.0)
+
+
+def test_memory_per_instance_raw_adjusted_marginal():
+    outcome = density.Outcome("vm", False, [step(1, 1, 200), step(10, 9, 2000),
+                                            step(20, 10, 4100, (60, 30, 10), 3900)],
+                              "max", 500.0)
+    s = density.summarize(outcome)
+    assert (s.instances, s.raw, s.adjusted, s.pss, s.marginal) == (20, 205, 200, 195, 210)
+    assert s.all_answered
+
+
+def test_an_instance_not_answering_is_reported():
+    outcome = density.Outcome("c", True, [step(1, 1, 5), step(2, 1, 10, answering=1)],
+                              "budget", 0.0)
+    assert not density.summarize(outcome).all_answered
+
+
+def test_density_ratio_per_ksm_setting():
+    def summary(target, with_ksm, adjusted):
+        return density.Summary(target, with_ksm, 10, "max", adjusted, adjusted, None, None,
+                               True)
+    ratios = density.ratios([summary("container", False, 10), summary("vm", False, 200),
+                             summary("container", True, 10), summary("vm", True, 100)])
+    assert ratios == {("container", False): 1, ("vm", False): 20, ("container", True): 1,
+                      ("vm", True): 10}
+
+
+def test_no_step_no_numbers():
+    s = density.summarize(density.Outcome("vm", False, [], "a start failed: boom", 0.0))
+    assert s.instances == 0 and s.raw is None and not s.all_answered
+
+
+def test_steps_round_trip_through_the_store_format():
+    original = step(5, 4, 100.5, (1, 2, 3), 80.0)
+    stored = density.Step(**__import__("json").loads(density.json_step(original)))
+    assert stored == original
+    keys = {m.key for m in density.step_metrics(original)}
+    assert "used delta[instances=5]" in keys and "answering[instances=5]" in keys
+
+
+def test_the_site_is_written_by_the_instance_itself():
+    job = density.serve_job()
+    assert job.argv[:2] == ["/bin/sh", "-c"]
+    script = job.argv[2]
+    assert "listen 80;" in script and density.MARKER in script
+    assert "exec nginx" in script and "daemon off;" in script
+
+
+def write(tmp_path, text):
+    path = tmp_path / "density.toml"
+    path.write_text(text)
+    return str(path)
+
+
+TARGETS = '[targets.c]\nkind = "container"\nruntime = "runc"\n'
+
+
+def test_plan_file_with_quick_form(tmp_path):
+    values, specs = cli_density.load_plan(
+        write(tmp_path, f"max = 50\nksm = [false, true]\n{TARGETS}[quick]\nmax = 4\n"),
+        quick=True)
+    assert values == {"max": 4, "ksm": [False, True]}
+    assert specs == {"c": {"kind": "container", "runtime": "runc"}}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("max = 5\n", r"targets: expected \[targets.NAME\] tables"),
+    (f"maxx = 5\n{TARGETS}", "expected a density option .* got 'maxx'"),
+    (f"max = -1\n{TARGETS}", "max: expected"),
+    ('[targets.c]\nkind = "nope"\n', "targets.c.kind: expected one of"),
+    ('[targets.v]\nkind = "vm"\nvcpus = 0\n', "targets.v: vcpus: expected"),
+    ("max = \n", "not valid TOML"),
+])
+def test_plan_file_mistakes_are_one_line(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(VmtaxError, match=message) as info:
+        cli_density.load_plan(path)
+    assert "\n" not in str(info.value) and path in str(info.value)
+
+
+def test_the_shipped_plan_loads():
+    values, specs = cli_density.load_plan("plans/density.toml")
+    assert set(specs) == {"container", "tcg"} and values["ksm"] == [False, True]
+    quick, _ = cli_density.load_plan("plans/density.toml", quick=True)
+    assert quick["max"] < values["max"]
+
+
+class FakeInstance:
+    def __init__(self, name):
+        self.name, self.address, self.boot_seconds = name, f"10.0.0.{name}", 0.5
+        self.client_preexec = None
+        self.stopped = False
+
+    def stop(self):
+        self.stopped = True
+
+    def host_pids(self):
+        return []
+
+
+class FakeTarget:
+    """Instances that each take 100 MiB of host memory; the `fail_at`-th start fails."""
+    name = "fake"
+
+    def __init__(self, used, fail_at=None):
+        self.used, self.fail_at, self.made = used, fail_at, []
+
+    def make_instance(self, index, network, job=None):
+        if index == self.fail_at:
+            raise VmtaxError("boom")
+        self.used[0] += 100
+        self.made.append(FakeInstance(str(index)))
+        return self.made[-1]
+
+
+@pytest.fixture
+def host(monkeypatch):
+    used = [1000]      # MiB
+    info = lambda: {"MemTotal": 4096 * 1024, "MemAvailable": (4096 - used[0]) * 1024,  # noqa: E731
+                    "Slab": 0, "PageTables": 0, "KernelStack": 0}
+    monkeypatch.setattr(density.hugepages, "meminfo", info)
+    monkeypatch.setattr(density, "settle", lambda *a, **k: (True, 0.0, info()))
+    monkeypatch.setattr(density, "probe_http",
+                        lambda instances, timeout: {i.address: 1.0 for i in instances})
+    monkeypatch.setattr(density.ksm, "counters", lambda: {})
+    return used
+
+
+def test_the_budget_stops_before_a_step_would_exceed_it(host):
+    target = FakeTarget(host)
+    outcome = density.study(target, "net", settings(max=50, singles=2, batch=3,
+                                                   budget="1G"), False, None)
+    # 100 MiB each: 1, 2, 5, 8 instances fit in 1 GiB, the next step of 3 would not.
+    assert [s.instances for s in outcome.steps] == [1, 2, 5, 8]
+    assert outcome.stopped == "budget"
+    assert all(i.stopped for i in target.made)
+    assert density.summarize(outcome).raw == 100
+
+
+def test_the_hosts_available_memory_stops_it(host):
+    host[0] = 2900     # 1196 MiB available: less than a step and the host's reserve
+    outcome = density.study(FakeTarget(host), "net", settings(max=50, singles=1, batch=5),
+                            False, None)
+    assert [s.instances for s in outcome.steps] == [1] and outcome.stopped == "memory"
+
+
+def test_a_failed_start_ends_it_with_what_started_measured(host):
+    target = FakeTarget(host, fail_at=3)
+    outcome = density.study(target, "net", settings(max=20, singles=2, batch=4), False, None)
+    assert [s.instances for s in outcome.steps] == [1, 2, 5]
+    assert outcome.stopped == "a start failed: boom"
+    assert all(i.stopped for i in target.made)
+
+
+def test_figures_from_a_stored_density_and_boot_run():
+    from vmtax import plots
+    from vmtax.store import Rep, Run
+    from vmtax.types import Metric
+
+    def rep(i, target, workload, phase, metrics, params=None):
+        return Rep(id=i, run_id="r", target=target, workload=workload, params=params or {},
+                   phase=phase, idx=i, status="ok", error=None, exit_code=None,
+                   host_elapsed=None, guest_elapsed=None, started=0.0, argv=[],
+                   metrics=metrics)
+    reps = [rep(i, t, "density", "step", density.step_metrics(step(n, 1, n * 10.0, pss=n)),
+                density.params(k))
+            for i, (t, k, n) in enumerate([("c", False, 1), ("c", False, 2), ("v", True, 1)])]
+    reps += [rep(10 + i, "v", "boot", "measure", [Metric("ready", 1.0 + i, "s", False),
+                                                   Metric("first http", 2.0 + i, "s", False)])
+             for i in range(3)]
+    run = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
+              version="0", targets={}, reps=reps)
+    charts = plots.run_charts(run, {"c": "container"})
+    assert [c.slug for c in charts] == ["density-memory-used", "density-memory-per-instance",
+                                        "boot-ecdf"]
+    assert all(plots.render(c, "png").startswith(b"\x89PNG") for c in charts)
+    empty = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
+                version="0", targets={}, reps=[])
+    assert plots.run_charts(empty, {}) == []
