@@ -21,12 +21,12 @@ class KernelOptions(plugin.Options):
 def test_option_takes_the_names_and_files_and_says_what_else(tmp_path):
     vmlinux = tmp_path / "vmlinux"
     vmlinux.write_bytes(ELF)
-    for value in ("debian", "debian-rt", str(vmlinux)):
+    for value in ("debian", "debian-rt", "minimal", str(vmlinux)):
         assert plugin.build(KernelOptions, {"kernel": value}, "vm").kernel == value
     assert plugin.build(KernelOptions, {}, "vm").kernel == "debian"
     with pytest.raises(VmtaxError, match=r'vm: kernel: expected "debian" \(Debian\'s kernel\), '
-                       r'"debian-rt" \(its PREEMPT_RT kernel\) or the path of a vmlinux or '
-                       r"bzImage file, got 'debian-lts'"):
+                       r'"debian-rt" \(its PREEMPT_RT kernel\), "minimal" \(built by vmtax\) or '
+                       r"the path of a vmlinux or bzImage file, got 'debian-lts'"):
         plugin.build(KernelOptions, {"kernel": "debian-lts"}, "vm")
     assert DEBIAN_KERNEL_NAMES == tuple(image.DEBIAN_KERNELS)
 

@@ -401,7 +401,8 @@ def test_boot_timeout_kills_qemu(ctx, tmp_path):
     ({"qemu": "/nonexistent/qemu"}, "vm: qemu: expected an executable program (a path, or a "
                                     "name found on PATH), got '/nonexistent/qemu'"),
     ({"kernel": "/nonexistent/vmlinuz"}, "vm: kernel: expected \"debian\" (Debian's kernel), "
-                                         "\"debian-rt\" (its PREEMPT_RT kernel) or the path "
+                                         "\"debian-rt\" (its PREEMPT_RT kernel), \"minimal\" "
+                                         "(built by vmtax) or the path "
                                          "of a vmlinux or bzImage file, got "
                                          "'/nonexistent/vmlinuz'"),
     ({"machine": "isapc"}, 'vm: machine: expected one of "microvm", "q35", got \'isapc\''),

@@ -14,6 +14,7 @@ when a start fails half-way (the journal and the guardian cover a killed vmtax).
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,13 +54,26 @@ class InstanceFactory:
             self._retired.extend([old] if old else [])
         futures = [self._pool.submit(self.target.make_instance, i, self.network, job)
                    for i in indices]
-        batch, errors = [], []
-        for future in futures:
-            try:
-                batch.append(future.result())
-            except BaseException as exc:   # noqa: B036 (re-raised below, after the rest)
-                errors.append(exc)
-        self.instances += batch
+        batch: list[Instance] = []
+        errors: list[BaseException] = []
+        try:
+            for future in futures:
+                try:
+                    batch.append(future.result())
+                except Exception as exc:   # re-raised below, once the rest have started
+                    errors.append(exc)
+        except BaseException:
+            # Interrupted while waiting: starts not begun are dropped, those under way are
+            # waited for, so that stop() ends every instance that exists.
+            for future in futures:
+                future.cancel()
+            for future in futures[len(batch) + len(errors):]:
+                if not future.cancelled():
+                    with contextlib.suppress(BaseException):   # its failure is not news
+                        batch.append(future.result())
+            raise
+        finally:
+            self.instances += batch
         if errors:
             raise errors[0]
         return batch

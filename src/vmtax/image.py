@@ -277,7 +277,11 @@ def debian_kernel(cache: Path, meta: str = DEBIAN_META_PACKAGE) -> Kernel:
 
 def guest_kernel(choice: str | Path, cache: Path) -> Kernel:
     """The guest kernel a target asks for: "debian" (Debian's general-purpose kernel),
-    "debian-rt" (its PREEMPT_RT kernel) or the path of a vmlinux or bzImage."""
+    "debian-rt" (its PREEMPT_RT kernel), "minimal" (built from Debian's linux-source with
+    everything built in) or the path of a vmlinux or bzImage."""
+    if choice == "minimal":
+        from vmtax import minimal_kernel   # it imports this module
+        return minimal_kernel.minimal_kernel(cache)
     if isinstance(choice, str) and choice in DEBIAN_KERNELS:
         return debian_kernel(cache, DEBIAN_KERNELS[choice])
     return user_kernel(choice, cache)

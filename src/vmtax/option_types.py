@@ -95,11 +95,12 @@ DEBIAN_KERNEL_NAMES = ("debian", "debian-rt")
 
 
 def _guest_kernel(value: str) -> str:
-    if value in DEBIAN_KERNEL_NAMES:
+    if value in (*DEBIAN_KERNEL_NAMES, "minimal"):
         return value
     return _is_file(value)
 
 
 GuestKernel = Annotated[str, AfterValidator(_guest_kernel),
                         Expect('"debian" (Debian\'s kernel), "debian-rt" (its PREEMPT_RT '
-                               'kernel) or the path of a vmlinux or bzImage file')]
+                               'kernel), "minimal" (built by vmtax) or the path of a vmlinux '
+                               'or bzImage file')]

@@ -407,6 +407,7 @@ class ContainerTarget(Target):
         self._undo: dict[str, list[int]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._alive = True
+        self._prepare_lock = threading.Lock()
         # Servers running for host-side clients, by network namespace path.
         self._serving: dict[str, ContainerInstance] = {}
 
@@ -538,7 +539,8 @@ class ContainerTarget(Target):
     # -- long-lived containers: servers for host-side clients, a factory's instances --
 
     def _instance(self, name: str, job: Job, net: Any, log: str) -> ContainerInstance:
-        self.prepare()
+        with self._prepare_lock:   # a factory's threads: one rootfs copy, one probe
+            self.prepare()
         runtime = self.runtime
         assert runtime is not None and self.dir is not None   # prepared
         if not runtime.joins_netns:
