@@ -2,7 +2,7 @@
 VENV := .venv
 VMTAX := $(VENV)/bin/vmtax
 
-.PHONY: deps venv run test test-unit lint bench bench-stats clean
+.PHONY: deps venv run test test-unit lint bench bench-stats torture clean
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -30,6 +30,10 @@ bench: deps
 
 bench-stats: deps
 	$(VENV)/bin/python scripts/bench_stats.py
+
+# kill -9, fuzzing, corrupt databases (issue #16); `make test` runs its --quick form.
+torture: deps
+	$(VENV)/bin/python scripts/torture.py
 
 clean:
 	rm -rf $(VENV) results test-artifacts

@@ -32,6 +32,25 @@ venv_only=false
 
 # What vmtax's core needs (the report's headless browser among them).
 $venv_only || apt_install python3 python3-venv python3-pip procps linux-perf chromium fonts-dejavu-core
+# Packages whose service must not run on the host because of vmtax: vmtax starts their
+# programs itself (sshd for the ssh target's live tests, nginx in E4's instances), so
+# installing them neither starts (policy-rc.d) nor enables the package's own service.
+install_without_service() {   # PACKAGE SERVICE
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
+  local policy=/usr/sbin/policy-rc.d made=false
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && made=true
+  fi
+  apt_install "$1" || { $made && rm -f "$policy"; return 1; }
+  $made && rm -f "$policy"
+  if command -v systemctl > /dev/null; then systemctl disable "$2" > /dev/null 2>&1 || true; fi
+}
+if ! $venv_only; then
+  install_without_service openssh-server ssh.service
+  install_without_service nginx nginx.service
+fi
+# What the minimal guest kernel is built from (vmtax.minimal_kernel).
+$venv_only || apt_install linux-source-6.1 build-essential flex bison bc libelf-dev xz-utils
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -47,3 +66,7 @@ fi
 $venv_only && exit 0
 mapfile -t plugin_packages < <(.venv/bin/vmtax list packages)
 apt_install "${plugin_packages[@]}"
+# Built once into vmtax's cache (later runs find them there): the serving workload's
+# server and vegeta (Go) and its clip; the minimal guest kernel (minutes, the first time).
+.venv/bin/python -m vmtax.serving_tools
+.venv/bin/python -m vmtax.minimal_kernel

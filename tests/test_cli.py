@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,8 +14,8 @@ from vmtax import kvm
 @pytest.mark.parametrize("args, message", [
     (["run", "--targets", "native,xen"],
      "vmtax: error: unknown target 'xen'; known targets: container,"),
-    (["run", "--workloads", "oltp"],
-     "vmtax: error: unknown workload 'oltp'; known workloads: cpu,"),
+    (["run", "--workloads", "nosuchload"],
+     "vmtax: error: unknown workload 'nosuchload'; known workloads: "),
     (["run", "--runs", "many"],
      "vmtax: error: --runs takes a whole number (1 or more) or 'auto', got 'many'"),
     (["run", "--runs", "auto", "--min-runs", "9", "--max-runs", "3"],
@@ -140,3 +142,26 @@ def test_resuming_a_run_another_vmtax_executes_is_refused_before_anything_runs(t
     assert res.returncode == 2
     assert res.stderr == f"vmtax: error: run {run_id} is in progress (PID {other.pid})\n"
     assert not list((tmp_path / "results").glob(".work-*"))
+
+
+def test_lazily_loaded_commands_keep_their_own_help():
+    """`vmtax --help` shows lazy commands' help from the group's table without importing
+    them: it must say what the command itself says."""
+    import click
+
+    from vmtax.cli import cli
+    ctx = click.Context(cli)
+    for name, (_, text) in cli.LAZY.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None and command.get_short_help_str(1000) == \
+            click.Command(name, help=text).get_short_help_str(1000), name
+
+
+def test_help_imports_nothing_heavy():
+    code = ("import sys; sys.argv = ['vmtax', '--help']\n"
+            "from vmtax.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = {'numpy', 'scipy', 'matplotlib', 'pydantic', 'ray', 'asyncssh', 'jinja2'}\n"
+            "print(sorted(heavy & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"

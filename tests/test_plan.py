@@ -36,7 +36,7 @@ def test_target_variants_and_command_line_options_set_options():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(target_names=["native", "xen"]), "unknown target 'xen'; known targets: container, "),
     (dict(target_names=["container:lxc"]), "unknown target 'container:lxc'"),
-    (dict(workload_names=["cpu", "oltp"]), "unknown workload 'oltp'; known workloads: cpu, "),
+    (dict(workload_names=["cpu", "tpcc"]), "unknown workload 'tpcc'; known workloads: "),
     (dict(target_names=["native", "native"]), "target names must be unique"),
     (dict(runs=0), "--runs must be at least 1"),
     (dict(time=-1), "--time must be a whole number of seconds"),

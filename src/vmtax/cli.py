@@ -7,15 +7,17 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Callable
+import time
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, \
-    TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, \
+    SpinnerColumn, Task, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from vmtax import __version__, guardian, journal, plan as plan_mod, proc
+from vmtax import __version__, guardian, journal, proc
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 
@@ -36,7 +38,7 @@ def _csv(value: str | None, flag: str) -> list[str] | None:
     return items
 
 
-def _target_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+def _target_flags() -> list[click.Option]:
     """A flag for every target option a plugin marks cli=True (--vcpus, --qemu, ...): it
     applies to every target whose kind has that option; repeated, or as LABEL=VALUE, it
     makes one target per value (NAME@LABEL)."""
@@ -47,13 +49,34 @@ def _target_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         for info in plugin.option_infos(kind.Options).values():
             if info.cli:
                 found.setdefault(info.field, info)
-    for field, info in sorted(found.items(), reverse=True):
+    flags = []
+    for field, info in sorted(found.items()):
         unit = f" [{info.unit}]" if info.unit and info.unit != "bytes" else ""
         default = "" if info.default in (None, [], "") else f" [default: {info.default}]"
-        command = click.option(f"--{field.replace('_', '-')}", field, multiple=True,
-                               metavar="[LABEL=]VALUE",
-                               help=f"{info.doc}{unit}.{default}")(command)
-    return command
+        flags.append(click.Option([f"--{field.replace('_', '-')}", field], multiple=True,
+                                  metavar="[LABEL=]VALUE", help=f"{info.doc}{unit}.{default}"))
+    return flags
+
+
+class _RunCommand(click.Command):
+    """`vmtax run`, whose target flags and plan defaults are made when its options are
+    first needed (parsing, --help): they import every target plugin and pydantic, which
+    `vmtax --help`, `runs` and `show` must not wait for."""
+
+    _complete = False
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self._complete:
+            self._complete = True
+            from vmtax import plan as plan_mod
+
+            defaults = {"runs": str(plan_mod.DEFAULT_RUNS), "time_": plan_mod.DEFAULT_TIME}
+            for param in self.params:
+                if param.name in defaults:
+                    param.default = defaults[param.name]
+            at = next(i for i, p in enumerate(self.params) if p.name == "time_") + 1
+            self.params[at:at] = _target_flags()
+        return super().get_params(ctx)
 
 
 def warn_left_behind() -> None:
@@ -67,15 +90,52 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-class ProgressReporter:
-    """Progress on stderr, so stdout stays clean for tables and --json."""
+def _eta_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    from vmtax.estimate import duration
 
-    def __init__(self) -> None:
+    return f"~{duration(max(seconds, 0))} left"
+
+
+class _StepTime(ProgressColumn):
+    """How long the current step has run, so a long one (a 2 GiB prepare under TCG) shows
+    it is moving while the bar stands still."""
+
+    def __init__(self, reporter: "ProgressReporter") -> None:
+        super().__init__()
+        self.reporter = reporter
+
+    def render(self, task: Task) -> Text:
+        seconds = time.monotonic() - self.reporter.step_started
+        return Text(f"({seconds:.0f} s)" if seconds >= 5 else "", style="dim")
+
+
+class ProgressReporter:
+    """Progress on stderr, so stdout stays clean for tables and --json: a bar with the
+    time left at a terminal; elsewhere (a log, CI) one line per finished cell.
+
+    The time left starts as the plan's estimate and moves to the pace measured so far as
+    the run advances (weighted by the share done), so a slow host corrects it early and a
+    slow VM start-up does not dominate it."""
+
+    def __init__(self, estimate: float | None = None, per_cell: int | None = None) -> None:
+        self.step_started = time.monotonic()
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
-                                 BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                                 _StepTime(self), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
+                                 console=err,
                                  transient=True, disable=not err.is_terminal)
         self.task: TaskID | None = None
+        self.estimate = estimate
+        self.per_cell = per_cell          # repetitions of one target × workload configuration
+        self.total = self.done = 0
+        self.started = time.monotonic()
+        self.cell: tuple[str, str] | None = None
+        self.cells: dict[tuple[str, str], int] = {}
+        # Warnings for when measuring starts: once the targets are up, not before an error
+        # that stops the run from starting at all.
+        self.before_first: list[str] = []
 
     def __enter__(self):
         self.progress.__enter__()
@@ -84,16 +144,49 @@ class ProgressReporter:
     def __exit__(self, *exc):
         self.progress.__exit__(*exc)
 
+    def eta(self) -> float | None:
+        """Seconds left: the estimate's share not done, blended into the measured pace."""
+        elapsed = time.monotonic() - self.started
+        share = self.done / self.total if self.total else 0.0
+        measured = elapsed * (1 - share) / share if share else None
+        if self.estimate is None:
+            return measured
+        planned = self.estimate * (1 - share)
+        return planned if measured is None else (1 - share) * planned + share * measured
+
     def start(self, total: int) -> None:
-        self.task = self.progress.add_task("starting", total=total)
+        self.total = total
+        self.started = time.monotonic()
+        self.task = self.progress.add_task("starting", total=total, eta=_eta_text(self.eta()))
 
     def step(self, text: str) -> None:
+        self.step_started = time.monotonic()
+        parts = text.split(" · ")
+        self.cell = (parts[0], parts[1]) if len(parts) == 3 else None
+        if self.cell is not None:
+            for warning in self.before_first:
+                self.warn(warning)
+            self.before_first = []
         if self.task is not None:
             self.progress.update(self.task, description=text)
+            if text.endswith("(adaptive)"):   # a repetition beyond the plan's: grow the bar
+                self.total += 1
+                self.progress.update(self.task, total=self.total)
+                self.advance()
 
     def advance(self) -> None:
+        self.done += 1
         if self.task is not None:
-            self.progress.advance(self.task)
+            self.progress.update(self.task, advance=1, eta=_eta_text(self.eta()))
+        if self.cell is None or self.per_cell is None or not self.progress.disable:
+            return
+        self.cells[self.cell] = self.cells.get(self.cell, 0) + 1
+        if self.cells[self.cell] == self.per_cell:
+            from vmtax.estimate import duration
+
+            err.print(f"[{self.done}/{self.total}] {escape(' · '.join(self.cell))} done, "
+                      f"{duration(time.monotonic() - self.started)} in, "
+                      f"{_eta_text(self.eta())}", highlight=False, soft_wrap=True)
 
     def warn(self, text: str) -> None:
         self.progress.console.print("[yellow]warning:[/yellow] " + escape(text))
@@ -104,9 +197,71 @@ results_option = click.option(
     type=click.Path(file_okay=False), help="Results directory (one SQLite database in it).")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print machine-readable JSON instead of a table.")
+all_option = click.option("--all", "--metrics", "show_all", is_flag=True,
+                          help="Every metric with every flag spelt out, not only the summary "
+                               "of primary metrics.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """vmtax's commands. Those in modules of their own are imported only when one of them
+    runs: they pull in Ray, asyncssh, numpy or pydantic, which `vmtax --help`, `runs` and
+    `show` must not wait for. Their one-line help is kept here for `vmtax --help`
+    (tests/test_cli.py checks it against each command's own)."""
+
+    LAZY: dict[str, tuple[str, str]] = {
+        "report": ("vmtax.cli_report:report", "Write an HTML report of stored runs: findings, "
+                   "figures, every metric, fingerprints; of two runs, also the second "
+                   "against the first (change, CI, verdict per metric)."),
+        "export": ("vmtax.cli_report:export", "Write a run's tidy data: one row per "
+                   "repetition × metric, with every parameter and the host and target "
+                   "fingerprints as columns (for pandas, R, spreadsheets); or its samples "
+                   "for benchstat."),
+        "plan": ("vmtax.cli_plan:plan_command", "Check a plan file and show what it would "
+                 "run; nothing is run."),
+        "list": ("vmtax.cli_list:list_command", "Every target kind or workload: options "
+                 "(type, unit, default, range), metrics, and whether this host can run each "
+                 "target; or (packages) the Debian packages all plugins need, one per line, "
+                 "which the set-up script installs."),
+        "exits": ("vmtax.cli_exits:exits_command", "VM exits per reason (`--collect exits`, "
+                  "or imported perf kvm stat reports)."),
+        "composite": ("vmtax.cli_composite:composite_command", "The composite index of a "
+                      "stored run (RUN_ID, a prefix, its name or 'last'): per class, each "
+                      "target's geometric mean of its workloads' ratios to the baseline."),
+        "density": ("vmtax.cli_density:density_command", "Fill the host with instances of "
+                    "each target serving nginx, step by step, and report memory per "
+                    "instance (E4 density)."),
+        "boot": ("vmtax.cli_boot:boot_command", "Cold-start each target COUNT times, one at "
+                 "a time: time to ready and to the first HTTP answer, p50/p90/p99/max."),
+        "fleet": ("vmtax.cli_fleet:fleet_command", "Run plans on many hosts through Ray: one "
+                  "head, one Ray node per benchmark host."),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+            module, attribute = self.LAZY[name][0].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            if name in self.LAZY and name not in self.commands:
+                stand_in = click.Command(name, help=self.LAZY[name][1])
+                rows.append((name, stand_in.get_short_help_str(limit)))
+            elif not (command := self.commands[name]).hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_Commands,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="vmtax")
 def cli() -> None:
     """Measure the virtualization tax: how much slower a workload runs in a VM or a container
@@ -122,13 +277,13 @@ def cli() -> None:
     """
 
 
-@cli.command()
+@cli.command(cls=_RunCommand)
 @click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
 @click.option("--targets", help="Comma-separated targets, KIND or KIND:VARIANT "
               "(`vmtax list targets`). [default: those of plans/classic.toml]")
 @click.option("--workloads", help="Comma-separated workloads (`vmtax list workloads`). "
               "[default: those of plans/classic.toml]")
-@click.option("--runs", default=str(plan_mod.DEFAULT_RUNS), show_default=True, metavar="N|auto",
+@click.option("--runs", show_default=True, metavar="N|auto",
               help="Measured repetitions per target and workload; 'auto' repeats until the "
                    "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
 @click.option("--min-runs", type=click.IntRange(min=1), default=5, show_default=True,
@@ -140,10 +295,8 @@ def cli() -> None:
               help="With --runs auto: wanted CI half-width, percent of the median.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Warm-up repetitions run first and discarded.")
-@click.option("--time", "time_", type=click.IntRange(min=1),
-              default=plan_mod.DEFAULT_TIME, show_default=True,
+@click.option("--time", "time_", type=click.IntRange(min=1), show_default=True,
               help="Seconds each time-bounded workload runs (its declared time option).")
-@_target_flags
 @click.option("--collect", metavar="NAME,...",
               help="Collectors recording on the host around each cell's measured "
                    "repetitions, e.g. host-cpu,host-mem (`vmtax list collectors`).")
@@ -152,17 +305,35 @@ def cli() -> None:
 @click.option("--resume", metavar="RUN_ID",
               help="Continue an interrupted run, skipping what it stored.")
 @click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
+@click.option("--name", metavar="NAME",
+              help="Name the run: NAME then works wherever a run id does (the latest run "
+                   "of that name), e.g. vmtax compare baseline NAME.")
+@click.option("--dry-run", is_flag=True,
+              help="Check the run and print what it would run and how long it should take; "
+                   "run nothing.")
+@click.option("--fleet", "fleet_address", metavar="HEAD_ADDRESS",
+              help="Run on the fleet at HEAD_ADDRESS (`vmtax fleet start`), not here.")
+@click.option("--hosts", "fleet_hosts", metavar="all|NAME,...",
+              help="With --fleet: the hosts to run on. [default: all]")
+@click.option("--spread", type=click.Choice(["hosts", "cells"]),
+              help="With --fleet: the whole plan on every host, or its cells spread over "
+                   "identical hosts. [default: hosts]")
 @results_option
 @json_option
+@all_option
 def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_,
-        collect, no_interleave, resume, quick, results, as_json, **target_options) -> None:
+        collect, no_interleave, resume, quick, name, dry_run, fleet_address, fleet_hosts,
+        spread, results, as_json, show_all, **target_options) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
     plan file, the file says what to run (see plans/ for examples).
     """
+    from vmtax import cli_report, plan as plan_mod
     from vmtax.runner import Runner
 
+    if name is not None:
+        cli_report.check_name(name)
     if runs == "auto":
         repetitions = dict(runs=min_runs, max_runs=max_runs, ci_target=ci_target / 100)
     elif runs.isdigit() and int(runs) >= 1:
@@ -175,7 +346,7 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
         raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
     if resume:
         store = Store(results)
-        the_plan = plan_mod.Plan.from_dict(store.load_run(resume).plan)
+        the_plan = plan_mod.Plan.from_dict(cli_report.load_run(store, resume).plan)
     elif plan_file:
         from vmtax import planfile
         the_plan = planfile.load(plan_file, quick)
@@ -189,15 +360,38 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
             target_names or classic_targets, workload_names or classic_workloads,
             target_options, warmup=warmup, time=time_, **repetitions,
             interleave=not no_interleave, collect=_csv(collect, "--collect") or [])
+    if name is not None:
+        the_plan.name = name
+    from vmtax import cli_plan
+
+    if dry_run:
+        click.echo(cli_plan.describe(plan_file or "the run", the_plan, matrix=True))
+        return
+    for warning in cli_plan.warnings(the_plan):
+        err.print("[yellow]warning:[/yellow] " + escape(warning))
     if not resume:
         store = Store(results)   # only once the plan is valid: a typo creates nothing
+    if fleet_address or fleet_hosts or spread:
+        from vmtax import cli_fleet
+        with ProgressReporter() as progress:
+            cli_fleet.run_on_fleet(the_plan, store, fleet_address, _csv(fleet_hosts, "--hosts"),
+                                   spread, resume, progress,
+                                   lambda s, r, j: _show(s, r, j, show_all), as_json)
+        return
     for line in journal.recover():
         err.print(f"[yellow]recovered:[/yellow] {line}")
     own = journal.Journal()
-    with ProgressReporter() as progress, guardian.guard(own.path):
+    from vmtax import estimate, quiet
+
+    before = quiet.snapshot()
+    reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
+                                the_plan.warmup + the_plan.runs)
+    reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
+    with reporter as progress, guardian.guard(own.path):
         runner = Runner(the_plan, store, progress, resume=resume, journal=own)
         try:
             run_id = runner.execute()
+            quiet.record(store, run_id, before, quiet.snapshot(interval=None))
         except KeyboardInterrupt:
             if runner.run_id:
                 err.print(f"interrupted; what finished is stored in run {runner.run_id} "
@@ -205,12 +399,13 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
             else:
                 err.print("interrupted before the first run; nothing stored")
             sys.exit(proc.stopped_exit_code())
-    _show(store, run_id, as_json)
+    _show(store, run_id, as_json, show_all)
 
 
-def _show(store: Store, run_id: str, as_json: bool) -> None:
-    run_rec = store.load_run(run_id)
-    from vmtax import analysis, report as tables   # scipy: only where numbers are shown
+def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> None:
+    from vmtax import analysis, cli_report, report as tables
+
+    run_rec = cli_report.load_run(store, run_id)
 
     summary = analysis.summarize_run(run_rec)
     if as_json:
@@ -219,18 +414,23 @@ def _show(store: Store, run_id: str, as_json: bool) -> None:
                              "host": run_rec.host, "targets": run_rec.targets,
                              "plan": run_rec.plan},
                      "summary": summary.to_json()})
-    else:
+    elif show_all:
         tables.print_summary(out, run_rec, summary)
+    else:
+        from vmtax import quiet
+
+        tables.print_headline(out, run_rec, summary, quiet.during(run_rec.host))
 
 
 @cli.command()
 @click.argument("run_id", default="last")
 @results_option
 @json_option
-def show(run_id, results, as_json) -> None:
-    """Reprint a stored run (RUN_ID, a unique prefix of it, or 'last')."""
+@all_option
+def show(run_id, results, as_json, show_all) -> None:
+    """Reprint a stored run (RUN_ID, a unique prefix of it, its name, or 'last')."""
     warn_left_behind()
-    _show(Store(results, readonly=True), run_id, as_json)
+    _show(Store(results, readonly=True), run_id, as_json, show_all)
 
 
 @cli.command()
@@ -238,21 +438,42 @@ def show(run_id, results, as_json) -> None:
 @json_option
 def runs(results, as_json) -> None:
     """List the stored runs."""
+    from vmtax import cli_report
+
     warn_left_behind()
-    rows = Store(results, readonly=True).list_runs()
+    store = Store(results, readonly=True)
+    names = cli_report.run_names(store)
+    rows = [{**r, "name": names.get(r["id"])} for r in store.list_runs()]
     if as_json:
         _print_json(rows)
     elif not rows:
-        out.print(f"no runs stored in {results} yet; start one with `vmtax run`")
+        out.print(f"no runs stored in {store.path} yet; start one with `vmtax run`")
     else:
         from vmtax import report as tables
-        tables.print_runs(out, rows)
+        tables.print_runs(out, rows, str(store.path))
+
+
+def _latest_comparable(store: Store) -> tuple[str, str]:
+    """The latest run, and the latest before it sharing a target and a workload with it."""
+    found = store.list_runs()
+    if len(found) < 2:
+        raise VmtaxError(f"compare without arguments needs two stored runs; {store.path} "
+                         f"has {len(found)}")
+    latest = found[-1]
+    for earlier in reversed(found[:-1]):
+        if (set(earlier["targets"]) & set(latest["targets"])
+                and set(earlier["workloads"]) & set(latest["workloads"])):
+            return earlier["id"], latest["id"]
+    raise VmtaxError(f"no stored run shares a target and a workload with the latest, "
+                     f"{latest['id']}; give two runs (A B)")
 
 
 def _side(store: Store, spec: str) -> tuple:
     """RUN or RUN:TARGET (run ids never contain ':'; target names may, e.g. container:runc)."""
+    from vmtax import cli_report
+
     run_id, _, target = spec.partition(":")
-    run_rec = store.load_run(run_id)
+    run_rec = cli_report.load_run(store, run_id)
     if target and target not in run_rec.targets:
         raise VmtaxError(f"run {run_rec.id} has no target {target!r}; it has: "
                          + ", ".join(run_rec.targets))
@@ -260,27 +481,37 @@ def _side(store: Store, spec: str) -> tuple:
 
 
 @cli.command()
-@click.argument("a", metavar="A")
-@click.argument("b", metavar="B")
+@click.argument("a", metavar="[A", required=False)
+@click.argument("b", metavar="B]", required=False)
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
               show_default=True, help="Significance level after the multiplicity adjustment.")
 @click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
               help="Relative changes smaller than this are never called significant.")
 @click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
               help="Adjustment across metrics: Benjamini-Hochberg (false discovery rate) or Holm.")
+@click.option("--fail-on", type=click.Choice(["worse", "change"]),
+              help="Exit with status 1 when a metric is significantly worse (or, 'change', "
+                   "worse or better): for CI.")
 @results_option
 @json_option
-def compare(a, b, alpha, noise_floor, method, results, as_json) -> None:
+@all_option
+def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_all) -> None:
     """Is B better or worse than A, metric by metric, beyond noise?
 
     \b
-    A and B are stored runs (RUN_ID, a unique prefix, or 'last'), compared target by
-    target, or targets of runs (RUN:TARGET), e.g. two QEMU builds in one run:
+    A and B are stored runs (RUN_ID, a unique prefix, a name, or 'last'), compared target
+    by target, or targets of runs (RUN:TARGET), e.g. two QEMU builds in one run:
       vmtax compare last:vm@stock last:vm@patched
       vmtax compare 20261121-2236 20261122-0910
+      vmtax compare                 the latest run against the one before it that
+                                    shares a target and a workload with it
     Failed repetitions are excluded and counted, never treated as zero.
     """
     store = Store(results, readonly=True)
+    if a is None:
+        a, b = _latest_comparable(store)
+    elif b is None:
+        raise VmtaxError("compare takes two runs (A B), or none for the latest two")
     (run_a, target_a), (run_b, target_b) = _side(store, a), _side(store, b)
     if bool(target_a) != bool(target_b):
         raise VmtaxError("give a target on both sides (RUN:TARGET RUN:TARGET) or on neither")
@@ -297,8 +528,20 @@ def compare(a, b, alpha, noise_floor, method, results, as_json) -> None:
     if as_json:
         _print_json({"alpha": alpha, "noise_floor": noise_floor, "method": method,
                      "rows": [dataclasses.asdict(r) for r in rows]})
-    else:
-        tables.print_comparison(out, rows, alpha, noise_floor, method)
+    # A secondary metric (a fixed time's total, a fairness spread) is no regression.
+    primary = [r for r in rows if not analysis.is_secondary(r.workload, r.metric)]
+    if not as_json:
+        tables.print_comparison(out, rows if show_all else primary, alpha, noise_floor, method)
+        if not show_all and len(primary) < len(rows):
+            out.print(f"[dim]{len(rows) - len(primary)} secondary metrics hidden: --all[/dim]")
+    failing = {"worse"} if fail_on == "worse" else {"worse", "better"} if fail_on else set()
+    hits = [r for r in primary if r.comparison.verdict in failing]
+    if hits:
+        click.echo(f"vmtax: {len(hits)} metric{'s' * (len(hits) != 1)} significantly "
+                   f"{'worse' if fail_on == 'worse' else 'changed'} (--fail-on {fail_on}): "
+                   + ", ".join(f"{r.workload} {r.metric}" for r in hits[:5])
+                   + (" …" if len(hits) > 5 else ""), err=True)
+        sys.exit(1)
 
 
 @cli.command()
@@ -308,11 +551,19 @@ def doctor(as_json) -> None:
     from rich.table import Table
 
     from vmtax import host
+    from vmtax.collectors import exits as exits_collector
 
     warn_left_behind()
     checks = host.doctor()
+    checks.append(host.Check("exits", *exits_collector.doctor_line()))
+    from vmtax import quiet
+
+    now = quiet.snapshot()
+    problems = quiet.problems(now)
+    checks.append(host.Check("host quiet", not problems,
+                             "; ".join([quiet.describe(now), *problems])))
     if as_json:
-        _print_json({"host": host.fingerprint(),
+        _print_json({"host": {**host.fingerprint(), "quiet": now},
                      "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
         return
     table = Table(title="vmtax doctor", show_lines=False)
@@ -356,14 +607,3 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())
-
-
-from vmtax.cli_report import export, report  # noqa: E402  (commands live beside their code)
-cli.add_command(report)
-cli.add_command(export)
-
-from vmtax.cli_plan import plan_command  # noqa: E402  (command lives beside its code)
-cli.add_command(plan_command, "plan")
-
-from vmtax.cli_list import list_command  # noqa: E402
-cli.add_command(list_command, "list")

@@ -11,8 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from vmtax import plugin, targets, workloads
-
 out = Console(highlight=False)
 
 
@@ -68,6 +66,8 @@ def list_command(what: str, as_json: bool) -> None:
     """Every target kind or workload: options (type, unit, default, range), metrics, and
     whether this host can run each target; or (packages) the Debian packages all plugins
     need, one per line, which the set-up script installs."""
+    from vmtax import plugin, targets, workloads   # pydantic: not for `vmtax --help`
+
     if what == "packages":
         needed = sorted({p for group in plugin.registry().values() for cls in group.values()
                          for p in cls.packages})

@@ -128,6 +128,9 @@ def _undo(entry: dict[str, Any], journal: Journal) -> None:
     elif kind == "hugepages":
         from vmtax import hugepages   # here: the guardian imports little
         hugepages.end_lease(journal, entry)
+    elif kind == "ksm":
+        from vmtax import ksm   # the host's KSM settings, unless another run leases them
+        ksm.end_lease(journal, entry)
     elif kind == "remote":   # files and jobs on an ssh target: undone over a new connection
         from vmtax import ssh_session
         ssh_session.undo(entry)

@@ -163,5 +163,7 @@ def minimal_kernel(cache: Path, jobs: int | None = None) -> image.Kernel:
 
 if __name__ == "__main__":   # build it ahead of time: python -m vmtax.minimal_kernel
     from vmtax import paths
-    kernel = minimal_kernel(paths.cache_dir())
-    print(kernel.path, kernel.version, f"{kernel.path.stat().st_size >> 20} MiB")
+    if cached(paths.cache_dir()) is None:   # quiet when there is nothing to do (set-up)
+        print("building the minimal guest kernel from linux-source (minutes, once)")
+        kernel = minimal_kernel(paths.cache_dir())
+        print(kernel.path, kernel.version, f"{kernel.path.stat().st_size >> 20} MiB")

@@ -65,6 +65,11 @@ class Plan:
     ci_target: float = 0.02
     # Collectors recording on the host around each cell's measured repetitions.
     collect: list[str] = field(default_factory=list)
+    # Seconds a repetition may run before it is stopped as timed out (None: derived from
+    # its estimate, vmtax.estimate.job_timeout).
+    timeout: float | None = None
+    # What the user called the run (`vmtax run --name`): usable wherever a run id is.
+    name: str | None = None
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -87,6 +92,8 @@ class Plan:
         if self.time is not None and (not isinstance(self.time, int) or self.time < 1):
             raise VmtaxError("--time must be a whole number of seconds (1 or more), "
                              f"got {self.time}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise VmtaxError(f"timeout must be a positive number of seconds, got {self.timeout}")
         if self.baseline is None:
             self.baseline = "native" if "native" in names else names[0]
         elif self.baseline not in names:

@@ -51,6 +51,7 @@ VALUE`, all of them together in one `PlanError`.
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import json
 import os
@@ -64,7 +65,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from vmtax import hugepages, plugin, targets, workloads
 from vmtax.errors import VmtaxError
-from vmtax.option_types import NonEmpty
+from vmtax.option_types import NonEmpty, Seconds
 from vmtax.plan import DEFAULT_RUNS, DEFAULT_TIME, Plan, TargetSpec, WorkloadSpec
 from vmtax.toml_lines import KeyPath, Locator, dotted, show
 
@@ -72,6 +73,12 @@ from vmtax.toml_lines import KeyPath, Locator, dotted, show
 MAX_PLAN_BYTES = 1 << 20
 CheckOf = Callable[[KeyPath, str], "plugin.OptionInfo | None"]
 
+
+
+def _unknown(key: str, known) -> str:
+    """An unknown key as an error shows it, with the nearest known one: a misspelling."""
+    near = difflib.get_close_matches(key, list(known), n=1)
+    return json.dumps(key) + (f' (did you mean "{near[0]}"?)' if near else "")
 
 class PlanError(VmtaxError):
     """A plan file that cannot run; `lines` holds one line per problem."""
@@ -111,6 +118,12 @@ class Settings(plugin.Options):
     collect: list[Annotated[str, AfterValidator(_known_collector)]] = plugin.option(
         [], "Collectors recording on the host around each cell's measured repetitions "
         "(vmtax list collectors)")
+    timeout: Seconds | None = plugin.option(
+        None, "A repetition running longer is stopped and stored as timed out (default: "
+        "10 times its estimate plus a minute, at least the workload's own limit)", unit="s")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$"), plugin.Expect(
+        "a letter then letters, digits, '.', '_' or '-', at most 64")] | None = plugin.option(
+        None, "The runs' name, usable wherever a run id is (the latest run of that name)")
 
 
 SETTINGS = plugin.option_infos(Settings)
@@ -313,7 +326,8 @@ class _Reader:
         """The plan, or None when self.errors says why not."""
         for key in data:
             if key not in TOP_LEVEL:
-                self.bad((), "one of " + ", ".join(TOP_LEVEL), json.dumps(key), at=(key,))
+                self.bad((), "one of " + ", ".join(TOP_LEVEL), _unknown(key, TOP_LEVEL),
+                         at=(key,))
         settings = {}
         for key, info in SETTINGS.items():
             if key in data:
@@ -326,7 +340,7 @@ class _Reader:
         workload_specs = self.workloads(data.get("workloads"),
                                         settings.get("time", DEFAULT_TIME))
         runs = settings.get("runs", Plan.runs)
-        if settings.get("max_runs", runs) < runs:
+        if (settings.get("max_runs") or runs) < runs:   # "none" is no adaptive runs
             self.bad(("max_runs",), f"at least runs ({runs})", str(settings["max_runs"]))
         names = [t.name for t in target_specs]
         if "baseline" in settings and targets_ok and settings["baseline"] not in names:
@@ -359,7 +373,8 @@ class _Reader:
             elif key == "params":
                 self._quick_params(merged, value)
             else:
-                self.bad(("quick",), "one of " + ", ".join(QUICK_KEYS), json.dumps(key), at=at)
+                self.bad(("quick",), "one of " + ", ".join(QUICK_KEYS),
+                         _unknown(key, QUICK_KEYS), at=at)
         return merged
 
     def _quick_targets(self, merged: dict[str, Any], value: Any) -> None:
@@ -386,7 +401,7 @@ class _Reader:
         used: set[str] = set()
         for index, entry in enumerate(entries):
             name = entry.get("name") if isinstance(entry, dict) else None
-            if (name not in workloads.registered()
+            if (not isinstance(name, str) or name not in workloads.registered()
                     or not isinstance(entry.get("params", {}), dict)):
                 continue   # the plan itself is wrong there, and says so
             entry.setdefault("params", {})
@@ -397,7 +412,8 @@ class _Reader:
                     self.alias(("quick", "params", param),
                                ("workloads", index, "params", param))
         names = sorted({e["name"] for e in entries if isinstance(e, dict)
-                        and e.get("name") in workloads.registered()})
+                        and isinstance(e.get("name"), str)
+                        and e["name"] in workloads.registered()})
         for param in params:
             if param not in used:
                 self.bad(("quick", "params"), "a param of a workload of the plan ("
@@ -511,8 +527,8 @@ class _Reader:
             path: KeyPath = ("workloads", index)
             for key in entry:
                 if key not in WORKLOAD_KEYS:
-                    self.bad(path, "one of " + ", ".join(WORKLOAD_KEYS), json.dumps(key),
-                             at=path + (key,))
+                    self.bad(path, "one of " + ", ".join(WORKLOAD_KEYS),
+                             _unknown(key, WORKLOAD_KEYS), at=path + (key,))
             name = entry.get("name")
             if not isinstance(name, str) or name not in known:
                 self.bad(path + ("name",), "a workload (" + ", ".join(known) + ")",
@@ -533,7 +549,13 @@ class _Reader:
                                          entry.get("zip"), self._check_of(name, cls.Options)):
                 with_time = dict(params_)
                 if time is not None and cls.time_option and cls.time_option not in with_time:
-                    with_time[cls.time_option] = time
+                    # The plan's time must suit each workload it fills (iperf3: at most 1 h).
+                    try:
+                        with_time[cls.time_option] = plugin.option_infos(
+                            cls.Options)[cls.time_option].check(time)
+                    except plugin.Invalid as exc:
+                        self.bad(("time",), f"{exc} (the time option of {name})", show(time))
+                        break
                 built = self.together(origin, cls.Options, with_time, "", host_problems)
                 if built is None:
                     continue

@@ -2,7 +2,10 @@
 
 Each kind of figure is one builder `f(summary, labels) -> [Chart]`, listed in BUILDERS:
   normalized_bars   E1/E3: per workload, every target's ratio to the baseline, CI whiskers
+  distributions     per workload, every repetition of its primary metric, beside the bars
   sweeps            E5: a metric against a swept parameter, one line per configuration
+  serving_latency   E4: p99 latency against the offered rate, a panel per endpoint
+  serving_throughput E4: requests/s per endpoint and target, CI whiskers
 
 Figures are built on bare `Figure` objects (no pyplot), so nothing depends on a display
 or on global figure state, and rendered as PNG, SVG or SVG cleaned up for inlining.
@@ -25,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.typing import LineStyleType, RcKeyType
 
+from vmtax import analysis
 from vmtax.analysis import Row, RunSummary
 
 # Figure sizes in inches at DPI: PNGs are exactly size × DPI pixels (no tight bbox).
@@ -103,7 +107,10 @@ def normalized_bars(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     baseline (baseline = 1, below 1 = worse whatever the metric's direction)."""
     by_workload: dict[str, list[Row]] = {}
     for row in summary.rows:
-        if not row.params:      # swept configurations get line plots instead
+        # swept ones get line plots instead; secondary ones (a fixed time's total) say
+        # nothing of the targets
+        if (not row.params and row.workload != SERVING
+                and not analysis.is_secondary(row.workload, row.metric)):
             by_workload.setdefault(row.workload, []).append(row)
     colors = target_colors(summary)
     charts = []
@@ -116,27 +123,27 @@ def normalized_bars(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
         title = f"{workload}: ratio to {labels.get(summary.baseline, summary.baseline)}"
         charts.append(Chart(
             slug=f"{slugify(workload)}-ratio", title=title,
-            caption=(f"Median of each target divided by the median of {summary.baseline}, "
-                     "inverted for lower-is-better metrics so that higher is always better; "
-                     "whiskers are the 95% bootstrap CI of the ratio."),
+            caption=(f"Median of each target divided by the median of {summary.baseline} "
+                     "(the dashed line at 1), inverted for lower-is-better metrics so that "
+                     "higher is always better; whiskers are the 95% bootstrap CI of the ratio."),
             figure=_bar_figure(title, rows, targets, summary.baseline, labels, colors)))
     return charts
 
 
 def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
                 labels: dict[str, str], colors: dict[str, str]) -> Figure:
-    width = 0.8 / len(targets)
-    crowded = len(rows) * len(targets) > 24
+    # The baseline is the dashed line at 1, not a bar of 1.00 in every group.
+    drawn_targets = [t for t in targets if t != baseline]
+    width = 0.8 / len(drawn_targets)
+    crowded = len(rows) * len(drawn_targets) > 24
     # per target: (x, ratio, drawn height, whisker below, whisker above) of each bar
     bars: dict[str, list[tuple[float, float, float, float, float]]] = {}
-    for i, target in enumerate(targets):
+    for i, target in enumerate(drawn_targets):
         for x, row in enumerate(rows):
             cell = row.cells.get(target)
             if cell is None or cell.summary is None:
                 continue
-            if target == baseline:
-                value, low, high = 1.0, 1.0, 1.0
-            elif cell.ratio is not None and _finite(cell.ratio.value):
+            if cell.ratio is not None and _finite(cell.ratio.value):
                 value, low, high = cell.ratio.value, cell.ratio.ci_low, cell.ratio.ci_high
             else:
                 continue        # no ratio (0/0 medians): nothing honest to draw
@@ -146,7 +153,7 @@ def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
             below = max(value - low, 0) if whiskers else 0
             above = max(min(high, RATIO_AXIS_MAX) - value, 0) if whiskers else 0
             bars.setdefault(target, []).append(
-                (x + (i - (len(targets) - 1) / 2) * width, value, height, below, above))
+                (x + (i - (len(drawn_targets) - 1) / 2) * width, value, height, below, above))
     top = max([1.0] + [h + above for b in bars.values() for _, _, h, _, above in b])
     top *= 1.3 if crowded else 1.15
 
@@ -166,7 +173,8 @@ def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
                         textcoords="offset points", ha="center", va="bottom", fontsize=7,
                         color=_text_on(colors[target]) if inside else "#30343a",
                         rotation=90 if crowded else 0)
-    ax.axhline(1.0, color="#30343a", linewidth=0.9, linestyle=(0, (4, 3)))
+    ax.axhline(1.0, color="#30343a", linewidth=0.9, linestyle=(0, (4, 3)),
+               label=f"{labels.get(baseline, baseline)} = 1")
     ax.set_ylim(0, top)
     tilt = len(rows) > 4
     ax.set_xticks(range(len(rows)), [metric_label(r) for r in rows],
@@ -176,6 +184,65 @@ def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
     ax.set_title(title, pad=22)
     ax.legend(ncols=min(len(targets), 4), loc="lower right", bbox_to_anchor=(1, 1.0),
               fontsize=8, handlelength=1.2, borderaxespad=0.2)
+    return fig
+
+
+def distributions(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    """Per workload, every repetition of its primary metric(s), one strip per target, in
+    the metric's own unit: the spread behind each median and ratio, outliers included."""
+    by_workload: dict[str, list[Row]] = {}
+    for row in analysis.headline(summary.rows):
+        if not row.params and row.workload != SERVING:
+            by_workload.setdefault(row.workload, []).append(row)
+    colors = target_colors(summary)
+    charts = []
+    for workload, rows in by_workload.items():
+        targets = [t for t in summary.targets if any(
+            (c := r.cells.get(t)) is not None and c.values for r in rows)]
+        if len(targets) < 2:
+            continue
+        title = f"{workload}: every repetition"
+        charts.append(Chart(
+            slug=f"{slugify(workload)}-repetitions", title=title,
+            caption=("Each dot is one measured repetition, the bar across a strip its "
+                     f"median; the dashed line is {summary.baseline}'s median."),
+            figure=_strip_figure(title, rows, targets, summary.baseline, labels, colors)))
+    return charts
+
+
+def _strip_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
+                  labels: dict[str, str], colors: dict[str, str]) -> Figure:
+    fig = Figure(figsize=(min(3.0 + 2.2 * len(rows), 9.0), 3.4), dpi=DPI,
+                 layout="constrained")
+    axes = fig.subplots(1, len(rows), squeeze=False)[0]
+    for ax, row in zip(axes, rows):
+        for i, target in enumerate(targets):
+            cell = row.cells.get(target)
+            if cell is None or not cell.values:
+                continue
+            n = len(cell.values)
+            # evenly spread across the strip, not random: the same run draws the same
+            xs = [i + 0.3 * ((k + 0.5) / n - 0.5) for k in range(n)]
+            ax.scatter(xs, cell.values, s=14, color=colors[target], alpha=0.8,
+                       edgecolors="white", linewidths=0.4, zorder=3)
+            if cell.summary is not None:
+                ax.hlines(cell.summary.median, i - 0.25, i + 0.25, color="#30343a",
+                          linewidth=1.4, zorder=4)
+        base = row.cells.get(baseline)
+        if base is not None and base.summary is not None:
+            ax.axhline(base.summary.median, color="#30343a", linewidth=0.8,
+                       linestyle=(0, (4, 3)))
+        medians = [c.summary.median for c in row.cells.values()
+                   if c.summary is not None and c.summary.median > 0]
+        if medians and max(medians) / min(medians) >= LOG_SPAN:
+            ax.set_yscale("log")
+        ax.set_xticks(range(len(targets)), [labels.get(t, t) for t in targets],
+                      rotation=20 if len(targets) > 3 else 0, ha="right" if len(targets) > 3
+                      else "center", rotation_mode="anchor")
+        ax.set_xlim(-0.6, len(targets) - 0.4)
+        ax.set_ylabel(metric_label(row) + ("  ↑" if row.higher_is_better else "  ↓"))
+    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                 fontweight=STYLE["axes.titleweight"])
     return fig
 
 
@@ -215,7 +282,7 @@ def sweeps(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     one line per target (colour) and remaining parameter combination (line style)."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for row in summary.rows:
-        if row.params:
+        if row.params and row.workload != SERVING:
             groups.setdefault((row.workload, row.key), []).append(row)
     colors = target_colors(summary)
     charts = []
@@ -318,10 +385,158 @@ def _sweep_figure(title: str, rows: list[Row], x_key: str, x_numeric: bool,
     return fig
 
 
+# -- serving (E4) ------------------------------------------------------------------------------
+# Its metrics carry an offered rate and an endpoint as dimensions, which the generic
+# builders would scatter over dozens of charts: it gets these two instead.
+SERVING = "serving"
+SERVING_PANEL_SIZE = (3.4, 3.6)
+
+
+def _serving_groups(summary: RunSummary, metric: str) -> dict[str, list[Row]]:
+    """serving's rows of `metric`, by configuration (its varying parameters)."""
+    groups: dict[str, list[Row]] = {}
+    for row in summary.rows:
+        if row.workload == SERVING and row.metric == metric:
+            groups.setdefault(json.dumps(row.params, sort_keys=True), []).append(row)
+    return groups
+
+
+def serving_latency(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    """serving's rate sweeps: p99 latency against the offered rate (log y), one panel per
+    endpoint, one line per target, each target's capacity marked on its line."""
+    colors = target_colors(summary)
+    capacity = {key: rows for key, rows in _serving_groups(summary, "requests/s").items()}
+    charts = []
+    for key, rows in _serving_groups(summary, "p99 latency").items():
+        rows = [r for r in rows if numeric(r.dimensions.get("rate")) is not None]
+        if not rows:
+            continue
+        params = json.loads(key)
+        suffix = f" ({_describe(params, sorted(params))})" if params else ""
+        title = f"serving: p99 latency vs offered rate{suffix}"
+        charts.append(Chart(
+            slug=f"serving-p99-vs-rate{'-' + slugify(suffix) if suffix else ''}",
+            title=title,
+            caption=("p99 latency (vegeta's) of each rate step, median over the measured "
+                     "runs with its confidence interval; a sweep ends at its first failing "
+                     "step. The ringed point is the capacity, the last rate sustained."),
+            figure=_serving_latency_figure(title, rows, capacity.get(key, []),
+                                           summary.targets, labels, colors)))
+    return charts
+
+
+def _serving_latency_figure(title: str, rows: list[Row], capacity_rows: list[Row],
+                            targets: list[str], labels: dict[str, str],
+                            colors: dict[str, str]) -> Figure:
+    endpoints = list(dict.fromkeys(r.dimensions.get("endpoint", "") for r in rows))
+    fig = Figure(figsize=(SERVING_PANEL_SIZE[0] * len(endpoints) + 1.6,
+                          SERVING_PANEL_SIZE[1]), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(endpoints), squeeze=False)[0]
+    drawn: set[str] = set()
+    for ax, endpoint in zip(axes, endpoints):
+        for target in targets:
+            points = sorted(
+                (_sweep_x(r.dimensions["rate"]), cell.summary) for r in rows
+                if r.dimensions.get("endpoint") == endpoint
+                and (cell := r.cells.get(target)) is not None and cell.summary is not None)
+            if not points:
+                continue
+            drawn.add(target)
+            xs = [x for x, _ in points]
+            ax.plot(xs, [s.median for _, s in points], color=colors[target], marker="o",
+                    markersize=3.5, linewidth=1.6)
+            if any(s.n > 1 for _, s in points):
+                ax.fill_between(xs, [s.ci_low for _, s in points],
+                                [s.ci_high for _, s in points], color=colors[target],
+                                alpha=0.13, linewidth=0)
+            cap = next((c.summary.median for r in capacity_rows
+                        if r.dimensions.get("endpoint") == endpoint
+                        and (c := r.cells.get(target)) is not None and c.summary is not None),
+                       None)
+            at = [s.median for x, s in points if cap is not None and math.isclose(x, cap)]
+            if at:
+                ax.plot([cap], at[:1], linestyle="none", marker="o", markersize=9,
+                        markerfacecolor="none", markeredgecolor=colors[target],
+                        markeredgewidth=1.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        rates = sorted({_sweep_x(r.dimensions["rate"]) for r in rows
+                        if r.dimensions.get("endpoint") == endpoint})
+        if len(rates) <= MAX_TICKS:
+            ax.set_xticks(rates, [f"{x:g}" for x in rates])
+            ax.minorticks_off()
+        ax.set_title(endpoint, fontsize=9, fontweight="normal")
+        ax.set_xlabel("offered rate (requests/s)")
+        ax.grid(True, axis="x", color="#eef0f2")
+    axes[0].set_ylabel("p99 latency (ms)  ↓")
+    handles = [Line2D([], [], color=colors[t], linewidth=2.5, label=labels.get(t, t))
+               for t in targets if t in drawn]
+    handles.append(Line2D([], [], linestyle="none", marker="o", markersize=9,
+                          markerfacecolor="none", markeredgecolor="#555a62",
+                          label="capacity"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                 fontweight=STYLE["axes.titleweight"])
+    return fig
+
+
+def serving_throughput(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    """serving's requests/s per endpoint (a rate sweep's capacity, or what fixed workers
+    achieved), one bar per target with its confidence interval."""
+    colors = target_colors(summary)
+    charts = []
+    for key, rows in _serving_groups(summary, "requests/s").items():
+        params = json.loads(key)
+        suffix = f" ({_describe(params, sorted(params))})" if params else ""
+        title = f"serving: requests/s per endpoint{suffix}"
+        charts.append(Chart(
+            slug=f"serving-requests{'-' + slugify(suffix) if suffix else ''}", title=title,
+            caption=("Median requests/s over the measured runs, whiskers its confidence "
+                     "interval: in rate mode the capacity (the last offered rate the "
+                     "server sustained), in workers mode what the workers achieved. "
+                     "↑ higher is better."),
+            figure=_serving_bar_figure(title, rows, summary.targets, labels, colors)))
+    return charts
+
+
+def _serving_bar_figure(title: str, rows: list[Row], targets: list[str],
+                        labels: dict[str, str], colors: dict[str, str]) -> Figure:
+    fig = Figure(figsize=BAR_SIZE, dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(targets)
+    for i, target in enumerate(targets):
+        bars = [(x, cell.summary) for x, r in enumerate(rows)
+                if (cell := r.cells.get(target)) is not None and cell.summary is not None]
+        if not bars:
+            continue
+        xs = [x + (i - (len(targets) - 1) / 2) * width for x, _ in bars]
+        medians = [s.median for _, s in bars]
+        # matplotlib rejects negative whiskers; a percentile CI may miss the median
+        below = [max(s.median - s.ci_low, 0) if s.n > 1 else 0 for _, s in bars]
+        above = [max(s.ci_high - s.median, 0) if s.n > 1 else 0 for _, s in bars]
+        ax.bar(xs, medians, width * 0.92, color=colors[target],
+               label=labels.get(target, target), yerr=[below, above],
+               error_kw={"elinewidth": 1, "capsize": 2.5, "ecolor": "#30343a"})
+        for x, value in zip(xs, medians):
+            ax.annotate(f"{value:.3g}", (x, value), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=7, color="#30343a")
+    ax.set_xticks(range(len(rows)), [r.dimensions.get("endpoint", r.label) for r in rows])
+    medians = [c.summary.median for r in rows for c in r.cells.values()
+               if c.summary is not None and c.summary.median > 0]
+    if medians and max(medians) / min(medians) >= LOG_SPAN:
+        ax.set_yscale("log")    # transcode's few requests/s beside download's thousands
+    ax.set_ylabel("requests/s  ↑")
+    ax.set_title(title, pad=22)
+    ax.legend(ncols=min(len(targets), 4), loc="lower right", bbox_to_anchor=(1, 1.0),
+              fontsize=8, handlelength=1.2, borderaxespad=0.2)
+    return fig
+
+
 # -- all figures, rendering --------------------------------------------------------------------
 
 Builder = Callable[[RunSummary, dict[str, str]], list[Chart]]
-BUILDERS: list[Builder] = [normalized_bars, sweeps]
+BUILDERS: list[Builder] = [normalized_bars, distributions, sweeps, serving_latency,
+                           serving_throughput]
 
 
 def charts(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
@@ -362,3 +577,116 @@ def inline_svg(chart: Chart, prefix: str) -> str:
                  lambda m: m[1] + (prefix + m[2] if m[2] in ids else m[2]), svg)
     return re.sub(r'<svg\s+width="[^"]*"\s+height="[^"]*"',
                   f'<svg role="img" aria-label="{escape(chart.title)}" class="chart"', svg, count=1)
+
+
+# -- density and start-up (E4) -----------------------------------------------------------------
+# Their numbers are per step of a density study (reps of phase "step", metrics keyed by the
+# instance count) and per cold start (`vmtax boot`), not medians of repetitions: drawn from
+# the stored run itself.
+DENSITY = "density"
+BOOT = "boot"
+
+
+def _run_colors(targets: list[str]) -> dict[str, str]:
+    return dict(zip(targets, cycle(PALETTE)))
+
+
+def _density_lines(run: Any, metric: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """(target, KSM on|off) -> [(instances, value)] of a density run's steps."""
+    lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for rep in run.reps:
+        if rep.workload != DENSITY or rep.phase != "step":
+            continue
+        for m in rep.metrics:
+            if m.name == metric and "instances" in m.dimensions:
+                lines.setdefault((rep.target, str(rep.params.get("ksm", "off"))), []).append(
+                    (float(m.dimensions["instances"]), m.value))
+    return {key: sorted(points) for key, points in lines.items()}
+
+
+def _density_figure(title: str, ylabel: str,
+                    lines: dict[tuple[str, str], list[tuple[float, float]]],
+                    labels: dict[str, str]) -> Figure:
+    targets = list(dict.fromkeys(t for t, _ in lines))
+    colors = _run_colors(targets)
+    fig = Figure(figsize=SWEEP_SIZE, dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for (target, ksm), points in lines.items():
+        on = ksm == "on"
+        ax.plot([p[0] for p in points], [p[1] for p in points], color=colors[target],
+                linestyle="--" if on else "-", marker="s" if on else "o", markersize=4,
+                linewidth=1.6, label=f"{labels.get(target, target)}, KSM {ksm}")
+    ax.set_xlabel("instances")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="x", color="#eef0f2")
+    fig.legend(loc="outside right upper", fontsize=8)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                 fontweight=STYLE["axes.titleweight"])
+    return fig
+
+
+def density_memory(run: Any, labels: dict[str, str]) -> list[Chart]:
+    """Host used memory (delta) against the instance count, and PSS per instance: one
+    line per target and KSM setting."""
+    used = _density_lines(run, "used delta")
+    if not used:
+        return []
+    pss = {key: [(n, v / n) for n, v in points if n > 0]
+           for key, points in _density_lines(run, "pss total").items()}
+    with matplotlib.rc_context(STYLE):
+        return [
+            Chart("density-memory-used", "density: host memory used vs instances",
+                  "Host used memory (MemTotal − MemAvailable) after each step, less what "
+                  "it was before the first instance; solid KSM off, dashed KSM on.",
+                  _density_figure("density: host memory used vs instances",
+                                  "used memory delta (MiB)", used, labels)),
+            Chart("density-memory-per-instance", "density: memory per instance",
+                  "Summed PSS of every instance's host processes (shared pages divided "
+                  "among their sharers) per instance, after each step.",
+                  _density_figure("density: memory per instance", "PSS per instance (MiB)",
+                                  pss, labels))]
+
+
+def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
+    """Cold-start times as empirical CDFs: one line per target, to ready (solid) and to
+    the first HTTP answer (dashed)."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for rep in run.reps:
+        if rep.workload == BOOT and rep.phase == "measure":
+            for m in rep.metrics:
+                times.setdefault((rep.target, m.name), []).append(m.value)
+    if not times:
+        return []
+    targets = list(dict.fromkeys(t for t, _ in times))
+    colors = _run_colors(targets)
+    title = "start-up: cold-start time ECDF"
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=SWEEP_SIZE, dpi=DPI, layout="constrained")
+        ax = fig.subplots()
+        for (target, what), values in sorted(times.items()):
+            ordered = sorted(values)
+            # From 0 at the fastest start, a step up at each one.
+            xs = [ordered[0], *ordered]
+            ys = [0.0, *((i + 1) / len(ordered) for i in range(len(ordered)))]
+            ax.step(xs, ys, where="post", color=colors[target],
+                    linestyle="-" if what == "ready" else "--", linewidth=1.6,
+                    label=f"{labels.get(target, target)}: {what}")
+        ax.set_xlabel("seconds from start")
+        ax.set_ylabel("share of starts")
+        ax.set_ylim(0, 1.02)
+        if min(min(v) for v in times.values()) > 0 and \
+                max(max(v) for v in times.values()) / min(min(v) for v in times.values()) \
+                >= LOG_SPAN / 10:
+            ax.set_xscale("log")
+        ax.grid(True, axis="x", color="#eef0f2")
+        fig.legend(loc="outside right upper", fontsize=8)
+        fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                     fontweight=STYLE["axes.titleweight"])
+    return [Chart("boot-ecdf", title,
+                  "Each cold start's time to ready (solid: a guest's agent READY, a "
+                  "container's first process) and to its first HTTP answer (dashed).", fig)]
+
+
+def run_charts(run: Any, labels: dict[str, str]) -> list[Chart]:
+    """Figures drawn from a stored run itself rather than its summary (E4)."""
+    return [*density_memory(run, labels), *boot_ecdf(run, labels)]

@@ -249,7 +249,8 @@ class Runner:
             try:
                 with self._awake(name) as target:
                     endpoint = target.start_server(server, port)
-                    _wait_listening(endpoint, server.timeout)
+                    if not endpoint.listening:
+                        _wait_listening(endpoint, server.timeout)
                 self.endpoints[name] = endpoint
             except VmtaxError as exc:
                 self.cell_errors[name] = f"its {workload.name} server did not start: {exc}"
@@ -344,6 +345,8 @@ class Runner:
     def _client_cpus(self, name: str) -> set[int] | None:
         """Host CPUs for a client on the host: those the target does not use; None (and a
         warning, once) when they cannot be kept apart."""
+        if self.targets[name].remote:
+            return None
         usable = os.sched_getaffinity(0)
         taken = self.targets[name].cpus() or set()
         free = usable - taken
