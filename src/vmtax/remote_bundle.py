@@ -52,14 +52,6 @@ class Bundle:
                 posixpath.join(root, "lib"), program, *argv[1:]]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def make(binaries: Iterable[str]) -> Bundle:
     """The bundle of the named host programs and everything they load."""
     if platform.machine() != ARCH:
@@ -80,7 +72,7 @@ def make(binaries: Iterable[str]) -> Bundle:
             files[inside] = lib
             if lib.name.startswith(LOADER_PREFIX):
                 loader = inside
-    sums = {inside: _sha256(path) for inside, path in files.items()}
+    sums = {inside: rootfs.sha256_file(path) for inside, path in files.items()}
     digest = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(sums.items()))
                             .encode()).hexdigest()
     return Bundle(files, programs, loader, digest, sums)

@@ -61,7 +61,8 @@ def file_set(binaries: Iterable[str]) -> dict[str, Path]:
     return files
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The file's SHA-256, read in 1 MiB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -72,7 +73,7 @@ def _sha256(path: Path) -> str:
 def digest(files: dict[str, Path]) -> str:
     h = hashlib.sha256(FORMAT.encode())
     for guest_path in sorted(files):
-        h.update(f"{guest_path}\0{_sha256(files[guest_path])}\n".encode())
+        h.update(f"{guest_path}\0{sha256_file(files[guest_path])}\n".encode())
     return h.hexdigest()
 
 

@@ -209,3 +209,17 @@ def times(stdout: str, labels: tuple[str, ...]) -> dict[str, float]:
 def size_bytes(size: str) -> int:
     """A checked Size option ("256M") in bytes."""
     return int(size[:-1]) << {"K": 10, "M": 20, "G": 30, "T": 40}[size[-1].upper()]
+
+
+def data_prepare_seconds(mib: float, files: int) -> float:
+    """Generating a large file of mib MiB and a tree of files natively: about 100 MiB/s,
+    and a millisecond a file."""
+    return mib / 100 + files / 1000
+
+
+def data_prepare_job(script: str, size: str, files: int, env: dict[str, str],
+                     seconds: float) -> Job:
+    """The job that generates a workload's data with script (MAKE_DATA and what follows),
+    given the size of the large file and the number of small ones."""
+    return script_job(script, size_bytes(size), files, env={**data_env(), **env},
+                      timeout=20 * seconds + 300)

@@ -13,8 +13,9 @@ from vmtax import plugin
 from vmtax.option_types import Size
 from vmtax.types import Job, Metric, MetricSpec
 from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_env, programs,
-                                        script_job, size_bytes, times)
+from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_prepare_job,
+                                        data_prepare_seconds, programs, script_job,
+                                        size_bytes, times)
 
 PARTS = ("tree", "file")
 # For estimates and timeouts: a local rsync of the tree moved 2-20 MiB/s on this (shared)
@@ -64,12 +65,11 @@ class Rsync(Workload):
         return self._mib() / ESTIMATE_MIB_S
 
     def prepare_seconds(self) -> float:
-        return self._mib() / 100 + self.options.files / 1000
+        return data_prepare_seconds(self._mib(), self.options.files)
 
     def prepare_jobs(self) -> list[Job]:
-        return [script_job(_PREPARE, size_bytes(self.options.size), self.options.files,
-                           env={**data_env(), **self._env()},
-                           timeout=20 * self.prepare_seconds() + 300)]
+        return [data_prepare_job(_PREPARE, self.options.size, self.options.files,
+                                 self._env(), self.prepare_seconds())]
 
     def run_job(self) -> Job:
         return script_job(_RUN, env=self._env(), timeout=self._mib() / SLOWEST_MIB_S + 60)
