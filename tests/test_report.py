@@ -7,8 +7,8 @@ from matplotlib.collections import PathCollection
 from PIL import Image
 
 from conftest import vmtax
-from vmtax import analysis, htmlreport, plots
-from vmtax.store import Store
+from vmtax import analysis, htmlreport, plots, report
+from vmtax.store import Run, Store
 from vmtax.workloads.base import Metric
 
 TARGETS = {"native": {"kind": "native", "bare_host": True, "kernel": "6.1.0"},
@@ -180,3 +180,19 @@ def test_bad_input_is_one_line_and_leaves_no_file(tmp_path, case, message):
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "r.html").exists()
     assert not list(tmp_path.rglob("*.png")) and not list(tmp_path.rglob(".*.tmp"))
+
+
+@pytest.mark.parametrize("fingerprint, label", [
+    ({"kind": "vm", "accel": "tcg"}, "vm (tcg)"),
+    # An ssh target: the plan's label beside the hypervisor its fingerprint found.
+    ({"kind": "ssh", "label": "xen-pv", "hypervisor": "xen (PV)"}, "vm (xen-pv, xen (PV))"),
+    ({"kind": "ssh", "label": None, "hypervisor": "qemu"}, "vm (qemu)"),
+    ({"kind": "ssh", "label": "qemu", "hypervisor": "qemu"}, "vm (qemu)"),
+    ({"kind": "ssh", "label": "vm", "hypervisor": "none"}, "vm (none)"),
+    ({"kind": "native"}, "vm"),
+])
+def test_table_labels_a_target_by_what_its_fingerprint_says(fingerprint, label):
+    run = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
+              version="0", targets={"vm": {"kind": fingerprint["kind"],
+                                           "fingerprint": fingerprint}}, reps=[])
+    assert report.target_label(run, "vm") == label

@@ -61,6 +61,12 @@ def test_fingerprint_of_a_kvm_guest():
      ("oracle", "cpuinfo hypervisor flag and DMI vendor")),
     ({"flags": "flags : fpu hypervisor", "dmi_sys_vendor": "VMware, Inc."},
      ("vmware", "cpuinfo hypervisor flag and DMI vendor")),
+    # QEMU without systemd: TCG (no kvm-clock) is qemu, as systemd-detect-virt says.
+    ({"flags": "flags : fpu hypervisor", "dmi_sys_vendor": "QEMU",
+      "clocksources": "tsc acpi_pm"}, ("qemu", "cpuinfo hypervisor flag and DMI vendor")),
+    ({"flags": "flags : fpu hypervisor", "dmi_sys_vendor": "QEMU",
+      "clocksources": "kvm-clock tsc acpi_pm"},
+     ("kvm", "cpuinfo hypervisor flag, DMI vendor and kvm-clock")),
     ({"flags": "flags : fpu hypervisor"}, ("unknown", "cpuinfo hypervisor flag")),
     ({"flags": "flags : fpu sse2", "dmi_sys_vendor": "Dell Inc."},
      ("none", "no cpuinfo hypervisor flag")),

@@ -48,7 +48,9 @@ def _sig2(value: float) -> str:
 
 def target_label(run: Run, name: str) -> str:
     fp = run.targets.get(name, {}).get("fingerprint", {})
-    detail = fp.get("accel") or fp.get("runtime")
+    # An ssh target: what the plan calls the machine, beside the hypervisor found there.
+    detail = fp.get("accel") or fp.get("runtime") or ", ".join(dict.fromkeys(
+        v for v in (fp.get("label"), fp.get("hypervisor")) if v and v not in name))
     return f"{name} ({detail})" if detail and detail not in name else name
 
 

@@ -52,14 +52,16 @@ echo @detect_virt; systemd-detect-virt --vm 2>/dev/null
 echo @hypervisor_type; cat /sys/hypervisor/type 2>/dev/null
 echo @xen_guest_type; cat /sys/hypervisor/guest_type 2>/dev/null
 echo @xen_caps; cat /proc/xen/capabilities 2>/dev/null
+echo @clocksources; cat /sys/devices/system/clocksource/*/available_clocksource 2>/dev/null
 for f in sys_vendor product_name bios_vendor; do
   echo @dmi_$f; cat /sys/class/dmi/id/$f 2>/dev/null
 done
 true
 """
 
-# DMI vendor strings -> the names systemd-detect-virt gives those hypervisors.
-DMI_VENDORS = (("qemu", "kvm"), ("kvm", "kvm"), ("xen", "xen"), ("vmware", "vmware"),
+# DMI vendor strings -> the names systemd-detect-virt gives those hypervisors. QEMU's
+# machines say "QEMU" with or without KVM; only KVM gives the guest its kvm-clock.
+DMI_VENDORS = (("qemu", "qemu"), ("kvm", "kvm"), ("xen", "xen"), ("vmware", "vmware"),
                ("innotek", "oracle"), ("virtualbox", "oracle"), ("oracle", "oracle"),
                ("microsoft", "microsoft"), ("amazon ec2", "amazon"), ("google", "google"),
                ("bochs", "bochs"), ("parallels", "parallels"))
@@ -94,7 +96,9 @@ def hypervisor(s: dict[str, str]) -> tuple[str, str]:
                                                        "bios_vendor")).lower()
         vendor = next((name for word, name in DMI_VENDORS if word in dmi), None)
         flagged = "hypervisor" in s.get("flags", "").split()
-        if vendor and flagged:
+        if vendor == "qemu" and flagged and "kvm-clock" in s.get("clocksources", "").split():
+            found, how = "kvm", "cpuinfo hypervisor flag, DMI vendor and kvm-clock"
+        elif vendor and flagged:
             found, how = vendor, "cpuinfo hypervisor flag and DMI vendor"
         elif flagged:
             found, how = "unknown", "cpuinfo hypervisor flag"
