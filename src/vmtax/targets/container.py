@@ -165,6 +165,9 @@ class Runtime(plugin.Plugin, abc.ABC):
     # Can put a container into a network namespace vmtax made (`netns`), so that it can
     # serve a client on the host.
     joins_netns: ClassVar[bool] = False
+    # The container's sockets are the host kernel's (its socket table shows a server
+    # listen); gVisor's are in its own user-space network stack.
+    kernel_sockets: ClassVar[bool] = True
 
     @classmethod
     def locate(cls) -> str:
@@ -558,9 +561,11 @@ class ContainerTarget(Target):
                                 f"server-{port}.log")
         assert server.netns is not None and server.address is not None   # started
         self._serving[server.netns] = server
+        seen = server.runtime.kernel_sockets   # else the runner probes with a connection
         endpoint = Endpoint(server.address, port, [], handle=server.netns,
-                            client_preexec=server.client_preexec, listening=True)
-        if not network.wait_tcp_listening(server.host_pids, port, job.timeout, server.alive):
+                            client_preexec=server.client_preexec, listening=seen)
+        if seen and not network.wait_tcp_listening(server.host_pids, port, job.timeout,
+                                                   server.alive):
             self.stop_server(endpoint)
             raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "
                               f"in the container after {job.timeout:g} s")

@@ -150,6 +150,7 @@ class Runsc(OciRuntime):
     install = f"built from gVisor's source on first use; needs {INSTALL}"
     packages = ("golang-go",)
     joins_netns = True
+    kernel_sockets = False
     platform: ClassVar[str] = "systrap"     # gVisor's way of intercepting system calls
 
     @classmethod
