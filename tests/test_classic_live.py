@@ -2,6 +2,7 @@
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,9 @@ pytestmark = pytest.mark.live
 
 def test_tiny_classic_plan_into_sqlite(tmp_path):
     results = tmp_path / "results"
-    res = vmtax("run", "--runs", "1", "--warmup", "0", "--time", "1",
-                "--results", str(results), "--json", timeout=900)
+    # The classic plan's [quick] form: one 1 s run each, a 16 MiB fileio set.
+    plan = Path(__file__).parents[1] / "plans" / "classic.toml"
+    res = vmtax("run", str(plan), "--quick", "--results", str(results), "--json", timeout=900)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     run_id = data["run"]["id"]

@@ -163,3 +163,111 @@ def test_cli_errors_are_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith(f"vmtax: error: no fleet head at 127.0.0.1:{closed}: ")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+# -- results across hosts ------------------------------------------------------------------
+def _host_run(store: Store, fleet_info: dict, keeps: float) -> str:
+    """A stored run of cpu on native and container, container at `keeps` of native."""
+    plan = from_names(["native", "container"], ["cpu"], runs=3, warmup=0, time=1)
+    run_id = store.new_run(plan.to_dict(), {**FP, "fleet": fleet_info}, "0")
+    for target in ("native", "container"):
+        store.set_target(run_id, target, target, {})
+    for idx, value in enumerate((10.0, 10.1, 9.9)):
+        for target, factor in (("native", 1.0), ("container", keeps)):
+            store.add_rep(run_id, **_rep(target=target, params={}, idx=idx, host_elapsed=2.0,
+                                         metrics=[Metric("events/s", value * factor,
+                                                         "events/s", True)]))
+    store.finish_run(run_id, "done")
+    return run_id
+
+
+@pytest.fixture
+def fleet_store(tmp_path):
+    """A head's store with one --spread hosts fleet run on a, b, c (ratios 0.5, 0.8, 0.9),
+    another fleet run and a local run."""
+    store = Store(tmp_path)
+    ids = {name: _host_run(store, {"spread": "hosts", "host": name, "id": "f1"}, keeps)
+           for name, keeps in (("a", 0.5), ("b", 0.8), ("c", 0.9))}
+    _host_run(store, {"spread": "hosts", "host": "a", "id": "f2"}, 0.1)
+    local = _host_run(store, {}, 0.1)
+    store.db.execute("UPDATE runs SET host = json_remove(host, '$.fleet') WHERE id = ?",
+                     (local,))
+    store.db.commit()
+    return store, ids, local
+
+
+def test_a_fleet_run_set_is_its_hosts_runs_and_each_ratio_spreads_across_them(fleet_store):
+    store, ids, local = fleet_store
+    per_host = fleet.host_runs(store, store.load_run(ids["b"]))
+    assert {h: r.id for h, r in per_host.items()} == ids
+    (row,) = fleet.spread(per_host)
+    assert (row.workload, row.metric, row.target) == ("cpu", "events/s", "container")
+    assert {h: round(v, 3) for h, v in row.ratios.items() if v} == {"a": 0.5, "b": 0.8,
+                                                                     "c": 0.9}
+    assert (round(row.median, 3), round(row.low, 3), round(row.high, 3)) == (0.8, 0.5, 0.9)
+    assert fleet.host_run(store, store.load_run(ids["a"]), "c").id == ids["c"]
+    with pytest.raises(fleet.FleetError, match=r"host 'x' has no results in the fleet run "
+                                               r".*; it has: a, b, c"):
+        fleet.host_run(store, store.load_run(ids["a"]), "x")
+    with pytest.raises(fleet.FleetError, match="was not run on a fleet"):
+        fleet.host_runs(store, store.load_run(local))
+
+
+def test_a_cells_run_is_split_by_the_host_that_ran_each_repetition(tmp_path):
+    store = Store(tmp_path)
+    run_id = _host_run(store, {"spread": "cells", "hosts": ["a", "b"], "id": "f3"}, 0.5)
+    log = fleet.FleetLog(tmp_path)
+    for rep in store.load_run(run_id).reps:
+        log.rep(run_id, fleet.rep_key(vars(rep)), "a" if rep.idx < 2 else "b", None)
+    per_host = fleet.host_runs(store, store.load_run(run_id))
+    assert {h: sorted({r.idx for r in run.reps}) for h, run in per_host.items()} == {
+        "a": [0, 1], "b": [2]}
+    (row,) = fleet.spread(per_host)
+    assert set(row.ratios) == {"a", "b"} and row.low is not None and row.low < 0.6
+
+
+def test_show_compare_export_and_report_of_a_fleet_run(fleet_store, tmp_path):
+    from click.testing import CliRunner
+
+    from vmtax.cli import cli
+
+    store, ids, _ = fleet_store
+    results = str(store.dir)
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["fleet", "show", ids["a"], "--results", results, "--json"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.output)
+    assert data["runs"] == ids and data["fleet"]["id"] == "f1"
+    (row,) = data["spread"]
+    assert (round(row["median"], 3), round(row["min"], 3), round(row["max"], 3)) == (
+        0.8, 0.5, 0.9)
+    table = runner.invoke(cli, ["fleet", "show", ids["c"], "--results", results],
+                          terminal_width=200)
+    lines = table.output.splitlines()
+    assert "across 3 hosts (fleet f1, --spread hosts)" in lines[0]
+    assert any(line.split()[2:] == ["container", "0.500", "0.800", "0.900", "0.800",
+                                    "0.5–0.9"] for line in lines), table.output
+    compared = runner.invoke(cli, ["compare", f"{ids['a']}@a", f"{ids['a']}@c", "--results",
+                                   results, "--json"])
+    assert compared.exit_code == 0, compared.output
+    by_target = {r["a"]: r for r in json.loads(compared.output)["rows"]
+                 if r["metric"] == "events/s"}
+    assert by_target[f"{ids['a']}:container"]["b"] == f"{ids['c']}:container"
+    assert by_target[f"{ids['a']}:container"]["comparison"]["change"] == pytest.approx(0.8)
+    assert by_target[f"{ids['a']}:native"]["comparison"]["change"] == pytest.approx(0.0)
+    exported = runner.invoke(cli, ["export", ids["b"], "--format", "csv", "--results", results])
+    assert exported.exit_code == 0, exported.output
+    header, *rows = exported.output.splitlines()
+    assert header.startswith("host,run_id,target,")
+    assert {r.split(",")[:2][0]: r.split(",")[1] for r in rows} == ids
+    html = tmp_path / "r.html"
+    reported = runner.invoke(cli, ["report", ids["b"], "--html", str(html), "--results",
+                                   results])
+    assert reported.exit_code == 0, reported.output
+    page = html.read_text()
+    assert "Across 3 hosts" in page and all(f"Host {h} · Run {ids[h]}" in page for h in ids)
+    assert 'data-median><strong>80.0%' in page
+    done = vmtax("compare", f"{ids['a']}@x", f"{ids['a']}@a", "--results", results, timeout=60)
+    assert (done.returncode, done.stderr.strip()) == (
+        2, f"vmtax: error: host 'x' has no results in the fleet run of {ids['a']}; it has: "
+           "a, b, c")

@@ -125,8 +125,10 @@ def fleet():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _plan(path: Path, workloads: list[str], runs: int) -> Path:
+def _plan(path: Path, workloads: list[str], runs: int, twin: bool = False) -> Path:
+    """A tiny plan on native (and, with twin, a second native target: a ratio per host)."""
     path.write_text(f"runs = {runs}\nwarmup = 0\ntime = 1\n[targets.native]\n"
+                    + ('[targets.twin]\nkind = "native"\n' if twin else "")
                     + "".join(f'[[workloads]]\nname = "{w}"\n' for w in workloads))
     return path
 
@@ -191,17 +193,29 @@ def _run_until_killed(fleet: Fleet, victim: str, plan: Path, head: Path,
 def test_spread_hosts_a_result_set_per_host_and_a_killed_host_failed(fleet, tmp_path):
     t0 = time.time()
     head = tmp_path / "head"
-    out, err = _run_until_killed(fleet, "c", _plan(tmp_path / "p.toml", ["cpu"], 3), head,
-                                 "--spread", "hosts")
+    out, err = _run_until_killed(fleet, "c", _plan(tmp_path / "p.toml", ["cpu"], 3, twin=True),
+                                 head, "--spread", "hosts")
     assert "host a" in out and "host b" in out
     runs = {r["host"]["fleet"]["host"]: r for r in _runs(head, t0)}
     assert sorted(runs) == ["a", "b", "c"]
+    assert len({r["host"]["fleet"]["id"] for r in runs.values()}) == 1   # one fleet run
+    # The per-host ratio table and its spread, after each host's own table.
+    assert "across 3 hosts (fleet " in out
+    (twin,) = [line.split() for line in out.splitlines() if line.split()[2:3] == ["twin"]]
+    assert len(twin) == 3 + 3 + 2
+    shown = vmtax("fleet", "show", runs["a"]["id"], "--results", str(head), "--json",
+                  timeout=60)
+    (row,) = json.loads(shown.stdout)["spread"]
+    assert row["target"] == "twin" and set(row["ratios"]) == {"a", "b", "c"}
+    assert 0.5 < row["ratios"]["a"] < 2 and 0.5 < row["ratios"]["b"] < 2   # native vs native
+    assert row["min"] <= row["median"] <= row["max"]
     for name in ("a", "b"):
         run = runs[name]
         assert run["status"] == "done"
         assert run["host"]["hostname"] == socket.gethostname()   # the host's fingerprint
-        reps = _reps(head, run["id"])
+        reps = [r for r in _reps(head, run["id"]) if r["target"] == "native"]
         assert [(r["idx"], r["status"]) for r in reps] == [(0, "ok"), (1, "ok"), (2, "ok")]
+        reps = _reps(head, run["id"])
         # Kept in the host's own store too, exactly as it ran there.
         assert [_sig(r) for r in reps] == [_sig(r) for r in _reps(fleet.results(name),
                                                                   since=t0)]
@@ -209,7 +223,7 @@ def test_spread_hosts_a_result_set_per_host_and_a_killed_host_failed(fleet, tmp_
     assert runs["c"]["status"] == "failed"
     assert "host c left the fleet mid-plan" in err
     head_c = _reps(head, runs["c"]["id"])
-    assert 1 <= len(head_c) < 3
+    assert 1 <= len(head_c) < 6
     assert {_sig(r) for r in head_c} <= {_sig(r) for r in _reps(fleet.results("c"), since=t0)}
     with sqlite3.connect(head / "fleet.sqlite") as db:
         (why,) = db.execute("SELECT reason FROM host_parts WHERE run_id = ? AND status ="

@@ -760,3 +760,12 @@ def test_run_quick_needs_a_plan_file():
     assert result.returncode == 2
     assert result.stderr.strip() == ("vmtax: error: --quick runs a plan file's [quick] form: "
                                      "give the plan file")
+
+
+def test_classic_quick_is_one_short_run_with_tiny_fileio():
+    quick = planfile.load(ROOT / "plans" / "classic.toml", quick=True)
+    assert (quick.runs, quick.warmup, quick.time) == (1, 0, 1)
+    assert quick.targets == classic().targets
+    assert [(w.name, w.params) for w in quick.workloads] == [
+        (w.name, {"file-total-size": "16M"} if w.name == "fileio" else w.params)
+        for w in classic().workloads]

@@ -469,11 +469,16 @@ def _latest_comparable(store: Store) -> tuple[str, str]:
 
 
 def _side(store: Store, spec: str) -> tuple:
-    """RUN or RUN:TARGET (run ids never contain ':'; target names may, e.g. container:runc)."""
+    """RUN or RUN:TARGET (run ids never contain ':'; target names may, e.g. container:runc),
+    RUN@HOST[:TARGET] for a host of a fleet run (run ids and names never contain '@')."""
     from vmtax import cli_report
 
     run_id, _, target = spec.partition(":")
+    run_id, at, host_name = run_id.partition("@")
     run_rec = cli_report.load_run(store, run_id)
+    if at:
+        from vmtax import fleet
+        run_rec = fleet.host_run(store, run_rec, host_name)
     if target and target not in run_rec.targets:
         raise VmtaxError(f"run {run_rec.id} has no target {target!r}; it has: "
                          + ", ".join(run_rec.targets))
@@ -502,6 +507,7 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
     A and B are stored runs (RUN_ID, a unique prefix, a name, or 'last'), compared target
     by target, or targets of runs (RUN:TARGET), e.g. two QEMU builds in one run:
       vmtax compare last:vm@stock last:vm@patched
+      vmtax compare last@h1 last@h2 two hosts of one fleet run (RUN@HOST[:TARGET])
       vmtax compare 20261121-2236 20261122-0910
       vmtax compare                 the latest run against the one before it that
                                     shares a target and a workload with it

@@ -35,6 +35,8 @@ def fleet_command() -> None:
       vmtax fleet join HEAD:6379 --name h1    on each benchmark host (stays up)
       vmtax fleet status --fleet HEAD:6379    the hosts and what each runs
       vmtax run PLAN.toml --fleet HEAD:6379 --spread hosts|cells
+      vmtax fleet show last                   each target's ratio per host, and its spread
+      vmtax compare last@h1 last@h2           one host against another
     """
 
 
@@ -148,5 +150,49 @@ def run_on_fleet(plan: "Plan", store: Store, address: str | None, hosts: list[st
         if not as_json:
             out.print(f"[bold]{escape(whose)}[/bold]")
         show(store, run_id, as_json)
+    if not as_json:
+        print_spread(store, outcome.runs[0][0])
     for line in outcome.failures:
         err.print(f"[yellow]fleet:[/yellow] {escape(line)}")
+
+
+def spread_of(store: Store, spec: str) -> tuple[Any, dict[str, Any], list[Any]]:
+    """The run spec names (as `vmtax show` takes it), its fleet run set per host, and the
+    spread of each target's ratio across those hosts."""
+    from vmtax import cli_report, fleet
+
+    run = cli_report.load_run(store, spec)
+    per_host = fleet.host_runs(store, run)
+    return run, per_host, fleet.spread(per_host)
+
+
+def print_spread(store: Store, spec: str) -> None:
+    from vmtax import report
+
+    run, per_host, rows = spread_of(store, spec)
+    info = run.host["fleet"]
+    report.print_spread(out, rows, list(per_host),
+                        f"across {len(per_host)} host{'s' * (len(per_host) != 1)} "
+                        f"(fleet {info.get('id') or run.id}, --spread {info['spread']}): "
+                        + ", ".join(f"{h} {r.id}" for h, r in per_host.items()))
+
+
+@fleet_command.command()
+@click.argument("run_id", default="last")
+@click.option("--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
+              show_default=True, type=click.Path(file_okay=False),
+              help="Results directory (one SQLite database in it).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def show(run_id, results, as_json) -> None:
+    """A fleet run across its hosts: per target, its ratio to the baseline on each host and
+    the spread (median, min–max). RUN_ID is any run of it (a prefix, a name or 'last')."""
+    store = Store(results, readonly=True)
+    if as_json:
+        import json
+
+        run, per_host, rows = spread_of(store, run_id)
+        click.echo(json.dumps({"fleet": run.host["fleet"],
+                               "runs": {h: r.id for h, r in per_host.items()},
+                               "spread": [r.to_json() for r in rows]}, indent=2))
+        return
+    print_spread(store, run_id)

@@ -62,6 +62,15 @@ def _load(store: Store, run_id: str) -> Run:
     return run
 
 
+def _per_host(store: Store, run: Run) -> dict[str, Run] | None:
+    """The fleet run set of run, per host; None for a run that was not run on a fleet."""
+    if not run.host.get("fleet"):
+        return None
+    from vmtax import fleet
+
+    return fleet.host_runs(store, run)
+
+
 @click.command()
 @click.argument("run_ids", metavar="RUN_ID [RUN_ID...]", nargs=-1, required=True)
 @click.option("--html", "html_path", required=True, type=click.Path(), metavar="FILE",
@@ -75,23 +84,34 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     """Write an HTML report of stored runs: findings, figures, every metric, fingerprints;
     of two runs, also the second against the first (change, CI, verdict per metric).
 
-    RUN_ID may be a unique prefix of a run id, a run's name, or 'last'.
+    RUN_ID may be a unique prefix of a run id, a run's name, or 'last'. One run of a fleet
+    (`vmtax run --fleet`): a section per host and the spread of each ratio across them.
     """
     from vmtax import htmlreport, plots   # matplotlib loads only for the commands that draw
 
     store = Store(results, readonly=True)
     runs = list({run.id: run for run in (_load(store, r) for r in run_ids)}.values())
-    reports = [htmlreport.build(run) for run in runs]
+    per_host = _per_host(store, runs[0]) if len(runs) == 1 else None
+    spread = None
+    if per_host:
+        from vmtax import fleet
+
+        reports = [htmlreport.build(run, host=name) for name, run in per_host.items()]
+        spread = fleet.spread(per_host)
+    else:
+        reports = [htmlreport.build(run) for run in runs]
     # Two runs: the second against the first, metric by metric, as `vmtax compare` does.
     comparison = htmlreport.compare_runs(runs[0], runs[1]) if len(runs) == 2 else None
-    export_mod.write_file(html_path, htmlreport.render_html(reports, comparison).encode())
+    export_mod.write_file(html_path,
+                          htmlreport.render_html(reports, comparison, spread).encode())
     written = 0
     for fmt, directory in (("png", png_dir), ("svg", svg_dir)):
         if directory:
             out_dir = export_mod.output_dir(directory)
             for rep in reports:
                 for chart in rep.charts:
-                    export_mod.write_file(out_dir / f"{rep.run.id}-{chart.slug}.{fmt}",
+                    stem = f"{rep.run.id}-{rep.host}" if rep.host else rep.run.id
+                    export_mod.write_file(out_dir / f"{stem}-{chart.slug}.{fmt}",
                                           plots.render(chart, fmt))
                     written += 1
     click.echo(f"wrote {html_path}" + (f" and {written} figure files" if written else ""))
@@ -118,7 +138,8 @@ FORMATS = {"csv": export_mod.to_csv, "json": export_mod.to_json, "jsonl": export
 def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, to_stdout, results) -> None:
     """Write a run's tidy data: one row per repetition × metric, with every parameter and
     the host and target fingerprints as columns (for pandas, R, spreadsheets); or its
-    samples for benchstat. Times are ISO 8601 (UTC)."""
+    samples for benchstat. Times are ISO 8601 (UTC). A run of a fleet (`vmtax run --fleet`)
+    is exported with its whole fleet run set: every host's rows, with a `host` column."""
     paths = {"csv": csv_path, "json": json_path, "jsonl": jsonl_path,
              "benchstat": benchstat_path}
     if to_stdout:
@@ -131,12 +152,14 @@ def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, to_stdout, r
                                "or --format FORMAT for stdout")
     if sum(p == "-" for p in paths.values()) > 1:
         raise click.UsageError("only one format can go to stdout (-)")
-    run = _load(Store(results, readonly=True), run_id)
+    store = Store(results, readonly=True)
+    run = _load(store, run_id)
+    per_host = _per_host(store, run)
     for fmt, path in paths.items():
         encode = FORMATS[fmt]
         if path == "-":   # stdout, for a pipe: nothing else is printed there
-            sys.stdout.buffer.write(encode(run))
+            sys.stdout.buffer.write(encode(run, per_host))
             sys.stdout.flush()
         elif path:
-            export_mod.write_file(path, encode(run))
+            export_mod.write_file(path, encode(run, per_host))
             click.echo(f"wrote {path}", err=True)

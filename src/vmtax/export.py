@@ -8,6 +8,9 @@ target fingerprints flattened to `host.<field>` / `target.<field>` columns. A fa
 repetition has no metrics; it still gets one row (metric empty, error set) so failures
 stay visible in the data. Times (`started`, a repetition's start) are ISO 8601 in UTC.
 
+A fleet run set (`vmtax run --fleet`) is exported whole: every host's rows, with a `host`
+column naming the host that ran each.
+
 `to_benchstat` writes the same samples as Go benchmark lines, which `benchstat` reads:
     benchstat -col /target run.txt         targets side by side
     benchstat old.txt new.txt              two runs
@@ -79,12 +82,26 @@ def tidy(run: Run) -> tuple[list[str], list[dict[str, Any]]]:
     return LEADING + params + METRIC + dimensions + fields, rows
 
 
+def tidy_hosts(per_host: dict[str, Run]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns and rows of a fleet run set: each host's run, with a `host` column."""
+    columns, rows = ["host"], []
+    for name, run in per_host.items():
+        found, part = tidy(run)
+        columns += [c for c in found if c not in columns]
+        rows += [{"host": name, **row} for row in part]
+    return columns, rows
+
+
+def _rows(run: Run, per_host: dict[str, Run] | None) -> tuple[list[str], list[dict[str, Any]]]:
+    return tidy_hosts(per_host) if per_host else tidy(run)
+
+
 def _csv_value(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (list, dict)) else value
 
 
-def to_csv(run: Run) -> bytes:
-    columns, rows = tidy(run)
+def to_csv(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
+    columns, rows = _rows(run, per_host)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, columns, lineterminator="\n")
     writer.writeheader()
@@ -92,15 +109,15 @@ def to_csv(run: Run) -> bytes:
     return buf.getvalue().encode()
 
 
-def to_json(run: Run) -> bytes:
-    columns, rows = tidy(run)
+def to_json(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
+    columns, rows = _rows(run, per_host)
     # Every record has every column (null where absent), as pandas.read_json expects.
     return json.dumps([{c: row.get(c) for c in columns} for row in rows], indent=1).encode()
 
 
-def to_jsonl(run: Run) -> bytes:
+def to_jsonl(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     """JSON Lines: one record per line, for streaming tools (jq -c, pandas lines=True)."""
-    columns, rows = tidy(run)
+    columns, rows = _rows(run, per_host)
     return "".join(json.dumps({c: row.get(c) for c in columns}) + "\n" for row in rows).encode()
 
 
@@ -118,11 +135,17 @@ def benchstat_unit(metric: Metric) -> str:
     return _token(unit) + (f"[{_token(dims)}]" if dims else "")
 
 
-def to_benchstat(run: Run) -> bytes:
+def to_benchstat(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     """Go benchmark format: a header of configuration lines, a `Unit` line per unit saying
     which direction is better, then one line per successful measured repetition:
     BenchmarkCpu/target=native/cpu-max-prime=2000-2  1  9854 events/s  0.2 latency-avg-ms
-    (the trailing -N is the host's CPU count, as Go appends GOMAXPROCS)."""
+    (the trailing -N is the host's CPU count, as Go appends GOMAXPROCS). A fleet run set:
+    one such block per host, its `vmtax-host:` line a column benchstat can split by."""
+    if per_host:
+        return b"\n".join(to_benchstat(r).replace(b"pkg: vmtax\n",
+                                                  f"pkg: vmtax\nvmtax-host: {_token(h)}\n"
+                                                  .encode(), 1)
+                          for h, r in per_host.items())
     procs = run.host.get("logical_cpus") or 1
     lines = ["goos: linux", f"goarch: {_token(run.host.get('arch') or 'unknown')}",
              f"cpu: {run.host.get('cpu_model') or 'unknown'}", "pkg: vmtax",

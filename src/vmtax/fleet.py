@@ -9,7 +9,8 @@ every event of it (run, target, repetition) to the driver, the `vmtax run --flee
 which writes each repetition to its own store (the head's) the moment it arrives.
 
 --spread hosts: the whole plan on every chosen host, one head run per host (its
-fingerprint, with "fleet": {"host": NAME}, is the run's host). --spread cells: one head
+fingerprint, with "fleet": {"host": NAME, "id": FLEET_ID}, is the run's host; the id links
+the runs of one invocation). --spread cells: one head
 run; each cell (one workload configuration, all targets) goes to whichever chosen host is
 free, and the hosts must be identical. A host that leaves mid-plan: its cell is re-queued
 on another host, skipping what was stored (cells), or its run is marked failed with the
@@ -21,6 +22,7 @@ in fleet.sqlite.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -28,10 +30,12 @@ import re
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +45,7 @@ from vmtax import __version__, analysis, guardian, host, journal, paths, proc
 from vmtax.errors import VmtaxError
 from vmtax.plan import Plan
 from vmtax.runner import QuietReporter, Reporter, Runner, _params_key, schedule
-from vmtax.store import Store
+from vmtax.store import Run, Store
 
 RESOURCE = "vmtax-host:"
 NAMESPACE = "vmtax"      # of the GCS key-value entries below
@@ -627,11 +631,15 @@ def run(plan: Plan, store: Store, address: str, names: list[str] | None, spread:
     with connected(address) as ray:
         chosen = _choose(ray, names, spread)
         whole = plan.to_dict()
+        # Links the runs of this invocation (one per host with --spread hosts).
+        fleet_id = uuid.uuid4().hex[:12]
         if spread == "hosts" and prior is None:
-            heads = [_HeadRun(whole, {"spread": spread, "host": n}) for n in chosen]
+            heads = [_HeadRun(whole, {"spread": spread, "host": n, "id": fleet_id})
+                     for n in chosen]
             jobs = [_Job(whole, "whole plan", head, n) for head, n in zip(heads, chosen)]
         else:
-            heads = [_HeadRun(whole, fleet_info or {"spread": spread, "hosts": sorted(chosen)})]
+            heads = [_HeadRun(whole, fleet_info or {"spread": spread, "hosts": sorted(chosen),
+                                                    "id": fleet_id})]
             cells = [("whole plan", whole)] if spread == "hosts" else _cells(plan)
             jobs = [_Job(p, label, heads[0], names[0] if spread == "hosts" and names else None)
                     for label, p in cells]
@@ -656,3 +664,85 @@ def run(plan: Plan, store: Store, address: str, names: list[str] | None, spread:
     return Outcome([(h.id, f"host {h.fleet['host']}" if "host" in h.fleet
                      else f"cells on {', '.join(h.fleet['hosts'])}") for h in heads if h.id],
                    [f for h in heads for f in h.failures])
+
+
+# -- results across hosts ----------------------------------------------------------------------
+def host_runs(store: Store, run: Run) -> dict[str, Run]:
+    """The fleet run set run belongs to, per host: with --spread hosts the runs of the same
+    `vmtax run --fleet` invocation (its fleet id), with --spread cells run itself split by
+    the host that ran each repetition (fleet.sqlite)."""
+    info = run.host.get("fleet")
+    if not info:
+        raise FleetError(f"run {run.id} was not run on a fleet; `vmtax show {run.id}` shows it")
+    if "host" in info:
+        ids = [r[0] for r in store.db.execute(
+            "SELECT id FROM runs WHERE json_extract(host, '$.fleet.id') = ? ORDER BY created",
+            (info["id"],))] if info.get("id") else [run.id]
+        found = [run if i == run.id else store.load_run(i) for i in ids]
+        return {r.host["fleet"]["host"]: r for r in sorted(found,
+                                                            key=lambda r: r.host["fleet"]["host"])}
+    log_path = store.dir / "fleet.sqlite"
+    ran_on = FleetLog(store.dir).rep_hosts(run.id) if log_path.exists() else {}
+    split: dict[str, list] = {}
+    for rep in run.reps:
+        split.setdefault(ran_on.get(rep_key(vars(rep)), "unknown"), []).append(rep)
+    return {name: dataclasses.replace(run, reps=reps) for name, reps in sorted(split.items())}
+
+
+def host_run(store: Store, run: Run, name: str) -> Run:
+    """Host name's run in run's fleet run set (`vmtax compare RUN@HOST ...`)."""
+    found = host_runs(store, run)
+    if name not in found:
+        raise FleetError(f"host {name!r} has no results in the fleet run of {run.id}; it has: "
+                         + ", ".join(found))
+    return found[name]
+
+
+@dataclass
+class SpreadRow:
+    """A target's ratio to its host's baseline on each host, for one headline metric."""
+    workload: str
+    params: dict[str, Any]
+    metric: str
+    target: str
+    ratios: dict[str, float | None]     # host -> ratio (None: no usable ratio there)
+
+    @property
+    def values(self) -> list[float]:
+        return [v for v in self.ratios.values() if v is not None]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def low(self) -> float | None:
+        return min(self.values, default=None)
+
+    @property
+    def high(self) -> float | None:
+        return max(self.values, default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": self.workload, "params": self.params, "metric": self.metric,
+                "target": self.target, "ratios": self.ratios, "median": self.median,
+                "min": self.low, "max": self.high}
+
+
+def spread(per_host: dict[str, Run]) -> list[SpreadRow]:
+    """Per headline metric and non-baseline target, its ratio on every host and their
+    spread: each host's run summarized as `vmtax show` does (analysis.summarize_run)."""
+    rows: dict[tuple, SpreadRow] = {}
+    for name, run in per_host.items():
+        summary = analysis.summarize_run(run)
+        for row in analysis.headline(summary.rows):
+            for target, cell in row.cells.items():
+                if target == summary.baseline:
+                    continue
+                key = (row.workload, json.dumps(row.params, sort_keys=True), row.label, target)
+                found = rows.setdefault(key, SpreadRow(row.workload, row.params, row.label,
+                                                       target, {}))
+                found.ratios[name] = cell.ratio.value if cell.ratio else None
+    for found in rows.values():
+        found.ratios = {name: found.ratios.get(name) for name in per_host}
+    return list(rows.values())

@@ -88,9 +88,10 @@ class RunReport:
     findings: Findings
     workloads: list[str] = field(default_factory=list)
     flags_line: str = ""                  # every flag, counted, in one line
+    host: str | None = None               # the fleet host whose results these are
 
 
-def build(run: Run) -> RunReport:
+def build(run: Run, host: str | None = None) -> RunReport:
     from vmtax import quiet
 
     summary = analysis.summarize_run(run)
@@ -101,7 +102,8 @@ def build(run: Run) -> RunReport:
                              + plots.run_charts(run, labels)),   # E4: density, start-up
                      findings=findings(summary),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
-                     flags_line=report.flags_line(summary.rows, quiet.during(run.host)))
+                     flags_line=report.flags_line(summary.rows, quiet.during(run.host)),
+                     host=host)
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
@@ -199,10 +201,13 @@ _ENV.tests["finite"] = math.isfinite
 _ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.metric)
 
 
-def render_html(reports: list[RunReport], comparison: RunComparison | None = None) -> str:
+def render_html(reports: list[RunReport], comparison: RunComparison | None = None,
+                spread: list[Any] | None = None) -> str:
+    """spread: a fleet run set's fleet.SpreadRow list (reports then has one per host)."""
     svgs = {(i, c.slug): plots.inline_svg(c, prefix=f"r{i}-{c.slug}-")
             for i, r in enumerate(reports) for c in r.charts}
     return _ENV.get_template("report.html.j2").render(
-        reports=reports, svgs=svgs, comparison=comparison, version=__version__,
+        reports=reports, svgs=svgs, comparison=comparison, spread=spread,
+        version=__version__,
         generated=when(time.time()),
         noisy_cv=analysis.NOISY_CV)

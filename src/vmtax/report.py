@@ -325,3 +325,33 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
         for note in dict.fromkeys(r.comparison.note for r in mine
                                   if r.comparison.verdict == "too few runs"):
             console.print(Text(f"too few runs: {note}", style=VERDICT_STYLE["too few runs"]))
+
+
+def print_spread(console: Console, rows, hosts: list[str], title: str) -> None:
+    """A fleet run set: per headline metric and target, its ratio to the baseline on each
+    host, then the spread across hosts (median, min–max). rows: fleet.SpreadRow."""
+    console.print(Text(title, style="bold"))
+    if not rows:
+        console.print("[dim]no target besides the baseline: no ratio to spread[/dim]")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    # One column of words for workload and metric: a narrow terminal wraps it between them.
+    table.add_column("workload metric")
+    table.add_column("target", no_wrap=True)
+    for name in hosts:
+        table.add_column(escape(name), justify="right", no_wrap=True)
+    table.add_column("median", justify="right", no_wrap=True, style="bold")
+    table.add_column("range", justify="right", no_wrap=True)
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        low, high = row.low, row.high
+        table.add_row(escape(row.workload + (f" {params}" if params else "") + " "
+                             + row.metric), escape(row.target),
+                      *[sig3(v) if v is not None else "–" for v in
+                        (row.ratios.get(h) for h in hosts)],
+                      sig3(row.median) if row.median is not None else "–",
+                      f"{_sig2(low)}–{_sig2(high)}" if low is not None and high is not None
+                      else "–")
+    console.print(table)
+    console.print("[dim]ratio to each host's own baseline, below 1 = worse; median and "
+                  "range across hosts[/dim]")
