@@ -90,6 +90,19 @@ def test_classic_summary_fits_one_80_column_screen(tmp_path):
     assert "more metric rows: vmtax show" in text and "--all" in text
 
 
+def test_long_target_names_do_not_squeeze_out_the_row_names(tmp_path):
+    # Guests named after their sweep point (E2's plan), each with its accelerator.
+    guests = {f"{k}[pin={p}]": {"kind": "vm", "bare_host": False, "accel": "tcg"}
+              for k, p in (("gp", "none"), ("rt", "none"), ("rt", "1"))}
+    targets = {"native": TARGETS["native"], **guests}
+    run_id = store_classic(tmp_path, targets=targets, keeps={t: 1.0 for t in targets},
+                           workload_names=["cpu"])
+    text = _headline(Store(tmp_path).load_run(run_id))
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert re.search(r"^ cpu +↑ events", text, re.MULTILINE), text
+    assert "gp[pin=none]" in text and "(tcg)" in text
+
+
 def test_a_single_sample_gets_no_interval(tmp_path):
     run = Store(tmp_path).load_run(store_classic(tmp_path, runs=1, workload_names=["cpu"]))
     cpu = next(line for line in _headline(run).splitlines() if line.split()[:1] == ["cpu"])

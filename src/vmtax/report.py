@@ -167,11 +167,11 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
     table.add_column("workload", overflow="fold")
     table.add_column("metric", overflow="fold")
     # Numbers keep their line while the names beside them wrap; fold only if they must.
-    table.add_column(escape(target_label(run, summary.baseline)), justify="right",
-                     overflow="fold", no_wrap=True)
-    for name in others:
-        table.add_column(escape(target_label(run, name)), justify="right", overflow="fold",
-                         no_wrap=True)
+    # A target's detail goes under its name, so long names cannot squeeze the row names
+    # out of an 80-column table.
+    for name in [summary.baseline, *others]:
+        table.add_column(escape(target_label(run, name)).replace(" (", "\n(", 1),
+                         justify="right", overflow="fold", no_wrap=True)
     for row in rows:
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
         unit = "" if row.unit == row.metric else f" ({row.unit})"
