@@ -4,6 +4,7 @@ run made is looked at: other tests may run containers at the same time."""
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -12,35 +13,14 @@ import pytest
 from conftest import start_vmtax
 from vmtax import host
 
+# The process table as make torture reads it (scripts/torture.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from torture import descendants, processes  # noqa: E402
+
 pytestmark = [
     pytest.mark.live,
     pytest.mark.skipif(os.geteuid() != 0, reason="OCI runtimes need root here"),
 ]
-
-
-def processes() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent, start time, command line)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            found[int(entry.name)] = int(stat[1]), int(stat[19]), cmdline
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def descendants(pid: int) -> dict[tuple[int, int], str]:
-    """(pid, start time) -> command line of every process below pid."""
-    table, found, todo = processes(), {}, [pid]
-    while todo:
-        parent = todo.pop()
-        for child, (ppid, start, cmd) in table.items():
-            if ppid == parent:
-                found[child, start] = cmd
-                todo.append(child)
-    return found
 
 
 def alive(found: dict[tuple[int, int], str]) -> list[str]:

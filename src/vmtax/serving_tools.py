@@ -58,14 +58,6 @@ def built() -> bool:
     return httpd_path().exists() and vegeta_path().exists()
 
 
-def _go(argv: list[str], env: dict[str, str], cwd: Path, what: str) -> None:
-    done = proc.run(argv, env=env, cwd=str(cwd), timeout=BUILD_TIMEOUT)
-    if done.exit_code != 0:
-        why = "timed out" if done.timed_out else f"exit code {done.exit_code}"
-        tail = " | ".join(done.stderr.strip().splitlines()[-5:])
-        raise VmtaxError(f"serving: {what} failed ({why}): {tail}")
-
-
 def _publish(target: Path, build: Callable[[Path], None]) -> None:
     """target's directory made by build(scratch) the first time, published whole, so a
     binary in the cache is always a complete one."""
@@ -94,8 +86,8 @@ def _build_httpd(scratch: Path) -> None:
     if go is None:
         raise VmtaxError(f"serving: needs Go to build tools/httpd ({runsc.INSTALL})")
     gopath = scratch / "go"
-    _go([go, "build", "-trimpath", "-o", str(scratch / "httpd"), "."],
-        runsc.go_env(gopath), SOURCE, "building tools/httpd")
+    runsc.run_go([go, "build", "-trimpath", "-o", str(scratch / "httpd"), "."],
+                 runsc.go_env(gopath), SOURCE, "building tools/httpd", owner="serving")
     shutil.rmtree(gopath)
 
 
@@ -105,9 +97,9 @@ def _build_vegeta(scratch: Path) -> None:
         raise VmtaxError(f"serving: no Go toolchain for {os.uname().machine}")
     gopath = home() / "go"
     go = runsc.fetch_toolchain(gopath, scratch)
-    _go([go, "install", "-trimpath", f"{VEGETA_MODULE}@{VEGETA_VERSION}"],
-        {**runsc.go_env(gopath), "GOBIN": str(scratch)}, scratch,
-        f"building vegeta {VEGETA_VERSION}")
+    runsc.run_go([go, "install", "-trimpath", f"{VEGETA_MODULE}@{VEGETA_VERSION}"],
+                 {**runsc.go_env(gopath), "GOBIN": str(scratch)}, scratch,
+                 f"building vegeta {VEGETA_VERSION}", owner="serving")
     # The toolchain and the module and build caches only speed up another pin's build;
     # a failed build keeps them for its retry.
     shutil.rmtree(gopath)

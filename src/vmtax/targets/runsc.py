@@ -87,13 +87,15 @@ def build_command(go: str) -> list[str]:
             f"gvisor.dev/gvisor/runsc@{GVISOR_VERSION}"]
 
 
-def _go(argv: list[str], env: dict[str, str], cwd: Path, what: str) -> str:
-    """Run a go command; its stdout, or VmtaxError with the end of its stderr."""
+def run_go(argv: list[str], env: dict[str, str], cwd: Path, what: str,
+           owner: str = "runsc") -> str:
+    """Run a go command; its stdout, or VmtaxError ("OWNER: WHAT failed") with the end of
+    its stderr. Also builds the serving workload's tools (vmtax.serving_tools)."""
     done = proc.run(argv, env=env, cwd=str(cwd), timeout=BUILD_TIMEOUT)
     if done.exit_code != 0:
         why = "timed out" if done.timed_out else f"exit code {done.exit_code}"
         tail = " | ".join(done.stderr.strip().splitlines()[-5:])
-        raise VmtaxError(f"runsc: {what} failed ({why}): {tail}")
+        raise VmtaxError(f"{owner}: {what} failed ({why}): {tail}")
     return done.stdout
 
 
@@ -102,7 +104,7 @@ def fetch_toolchain(gopath: Path, scratch: Path) -> str:
     go = bootstrap_go()
     if go is None:
         raise VmtaxError(f"runsc: needs Go to build runsc ({INSTALL})")
-    info = json.loads(_go(download_command(go), go_env(gopath), scratch,
+    info = json.loads(run_go(download_command(go), go_env(gopath), scratch,
                           f"downloading Go {GO_VERSION}"))
     root = Path(info["Dir"])
     # Module zips carry no file modes: make the toolchain's programs executable again.
@@ -130,7 +132,7 @@ def build() -> Path:
         scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=home()))
         try:
             go = fetch_toolchain(gopath, scratch)
-            _go(build_command(go), {**go_env(gopath), "GOBIN": str(scratch)}, scratch,
+            run_go(build_command(go), {**go_env(gopath), "GOBIN": str(scratch)}, scratch,
                 f"building gVisor {GVISOR_VERSION} with Go {GO_VERSION}")
             # Publish whole: a runsc in the cache is always a complete one.
             scratch.chmod(0o755)
