@@ -3,6 +3,8 @@ import functools
 import glob
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -114,7 +116,7 @@ def test_kvm_pvm_hang_is_reported_and_the_child_killed(tmp_path):
     started = time.monotonic()
     status = probe(tmp_path, "kvm_pvm", timeout=0.5, vcpu_body=hang)
     assert time.monotonic() - started < 1.5
-    assert status == kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm")
+    assert status == kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm", hung=True)
     assert _children() == before
 
 
@@ -198,7 +200,9 @@ def _kvm_openable() -> bool:
 
 
 @pytest.mark.live
-def test_live_probe():
+def test_live_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("VMTAX_RUNTIME", str(tmp_path))
+    monkeypatch.setattr(kvm, "_cache", None)
     before = _children()
     started = time.monotonic()
     status = kvm.probe()
@@ -208,7 +212,28 @@ def test_live_probe():
     assert status.reason and "\n" not in status.reason
     if os.path.isdir("/sys/module/kvm_pvm") and not (os.path.isdir("/sys/module/kvm_intel")
                                                      or os.path.isdir("/sys/module/kvm_amd")):
-        assert status == kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm")
+        assert status == kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm", hung=True)
+    # A hung vCPU's verdict is kept for this boot: another process gets it at once.
+    again = subprocess.run([sys.executable, "-c", "from vmtax import kvm; import time; "
+                            "t = time.monotonic(); s = kvm.probe(); "
+                            "print(s.usable, s.hung, round(time.monotonic() - t, 3))"],
+                           capture_output=True, text=True, timeout=30, check=True)
+    usable, hung, seconds = again.stdout.split()
+    assert (usable, hung) == (str(status.usable), str(status.hung))
+    if status.hung:
+        assert float(seconds) < 0.5
+        assert (tmp_path / "kvm-probe.json").exists()
+
+
+def test_kept_verdict_only_for_its_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("VMTAX_RUNTIME", str(tmp_path))
+    hung = kvm.KvmStatus(False, "hangs", "kvm_pvm", hung=True)
+    kvm._keep_verdict("boot-a 1 2 kvm_pvm", hung)
+    assert kvm._kept_verdict("boot-a 1 2 kvm_pvm") == hung
+    assert kvm._kept_verdict("boot-b 1 2 kvm_pvm") is None      # rebooted
+    assert kvm._kept_verdict("boot-a 1 2 kvm_intel") is None    # modules changed
+    (tmp_path / "kvm-probe.json").write_text("{not json")
+    assert kvm._kept_verdict("boot-a 1 2 kvm_pvm") is None
 
 
 @pytest.mark.live

@@ -245,7 +245,7 @@ def _is_static_elf(path: str) -> bool | None:
 
 
 def _kvm_check() -> Check:
-    status = kvm.probe()
+    status = kvm.probe(fresh=True)
     detail = status.reason
     if not status.usable and "TCG" not in detail:
         detail += "; run guests with TCG"

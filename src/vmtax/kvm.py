@@ -6,6 +6,11 @@ instructions per second, so a stock guest kernel never gets anywhere. So probe()
 busy loop that hardware KVM finishes in milliseconds and an emulator needs tens of seconds
 for, in a forked child killed at the timeout. Everything is done with ioctl + mmap + ctypes
 so that no compiled helper is needed.
+
+A vCPU that hung for the whole timeout is a property of this boot's KVM module, not of the
+moment, and costs every vmtax command that starts a guest the full timeout: that verdict
+is kept in the runtime directory (a tmpfs, emptied by a reboot), keyed by the boot, the
+device and the loaded modules, and reused until one of them changes. `doctor` probes afresh.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import grp
+import json
 import mmap
 import os
 import platform
@@ -24,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from vmtax import paths
 from vmtax.proc import _die_with_parent
 
 
@@ -32,6 +39,8 @@ class KvmStatus:
     usable: bool
     reason: str          # one line a user understands: why not usable, or what was verified
     module: str | None   # "kvm_intel", "kvm_amd", "kvm_pvm", ... (None if unknown/absent)
+    # The test vCPU hung: the verdict holds until the boot, device or modules change.
+    hung: bool = False
 
 
 # <linux/kvm.h>: the ioctl numbers and exit reasons this probe needs.
@@ -322,31 +331,67 @@ def _probe(dev: str, sys_root: str, proc_root: str, timeout: float,
                          f"a test vCPU ran {outcome.detail}", module)
     # A vCPU that cannot run points at kvm_pvm whenever it is loaded.
     module = "kvm_pvm" if "kvm_pvm" in modules else (modules[0] if modules else None)
+    hung = outcome.kind == "hung"
     if module == "kvm_pvm":
         failure = f" (the test vCPU failed: {outcome.detail})" if outcome.kind == "failed" else ""
-        return KvmStatus(False, PVM_REASON + failure, module)
+        return KvmStatus(False, PVM_REASON + failure, module, hung)
     where = f"under {module}" if module else "under this KVM"
     if outcome.kind == "ok":
         return KvmStatus(False, f"a test vCPU {where} needed {outcome.elapsed:.1f} s for a loop "
                          "hardware runs in milliseconds: KVM emulates instructions here; "
                          "run guests with TCG", module)
-    if outcome.kind == "hung":
+    if hung:
         return KvmStatus(False, f"a test vCPU {where} {outcome.detail} a loop hardware runs "
                          "in milliseconds: guests would hang under -accel kvm; "
-                         "run them with TCG", module)
+                         "run them with TCG", module, hung)
     return KvmStatus(False, f"KVM cannot run a test vCPU {where} ({outcome.detail}): "
                      "run guests with TCG", module)
 
 
 _cache: KvmStatus | None = None
 _cache_lock = threading.Lock()
+_VERDICT_FILE = "kvm-probe.json"
+
+
+def _boot_key(dev: str, sys_root: str) -> str | None:
+    """What a kept verdict is valid for: this boot, this device node, these modules."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        st = os.stat(dev)
+    except OSError:
+        return None
+    return f"{boot} {st.st_rdev} {st.st_ctime_ns} {' '.join(_loaded_modules(sys_root))}"
+
+
+def _kept_verdict(key: str) -> KvmStatus | None:
+    try:
+        kept = json.loads((paths.runtime_dir(create=False) / _VERDICT_FILE).read_text())
+        if kept.get("key") == key:
+            return KvmStatus(False, kept["reason"], kept["module"], True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def _keep_verdict(key: str, status: KvmStatus) -> None:
+    try:
+        path = paths.runtime_dir() / _VERDICT_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "reason": status.reason,
+                                   "module": status.module}))
+        tmp.replace(path)
+    except OSError:
+        pass   # only a cache: the next command probes again
 
 
 def probe(dev: str = "/dev/kvm", sys_root: str = "/sys", timeout: float = 2.0, *,
           proc_root: str = "/proc",
           query_api: Callable[[str], int] = query_api_version,
-          vcpu_body: Callable[[str], str] = run_tiny_guest) -> KvmStatus:
-    """Whether QEMU can use KVM here; cached per process for the default arguments.
+          vcpu_body: Callable[[str], str] = run_tiny_guest,
+          fresh: bool = False) -> KvmStatus:
+    """Whether QEMU can use KVM here; cached per process for the default arguments, and a
+    hung vCPU's verdict per boot (fresh=True probes again and replaces it).
 
     proc_root, query_api and vcpu_body exist for tests: a fake /proc, a stand-in for
     opening the device and asking its API version (it may raise PermissionError), and a
@@ -358,6 +403,10 @@ def probe(dev: str = "/dev/kvm", sys_root: str = "/sys", timeout: float = 2.0, *
     if not default:
         return _probe(dev, sys_root, proc_root, timeout, query_api, vcpu_body)
     with _cache_lock:
-        if _cache is None:
-            _cache = _probe(dev, sys_root, proc_root, timeout, query_api, vcpu_body)
+        if _cache is None or fresh:
+            key = _boot_key(dev, sys_root)
+            kept = None if fresh or key is None else _kept_verdict(key)
+            _cache = kept or _probe(dev, sys_root, proc_root, timeout, query_api, vcpu_body)
+            if kept is None and key is not None and _cache.hung:
+                _keep_verdict(key, _cache)
         return _cache
