@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from vmtax import __version__, density, guardian, host, journal, plugin, proc, targets
+from vmtax import __version__, density, guardian, host, journal, planfile, plugin, proc, targets
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 from vmtax.targets.base import Target, TargetContext
@@ -132,11 +132,12 @@ def session(results: str) -> Iterator[Session]:
 def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str, dict]]:
     """(settings values, targets) of a density plan file; errors name the file and key."""
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise VmtaxError(f"{path}: cannot read it ({exc.strerror})") from None
+        data = tomllib.loads(planfile.read_text(path))
     except tomllib.TOMLDecodeError as exc:
         raise VmtaxError(f"{path}: not valid TOML: {exc}") from None
+    if "workloads" in data:
+        raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
+                         f"run it with `vmtax run {path}`")
     tables = data.pop("targets", None)
     quick_values = data.pop("quick", None)
     if not isinstance(tables, dict) or not tables:

@@ -584,6 +584,9 @@ def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(source, [_syntax_error(source, text, exc)]) from None
+    other = _other_command(data, source)
+    if other is not None:
+        raise PlanError(source, [other])
     full = _Reader(source, text)
     plan = full.read(data)
     errors = full.errors
@@ -603,7 +606,21 @@ def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
     return plan
 
 
-def load(path: str | os.PathLike[str], quick: bool = False) -> Plan:
+def _other_command(data: dict[str, Any], source: str) -> str | None:
+    """The one-line answer for a plan of another command given to `vmtax run`: a density
+    plan has no [[workloads]] and top-level keys that are density's settings."""
+    if "workloads" in data:
+        return None
+    from vmtax import density   # only for this error: `run` does not need it otherwise
+    theirs = [k for k in data if k in density.Settings.model_fields]
+    if not theirs:
+        return None
+    return (f"{source}: a density plan ({', '.join(theirs[:3])} are `vmtax density` "
+            f"settings and it has no [[workloads]]): run it with `vmtax density {source}`")
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A plan file's text; one-line errors for what cannot be a plan file."""
     try:
         # A device or a FIFO (/dev/urandom) would be read without end.
         if os.path.lexists(path) and not Path(path).is_file():
@@ -614,5 +631,9 @@ def load(path: str | os.PathLike[str], quick: bool = False) -> Plan:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise VmtaxError(f"{path}: cannot read the plan file ({exc})") from None
-    return loads(text, str(path), quick)
+    return text
+
+
+def load(path: str | os.PathLike[str], quick: bool = False) -> Plan:
+    return loads(read_text(path), str(path), quick)
 
