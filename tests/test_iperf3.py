@@ -1,7 +1,10 @@
 """iperf3: a client-server workload (server in the target, client on the host)."""
 
 import json
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from vmtax.errors import ParseError, VmtaxError
 from vmtax.plan import Plan, WorkloadSpec, target_specs
 from vmtax.runner import Runner
 from vmtax.store import Store
+from vmtax.targets.base import LISTEN_ENV
 from vmtax.types import Endpoint
 from vmtax.workloads.base import check_manifest
 from vmtax.workloads.iperf3 import Iperf3
@@ -24,7 +28,7 @@ def fixture(name: str) -> str:
 def test_declares_two_roles_completely():
     check_manifest(Iperf3)
     w = Iperf3.make({}, time=3)
-    assert w.server_job().argv == ["iperf3", "--server", "--port", "5201"]
+    assert w.server_job().argv[-2:] == ["iperf3", "5201"]
     job = w.client_job(Endpoint("10.213.0.5", 5201))
     assert job.argv == ["iperf3", "--client", "10.213.0.5", "--port", "5201", "--time", "3",
                         "--parallel", "1", "--json"]
@@ -90,3 +94,28 @@ def test_a_number_too_long_to_convert_is_a_parse_error():
     workload = Iperf3.make({})
     with pytest.raises(ParseError, match="unusable value"):
         workload.parse('{"end": {"sum_received": {"bits_per_second": ' + "9" * 5000 + "}}}")
+
+
+def _listening_on(port: int, env: dict[str, str]) -> set[str]:
+    argv = Iperf3.make({}).server_job().argv[:-1] + [str(port)]
+    server = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            found = {line.split()[3] for line in subprocess.run(
+                ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                check=True).stdout.splitlines()}
+            if found:
+                return found
+            time.sleep(0.05)
+        return set()
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.live
+def test_server_binds_the_address_its_target_names():
+    """The bare host's server listens on loopback only; elsewhere on every address."""
+    port = 15000 + os.getpid() % 5000
+    assert _listening_on(port, {LISTEN_ENV: "127.0.0.1"}) == {f"127.0.0.1:{port}"}
+    assert _listening_on(port, {}) <= {f"*:{port}", f"0.0.0.0:{port}", f"[::]:{port}"}

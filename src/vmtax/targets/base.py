@@ -18,6 +18,9 @@ from vmtax.errors import TargetError
 from vmtax.instance import Instance
 from vmtax.types import Endpoint, Job, JobResult
 
+# The environment variable a server job reads the address it must bind from (unset: all).
+LISTEN_ENV = "VMTAX_LISTEN"
+
 
 @dataclass
 class TargetContext:
@@ -124,7 +127,9 @@ class Target(plugin.Plugin, abc.ABC):
     def start_server(self, job: Job, port: int) -> Endpoint:
         """Start a client-server workload's server (job) detached in the target, listening
         on `port`; return where the host reaches it. Raises TargetError when this kind of
-        target cannot serve."""
+        target cannot serve. A target that must not expose the server beyond the host sets
+        $VMTAX_LISTEN (LISTEN_ENV) in its environment to the address to bind; servers
+        bind every address of the target otherwise (its own network namespace or guest)."""
         raise TargetError(f"{self.name}: {self.kind} targets cannot run a server for a "
                           "client on the host yet")
 

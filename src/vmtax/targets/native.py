@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from vmtax import network, plugin, proc
 from vmtax.errors import TargetError
-from vmtax.targets.base import Target, TargetContext
+from vmtax.targets.base import LISTEN_ENV, Target, TargetContext
 from vmtax.types import Endpoint, Job, JobResult
 
 
@@ -44,7 +44,9 @@ class NativeTarget(Target):
         return {usable[-1]} if len(usable) > 1 else None
 
     def start_server(self, job: Job, port: int) -> Endpoint:
-        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **job.env}
+        # The client is on this host: a server of the bare host listens on loopback only.
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **job.env,
+               LISTEN_ENV: "127.0.0.1"}
         cpus = self.cpus()
         log = open(os.path.join(self.scratch or "/tmp", f"server-{port}.log"), "wb")
         with log:

@@ -51,7 +51,9 @@ class Iperf3(Workload):
 
     def server_job(self) -> Job:
         # The server lives for the cell; its timeout bounds how long it may take to start.
-        return Job(["iperf3", "--server", "--port", str(PORT)], timeout=30)
+        # Binds the address the target names, if any (the bare host: loopback only).
+        return Job(["busybox", "sh", "-c", 'exec iperf3 --server --port "$1" '
+                    '${VMTAX_LISTEN:+--bind "$VMTAX_LISTEN"}', "iperf3", str(PORT)], timeout=30)
 
     def client_job(self, endpoint: Endpoint) -> Job:
         argv = ["iperf3", "--client", endpoint.address, "--port", str(endpoint.port),

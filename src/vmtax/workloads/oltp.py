@@ -9,7 +9,7 @@ vmtax initialises the data directory itself, as mariadb-install-db does: MariaDB
 tables from Debian's SQL scripts, fed to `mariadbd --bootstrap`, then one account with a
 random password made for this run (`sbtest`, all rights on the `sbtest` database and
 nothing else: no root account is left), so only vmtax's client can use the server while
-it listens on the target's network (natively: on every host interface). The password is
+it listens on the target's network (natively: on loopback only). The password is
 in the stored command lines of the run, and dies with the data directory, which a cleanup
 job deletes. Root file systems carry programs, not data, so prepare jobs bring in the SQL
 scripts and MariaDB's error messages file (vmtax.workloads.macro_util.carry_jobs).
@@ -84,7 +84,9 @@ busybox mkdir mariadb
     exit 1
 }
 """
-_SERVER = _MARIADBD + """mariadbd "$1" --bind-address=0.0.0.0 --port="$2" --socket=mariadb.sock \\
+# Every address of the target, unless the target names one (the bare host: loopback).
+_SERVER = _MARIADBD + """mariadbd "$1" --bind-address="${VMTAX_LISTEN:-0.0.0.0}" --port="$2" \\
+    --socket=mariadb.sock \\
     --pid-file="$PWD/mariadb.pid"
 """
 # On the host: sysbench's own commands, its arguments passed through.
