@@ -69,6 +69,8 @@ $venv_only && exit 0
 mapfile -t plugin_packages < <(.venv/bin/vmtax list packages)
 apt_install "${plugin_packages[@]}"
 # Built once into vmtax's cache (later runs find them there): the serving workload's
-# server and vegeta (Go) and its clip; the minimal guest kernel (minutes, the first time).
+# server and vegeta (Go) and its clip; the minimal guest kernel and the compile workload's
+# kernel tree (minutes each, the first time).
 .venv/bin/python -m vmtax.serving_tools
 .venv/bin/python -m vmtax.minimal_kernel
+.venv/bin/python -m vmtax.kernel_tree

@@ -37,7 +37,7 @@ name = "dbench"
 params = { clients = 1 }
 [[workloads]]
 name = "compile"
-params = { sources = 2, functions = 2 }
+params = { objects = 1 }
 """
 
 

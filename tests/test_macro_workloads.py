@@ -16,7 +16,7 @@ from vmtax.errors import ParseError, VmtaxError
 from vmtax.workloads import dbench, macro_util
 from vmtax.workloads.base import check_manifest
 from vmtax.workloads.bzip2 import Bzip2
-from vmtax.workloads.compile import CC1, Compile
+from vmtax.workloads.compile import Compile
 from vmtax.workloads.dbench import Dbench
 from vmtax.workloads.dd import Dd
 from vmtax.workloads.rsync import Rsync
@@ -125,14 +125,6 @@ def test_compile_times_the_build():
     assert values(Compile.make({}).parse(fixture("compile"))) == {"time": 53.79}
     with pytest.raises(ParseError, match="no time for phase build"):
         Compile.make({}).parse("make: *** [Makefile:3: f0000.o] Error 1\n")
-
-
-def test_compile_carries_gccs_compiler_proper_by_its_path():
-    assert CC1.endswith("/cc1") and CC1 in Compile.binaries
-    run = Compile.make({"jobs": 2}).run_job()
-    assert run.argv[4:] == ["vmtax", "2"] and run.env["GCC_BIN"] == shutil.which("gcc")
-    assert Compile.make({"sources": 7, "functions": 3}).prepare_jobs()[0].argv[4:] == [
-        "vmtax", "7", "3"]
 
 
 # -- dbench --------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ Everything is cached by a key of its inputs and published by an atomic rename.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -24,7 +26,7 @@ import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Iterator
 
 from vmtax import paths, rootfs as rootfs_mod
 from vmtax.errors import VmtaxError
@@ -169,14 +171,25 @@ def _load_kernel(kdir: Path) -> Kernel:
                   modules_dir if modules_dir.is_dir() else None, meta["modules"], meta.get("hz"))
 
 
-def _publish_dir(tmp: Path, dest: Path) -> None:
-    """Move a finished build into place; a concurrent builder may have won the race."""
+def _publish_dir(tmp: Path, dest: Path, marker: str = "meta.json") -> None:
+    """Move a finished build into place; a concurrent builder may have won the race (its
+    build is complete when it has its marker file)."""
     try:
         os.rename(tmp, dest)
     except OSError:
-        if not (dest / "meta.json").exists():
+        if not (dest / marker).exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Held while building dest: a second process that wants the same build waits for the
+    first one's (minutes of work) instead of racing it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _sha256_bytes(data: bytes) -> str:

@@ -79,26 +79,41 @@ def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
     return h.hexdigest()
 
 
+def tarball_sha256(tarball: Path) -> str:
+    """The source tarball's SHA-256 (computed once per file version)."""
+    st = tarball.stat()
+    return _file_sha256(tarball, st.st_size, st.st_mtime_ns)
+
+
 def cache_key(tarball: Path) -> str:
     """Content hash of the source and the configuration."""
-    st = tarball.stat()
     h = hashlib.sha256(f"{FORMAT}\0".encode())
-    h.update(_file_sha256(tarball, st.st_size, st.st_mtime_ns).encode())
+    h.update(tarball_sha256(tarball).encode())
     h.update("\n".join(config_lines()).encode())
     return h.hexdigest()[:16]
 
 
-def _run(argv: list[str], cwd: Path, what: str, timeout: float = BUILD_TIMEOUT) -> None:
+def _run(argv: list[str], cwd: Path, what: str, timeout: float = BUILD_TIMEOUT,
+         who: str = "minimal kernel") -> None:
     try:
         done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
-        raise VmtaxError(f"{argv[0]} is not installed; building the minimal kernel needs "
+        raise VmtaxError(f"{argv[0]} is not installed; building the {who} needs "
                          f"{' '.join(PACKAGES)}") from None
     except subprocess.TimeoutExpired:
-        raise VmtaxError(f"minimal kernel: {what} took longer than {timeout:g} s") from None
+        raise VmtaxError(f"{who}: {what} took longer than {timeout:g} s") from None
     if done.returncode != 0:
         tail = " | ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-4:])
-        raise VmtaxError(f"minimal kernel: {what} failed: {tail or 'no output'}")
+        raise VmtaxError(f"{who}: {what} failed: {tail or 'no output'}")
+
+
+def unpack_tinyconfig(tarball: Path, into: Path, who: str = "minimal kernel") -> Path:
+    """Unpack the source into the directory `into` and `make tinyconfig`; the source tree.
+    (The kernel tree of the compile workload starts the same way: vmtax.kernel_tree.)"""
+    _run(["tar", "-xf", str(tarball), "-C", str(into)], into, f"unpacking {tarball}", who=who)
+    tree = next(p for p in into.iterdir() if p.is_dir())
+    _run(["make", "tinyconfig"], tree, "make tinyconfig", 600, who=who)
+    return tree
 
 
 def check_config(config: str) -> list[str]:
@@ -112,9 +127,7 @@ def build(tarball: Path, dest: Path, jobs: int | None = None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        _run(["tar", "-xf", str(tarball), "-C", str(tmp)], tmp, f"unpacking {tarball}")
-        tree = next(p for p in tmp.iterdir() if p.is_dir())
-        _run(["make", "tinyconfig"], tree, "make tinyconfig", 600)
+        tree = unpack_tinyconfig(tarball, tmp)
         fragment = tree / "vmtax.config"
         fragment.write_text("\n".join(config_lines()) + "\n")
         # olddefconfig then resolves dependencies and drops what cannot be had (checked

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from vmtax import host
 from vmtax.errors import VmtaxError
 from vmtax.image import AGENT_PORT
+from vmtax.trees import SERIAL as TREE_SERIAL
 
 if TYPE_CHECKING:
     from vmtax.network import Endpoint as NetEndpoint
@@ -89,6 +90,9 @@ class VmConfig:
     # device on a vmtax network's bridge (QEMU then starts inside that network's namespace).
     network: str = "none"
     tap: NetEndpoint | None = None
+    # Read-only disks: (ext4 image, where the guest mounts it), the i-th with serial
+    # vmtax.trees.SERIAL.format(i) (vmtax.trees).
+    trees: tuple[tuple[Path, str], ...] = ()
 
 
 MACHINES = {
@@ -185,6 +189,10 @@ def _device_args(cfg: VmConfig) -> list[str]:
     if cfg.disk is not None:
         args += ["-drive", f"if=none,id=scratch,format=raw,file={_opt(cfg.disk)},"
                  f"cache={cfg.disk_cache}", "-device", f"virtio-blk-{suffix},drive=scratch"]
+    for i, (tree_image, _) in enumerate(cfg.trees):
+        args += ["-drive", f"if=none,id=tree{i},format=raw,file={_opt(tree_image)},"
+                 "readonly=on", "-device",
+                 f"virtio-blk-{suffix},drive=tree{i},serial={TREE_SERIAL.format(i)}"]
     if cfg.network == "user":
         # Ports are forwarded to the guest on demand (QMP hostfwd_add), when a server starts.
         args += ["-netdev", f"user,id={NETDEV}", "-device", f"virtio-net-{suffix},netdev={NETDEV}"]

@@ -129,7 +129,9 @@ class Runner:
         self.journal.add(type="rmtree", path=str(work_dir))
         made = [w.make(self.plan.time) for w in self.plan.workloads]
         binaries = tuple(sorted({b for w in made for b in w.binaries}))
+        trees = tuple(sorted({t for w in made for t in w.trees()}))
         ctx = TargetContext(work_dir=work_dir, journal=self.journal, binaries=binaries,
+                            trees=trees,
                             serves=any(w.server_job() is not None for w in made))
         status = "failed"
         try:

@@ -36,6 +36,7 @@ from vmtax.instance import Instance
 from vmtax.journal import Journal
 from vmtax.qemu import (NETDEV, USER_NET_GATEWAY, USER_NET_GUEST, VmConfig, parse_size,
                         qemu_argv)
+from vmtax.trees import SERIAL as TREE_SERIAL
 from vmtax.types import Job, JobResult
 
 if TYPE_CHECKING:
@@ -226,6 +227,9 @@ class VmInstance(Instance):
             self._pin(self.opts.pin)
         self._must(Job(["/bin/sh", "/vmtax/disk", DISK_DEVICE, SCRATCH], timeout=60),
                    "mounting the scratch disk in the guest")
+        for i, (_, mountpoint) in enumerate(cfg.trees):
+            self._must(Job(["/bin/sh", "/vmtax/disk", f"serial:{TREE_SERIAL.format(i)}",
+                            mountpoint, "ro"], timeout=60), f"mounting {mountpoint} in the guest")
         if self.network == "bridge":
             assert self.tap is not None
             self._must(Job(["/bin/sh", "/vmtax/net", self.tap.cidr, self.tap.gateway],

@@ -29,6 +29,8 @@ class TargetContext:
     journal: Any                     # vmtax.journal.Journal: host changes to undo
     # Host programs the plan's workloads need inside the target (their declared binaries).
     binaries: tuple[str, ...] = ()
+    # Read-only host directories they read, shown at the same path in targets (vmtax.trees).
+    trees: tuple[Path, ...] = ()
     # The plan has client-server workloads: targets need a way for clients to reach them.
     serves: bool = False
     image: Any = None                # vmtax.image.GuestImage, built lazily

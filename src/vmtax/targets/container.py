@@ -32,7 +32,7 @@ from typing import Annotated, Any, Callable, ClassVar
 
 from pydantic import AfterValidator
 
-from vmtax import host, network, plugin, proc, rootfs
+from vmtax import host, network, plugin, proc, rootfs, trees
 from vmtax.container_instance import ContainerInstance
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.instance import Instance
@@ -406,6 +406,7 @@ class ContainerTarget(Target):
         self.dir: Path | None = None
         self._fingerprint: dict[str, Any] | None = None
         self._dir_token: int | None = None
+        self._tree_tokens: list[int] = []   # read-only bind mounts in the rootfs copy
         # container id -> journal tokens: remove its cgroups, then (undone first) delete it
         self._undo: dict[str, list[int]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
@@ -465,6 +466,8 @@ class ContainerTarget(Target):
         try:
             self.dir.mkdir(parents=True)
             shutil.copytree(source, self.dir / "rootfs", symlinks=True)
+            self._tree_tokens = [trees.bind_readonly(self.ctx.journal, tree, self.dir / "rootfs")
+                                 for tree in self.ctx.trees]
             for cls, binary in candidates:
                 runtime = cls(binary, self.dir, self.opts.cpus)
                 error = self.probe(runtime)
@@ -608,6 +611,9 @@ class ContainerTarget(Target):
             self.stop_server(Endpoint("", 0, handle=path))
         for container in list(self._undo):
             self._remove(container, delete=True)
+        for token in self._tree_tokens:   # before the copy is removed
+            self.ctx.journal.undo(token)
+        self._tree_tokens = []
         if self._dir_token is not None:
             self.ctx.journal.undo(self._dir_token)
             self._dir_token = None

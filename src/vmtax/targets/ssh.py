@@ -201,6 +201,9 @@ class SshTarget(Target):
 
     def prepare(self) -> None:
         o: SshOptions = self.options  # type: ignore[assignment]
+        if self.ctx.trees:
+            raise TargetError(f"{self.name}: ssh targets cannot carry read-only trees yet "
+                              f"({', '.join(map(str, self.ctx.trees))}, the compile workload's)")
         self._dead, self._lost = None, False
         self.bundle = remote_bundle.make(self.ctx.binaries)
         self.session.connect()

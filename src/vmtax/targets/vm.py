@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from vmtax import hugepages, plugin, proc
+from vmtax import hugepages, plugin, proc, trees
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.image import GuestImage
 from vmtax.instance import Instance
@@ -189,7 +189,8 @@ class VmTarget(Target):
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
             console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache,
             icount=self.opts.icount if accel == "tcg" else None,
-            hugepages=self.opts.hugepages, mem_path=mem_path, network=network, tap=tap)
+            hugepages=self.opts.hugepages, mem_path=mem_path, network=network, tap=tap,
+            trees=tuple((trees.ext4_image(tree), str(tree)) for tree in self.ctx.trees))
 
     def _cmdline(self, image: GuestImage) -> str:
         return kernel_cmdline(self.opts.machine, host_tsc_khz(), image.kernel_info().hz,

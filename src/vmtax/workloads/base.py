@@ -7,6 +7,7 @@ over repetitions: the runner owns warm-ups, repetitions, timeouts and interleavi
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 from typing import Any, ClassVar
 
 from vmtax import plugin
@@ -82,6 +83,11 @@ class Workload(plugin.Plugin, abc.ABC):
     def host_problems(self) -> list[tuple[str, str]]:
         """(option, what the host lacks for it) before anything runs."""
         return []
+
+    def trees(self) -> tuple[Path, ...]:
+        """Read-only host directories the workload reads in its target, where every target
+        shows them at the same path (vmtax.trees); made on first use."""
+        return ()
 
     def hugepages_needed(self) -> tuple[int, str]:
         """2 MiB huge pages one repetition allocates in its target (0: none), and in words
