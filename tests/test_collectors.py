@@ -89,7 +89,7 @@ def test_the_registry_finds_the_collectors():
     assert found["host-cpu"] is HostCpu and found["host-mem"] is HostMem
     assert collectors.registered() == found
     assert collectors.get("host-mem") is HostMem
-    with pytest.raises(VmtaxError, match="known collectors: exits, host-cpu, host-mem"):
+    with pytest.raises(VmtaxError, match="known collectors: exits, generator, host-cpu, host-mem"):
         collectors.get("host-cpus")
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import vmtax, wait_for
 from vmtax import proc, serving_tools
+from vmtax.workloads.serving import CURL_GAP, LOWER_BOUND, Serving
 
 pytestmark = pytest.mark.live
 
@@ -116,36 +117,55 @@ def test_endpoints_of_the_real_server(server):
 def _driver(base: str, spec: dict) -> dict:
     spec = {"vegeta": str(serving_tools.vegeta_path()), "base": base, "factor": 1.0,
             "steps": 1, "min_success": 0.99, "p99_factor": 5.0, "p99_floor": 50.0,
-            "p99_bound": None, "workers": 2, "requests": 4, "request_timeout": 30, **spec}
+            "p99_bound": None, "workers": 2, "requests": 4, "request_timeout": 30,
+            "cross_check": 0, **spec}
     done = subprocess.run([sys.executable, "-m", "vmtax.serving_client", json.dumps(spec)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
-def test_p50_at_a_low_rate_agrees_with_curl(server):
-    """vegeta's median against curl timing the same requests one by one, on transcode
-    (the server's work, ~0.2 s, dwarfs either client's own), interleaved so that the
-    load of other work on the host hits both alike."""
+def test_p50_at_a_low_rate_agrees_with_curl_or_the_report_says_why(server):
+    """The product's cross-check: vegeta's p50 at the lowest rate against curl timing the
+    same requests one by one, on transcode (the server's work, ~0.2 s, dwarfs either
+    client's own). Three driver runs interleave curl's samples with vegeta's, so that the
+    load of other work on this shared host hits both alike; the flag the report shows on
+    the capacity is computed from their medians, as for a stored run of three."""
     base, _, _ = server
-    clip = str(serving_tools.clip(1))
-    endpoint = {"name": "transcode", "method": "POST", "path": "/transcode", "body": clip,
-                "rates": [1.0]}
-    curl, vegeta = [], []
-    for _ in range(4):
-        for _ in range(3):
-            done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{time_total}",
-                                   "--data-binary", f"@{clip}", f"{base}/transcode"],
-                                  capture_output=True, text=True, timeout=60)
-            curl.append(1000 * float(done.stdout))
-        report = _driver(base, {"mode": "rate", "endpoints": [endpoint], "duration": 3})
+    endpoint = {"name": "transcode", "method": "POST", "path": "/transcode",
+                "body": str(serving_tools.clip(1)), "rates": [1.0]}
+    reps = []
+    for _ in range(3):
+        report = _driver(base, {"mode": "rate", "endpoints": [endpoint], "duration": 3,
+                                "cross_check": 3})
         step, = report["steps"]
+        check, = report["cross_check"]
         assert step["requests"] == 3 and step["success"] == 1, step
-        vegeta.append(step["p50"])
-    curl_p50, vegeta_p50 = statistics.median(curl), statistics.median(vegeta)
-    # 10% is the issue's bar; on this 2-core machine shared with other builds single
-    # transcodes vary by ±40%, so a few seconds of samples are held to 30%.
-    assert abs(vegeta_p50 - curl_p50) <= 0.3 * curl_p50, (vegeta_p50, curl_p50)
+        # three requests on the connection the first one opened
+        assert len(check["samples"]) == 3 and check["reused"] == 3, check
+        assert check["connect"] == 0 and check["p50"] > 0, check
+        reps.append(Serving.make({}).parse(json.dumps(report)))
+    vegeta = statistics.median(_value(r, "p50 latency[endpoint=transcode,rate=1]")
+                               for r in reps)
+    curl = statistics.median(_value(r, "curl p50 latency[endpoint=transcode]") for r in reps)
+    flags = [f for f in Serving.cell_flags("requests/s[endpoint=transcode]", reps)
+             if f.startswith(CURL_GAP)]
+    if abs(vegeta - curl) <= 0.1 * curl:      # the issue's bar
+        assert flags == []
+        return
+    # Otherwise the report explains the gap with the medians it shows and a measured cause.
+    flag, = flags
+    assert f"({vegeta:.3g} vs {curl:.3g} ms at 1/s): " in flag, flag
+    causes = flag.split(": ", 2)[2].split("; ")
+    assert causes and all(c.startswith(CAUSES) for c in causes), flag
+
+
+CAUSES = ("curl's connect ", "generator-bound step", "queueing: ", "host load: ",
+          "noise: curl's samples spread ")
+
+
+def _value(metrics, key: str) -> float:
+    return next(m.value for m in metrics if m.key == key)
 
 
 def test_workers_send_exactly_the_requests(server):
@@ -162,6 +182,7 @@ PLAN = """
 runs = 1
 warmup = 0
 time = 1
+collect = ["generator"]
 
 [targets.native]
 
@@ -183,6 +204,7 @@ workers = 2
 download_size = "64K"
 upload_size = "64K"
 clip_seconds = 1
+cross_check = 2
 """
 
 
@@ -208,4 +230,18 @@ def test_run_native_and_container(tmp_path):
         assert 0 < p99["summary"]["median"] < 10_000
         for mode in ("rate", "workers"):
             assert cells("files left", mode)[target]["summary"]["median"] == 0
+            # the generator collector: vegeta and its driver ran, and used some CPU
+            host = next(r["cells"][target] for r in rows if r["metric"] == "generator load"
+                        and r["params"].get("mode") == mode)
+            assert 0 < host["summary"]["median"] < 100 * os.cpu_count()
+        for endpoint in ("download", "upload", "transcode"):
+            capacity = cells("requests/s", "rate", endpoint=endpoint)[target]
+            flags = capacity["flags"]
+            found = cells("capacity found", "rate", endpoint=endpoint)[target]
+            bound = LOWER_BOUND.format(capacity['summary']['median'])
+            assert any(f.startswith(bound) for f in flags) == (
+                found["summary"]["median"] == 0), flags
+            gap = cells("curl gap", "rate", endpoint=endpoint)[target]["summary"]["median"]
+            explained = [f for f in flags if f.startswith(CURL_GAP)]
+            assert len(explained) == (abs(gap) > 10), (gap, flags)
     assert not list((tmp_path / "results").glob(".work-*"))

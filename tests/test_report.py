@@ -196,3 +196,14 @@ def test_table_labels_a_target_by_what_its_fingerprint_says(fingerprint, label):
               version="0", targets={"vm": {"kind": fingerprint["kind"],
                                            "fingerprint": fingerprint}}, reps=[])
     assert report.target_label(run, "vm") == label
+
+
+def test_flags_line_counts_a_detailed_flag_by_its_kind():
+    """Flags that carry their own numbers ("KIND: detail") collapse to one count per kind."""
+    cells = {t: analysis.Cell(1, 0, flags=flags) for t, flags in {
+        "a": ["noisy", "capacity is a lower bound: ≥ 40/s, no step failed"],
+        "b": ["capacity is a lower bound: ≥ 1/s, no step failed"],
+        "c": ["p50 differs from curl's by > 10%: -57% (5.17 vs 12.1 ms at 10/s): noise"]}.items()}
+    row = analysis.Row("serving", {}, "requests/s", {}, "requests/s", True, cells)
+    assert report.flags_line([row]) == ("⚠ 2 cells capacity is a lower bound, 1 cell noisy "
+                                        "(CV > 5%), 1 cell p50 differs from curl's by > 10%")

@@ -206,6 +206,13 @@ def _resolution(workload: str, metric: str) -> float | None:
     return spec.resolution if spec is not None else None
 
 
+def _workload_flags(workload: str, metric_key: str, reps: list[Rep]) -> list[str]:
+    """Flags a workload raises on a cell itself, from the metrics of its successful
+    repetitions (serving: vegeta's p50 far from curl's, a capacity that is a lower bound)."""
+    hook = getattr(workloads.registered().get(workload), "cell_flags", None)
+    return hook(metric_key, [r.metrics for r in reps if r.status == "ok"]) if hook else []
+
+
 def _duration(reps: list[Rep]) -> float | None:
     """Median host time of the successful repetitions; None when none was timed."""
     times = [r.host_elapsed for r in reps if r.status == "ok" and r.host_elapsed is not None]
@@ -292,6 +299,7 @@ def summarize_run(run: Run, baseline: str | None = None,
                     cell.flags.append(TOO_SHORT)
                 if skewed[t]:
                     cell.flags.append("clock skew")
+                cell.flags += _workload_flags(workload, metric_key, reps)
                 cells[t] = cell
             rows.append(Row(workload, json.loads(shown_key), metric.name,
                             dict(metric.dimensions), metric.unit, hib, cells))

@@ -406,6 +406,7 @@ def serving_latency(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     endpoint, one line per target, each target's capacity marked on its line."""
     colors = target_colors(summary)
     capacity = {key: rows for key, rows in _serving_groups(summary, "requests/s").items()}
+    found = _serving_groups(summary, "capacity found")
     charts = []
     for key, rows in _serving_groups(summary, "p99 latency").items():
         rows = [r for r in rows if numeric(r.dimensions.get("rate")) is not None]
@@ -417,17 +418,27 @@ def serving_latency(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
         charts.append(Chart(
             slug=f"serving-p99-vs-rate{'-' + slugify(suffix) if suffix else ''}",
             title=title,
-            caption=("p99 latency (vegeta's) of each rate step, median over the measured "
-                     "runs with its confidence interval; a sweep ends at its first failing "
-                     "step. The ringed point is the capacity, the last rate sustained."),
+            caption=("p99 latency of each rate step (exact, of every request vegeta timed), "
+                     "median over the measured runs with its confidence interval; a sweep "
+                     "ends at its first failing step. The ringed point is the capacity, the "
+                     "last rate sustained before a step failed; a point marked ▷ ≥ is only a "
+                     "lower bound: no step failed, so the server sustained the highest "
+                     "offered rate and its capacity is that or more."),
             figure=_serving_latency_figure(title, rows, capacity.get(key, []),
-                                           summary.targets, labels, colors)))
+                                           found.get(key, []), summary.targets, labels,
+                                           colors)))
     return charts
 
 
+def _serving_cell(rows: list[Row], endpoint: str, target: str) -> float | None:
+    """The median of target's cell in the row of endpoint, if any."""
+    return next((c.summary.median for r in rows if r.dimensions.get("endpoint") == endpoint
+                 and (c := r.cells.get(target)) is not None and c.summary is not None), None)
+
+
 def _serving_latency_figure(title: str, rows: list[Row], capacity_rows: list[Row],
-                            targets: list[str], labels: dict[str, str],
-                            colors: dict[str, str]) -> Figure:
+                            found_rows: list[Row], targets: list[str],
+                            labels: dict[str, str], colors: dict[str, str]) -> Figure:
     endpoints = list(dict.fromkeys(r.dimensions.get("endpoint", "") for r in rows))
     fig = Figure(figsize=(SERVING_PANEL_SIZE[0] * len(endpoints) + 1.6,
                           SERVING_PANEL_SIZE[1]), dpi=DPI, layout="constrained")
@@ -449,15 +460,19 @@ def _serving_latency_figure(title: str, rows: list[Row], capacity_rows: list[Row
                 ax.fill_between(xs, [s.ci_low for _, s in points],
                                 [s.ci_high for _, s in points], color=colors[target],
                                 alpha=0.13, linewidth=0)
-            cap = next((c.summary.median for r in capacity_rows
-                        if r.dimensions.get("endpoint") == endpoint
-                        and (c := r.cells.get(target)) is not None and c.summary is not None),
-                       None)
+            cap = _serving_cell(capacity_rows, endpoint, target)
             at = [s.median for x, s in points if cap is not None and math.isclose(x, cap)]
             if at:
-                ax.plot([cap], at[:1], linestyle="none", marker="o", markersize=9,
-                        markerfacecolor="none", markeredgecolor=colors[target],
-                        markeredgewidth=1.6)
+                # Without a failed step (median of "capacity found" below 1/2) the
+                # capacity is only a lower bound: an open triangle pointing on, and "≥".
+                bound = (_serving_cell(found_rows, endpoint, target) or 0.0) < 0.5 \
+                    if found_rows else False
+                ax.plot([cap], at[:1], linestyle="none", marker=">" if bound else "o",
+                        markersize=9, markerfacecolor="none",
+                        markeredgecolor=colors[target], markeredgewidth=1.6)
+                if bound:
+                    ax.annotate("≥", (cap, at[0]), xytext=(7, 3), textcoords="offset points",
+                                fontsize=9, color=colors[target], fontweight="bold")
         ax.set_xscale("log")
         ax.set_yscale("log")
         rates = sorted({_sweep_x(r.dimensions["rate"]) for r in rows
@@ -474,6 +489,9 @@ def _serving_latency_figure(title: str, rows: list[Row], capacity_rows: list[Row
     handles.append(Line2D([], [], linestyle="none", marker="o", markersize=9,
                           markerfacecolor="none", markeredgecolor="#555a62",
                           label="capacity"))
+    handles.append(Line2D([], [], linestyle="none", marker=">", markersize=9,
+                          markerfacecolor="none", markeredgecolor="#555a62",
+                          label="capacity ≥\n(no step failed)"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8)
     fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
                  fontweight=STYLE["axes.titleweight"])

@@ -130,11 +130,12 @@ def _ratio_text(cell: Cell | None) -> Text:
 
 
 def flag_counts(rows: list[Row]) -> dict[str, int]:
-    """How many cells of these rows raise each flag, most frequent first."""
+    """How many cells of these rows raise each kind of flag, most frequent first (a flag
+    "KIND: detail" counts as its kind)."""
     counts: dict[str, int] = {}
     for row in rows:
         for cell in row.cells.values():
-            for flag in cell.flags:
+            for flag in {f.partition(": ")[0] for f in cell.flags}:
                 counts[flag] = counts.get(flag, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -19,7 +20,7 @@ from typing import Iterator, Protocol
 
 from vmtax import __version__, analysis, estimate, host, plugin, proc, stats
 from vmtax import targets as target_registry
-from vmtax.collectors.base import Collector, Subject
+from vmtax.collectors.base import Collector, HostClient, Subject
 from vmtax.errors import TargetError, VmtaxError
 from vmtax.journal import Journal
 from vmtax.plan import Plan
@@ -113,6 +114,8 @@ class Runner:
         self.broken: dict[str, str] = {}   # target -> why it can no longer run jobs
         # The current cell of a client-server workload: each target's server, or why not.
         self.endpoints: dict[str, Endpoint] = {}
+        # CPU time of each target's client on the host during the cell (collectors read it)
+        self.clients: dict[str, HostClient] = {}
         self.cell_errors: dict[str, str] = {}
         self.warned_shared_cpus: set[str] = set()
         self.run_id: str | None = None
@@ -276,7 +279,9 @@ class Runner:
         endpoint = self.endpoints.get(name)
         return Subject(kind=target.kind, name=name,
                        pids=[*target.host_pids(), *(endpoint.pids if endpoint else [])],
-                       vcpu_threads=target.vcpu_threads() if target.alive() else [])
+                       vcpu_threads=target.vcpu_threads() if target.alive() else [],
+                       host_client=(self.clients.setdefault(name, HostClient())
+                                    if endpoint else None))
 
     def _start_collectors(self, name: str, workload: Workload,
                           done: set[tuple]) -> list[tuple[str, Collector]]:
@@ -334,6 +339,7 @@ class Runner:
             with self._awake(name) as target:
                 target.stop_server(endpoint)
         self.endpoints = {}
+        self.clients = {}
         self.cell_errors = {}
 
     def _measured_job(self, name: str, workload: Workload) -> tuple[Job, bool]:
@@ -369,7 +375,14 @@ class Runner:
             for step in steps:
                 step()
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **job.env}
+        # The client's CPU time, with what it waited for (a killed one's children are
+        # not counted): nothing else of vmtax's is reaped meanwhile.
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         done = proc.run(job.argv, timeout=job.timeout, env=env, preexec=preexec)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if name in self.clients:
+            self.clients[name].add(after.ru_utime - before.ru_utime,
+                                   after.ru_stime - before.ru_stime, done.elapsed)
         return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
                          timed_out=done.timed_out)
 

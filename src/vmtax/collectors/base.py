@@ -48,6 +48,24 @@ class CollectorError(VmtaxError):
     one line for the user. The cell's own results stand without the collector's metrics."""
 
 
+@dataclass
+class HostClient:
+    """CPU time of a workload's client on the host (a load generator against the subject's
+    server), which the runner adds to after each repetition: the client's and that of
+    every process it waited for (its children's rusage), user and system seconds, and the
+    seconds it ran."""
+    user: float = 0.0
+    system: float = 0.0
+    elapsed: float = 0.0
+    runs: int = 0
+
+    def add(self, user: float, system: float, elapsed: float) -> None:
+        self.user += user
+        self.system += system
+        self.elapsed += elapsed
+        self.runs += 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class Subject:
     """What a collector observes: one running instance of a target, as the host sees it."""
@@ -61,6 +79,8 @@ class Subject:
     # root ("/vmtax-0123abcd"): on cgroup v1 that path is a directory in every hierarchy,
     # so each collector finds it in the one whose controller it reads. None: no cgroup.
     cgroup: str | None = None
+    # The workload's client on the host, for a client-server workload; None otherwise.
+    host_client: HostClient | None = None
 
 
 class Collector(plugin.Plugin, abc.ABC):

@@ -14,8 +14,18 @@ one run of vmtax.serving_client on the host, pinned apart from the target's CPUs
 - `workers`: per endpoint, `workers` workers send `requests` requests as fast as the
   server answers; requests/s is what they achieved.
 
-Latencies are vegeta's own, per endpoint and offered rate. After the run the server counts
-the files uploads and transcodes left in the target, which must be none.
+Latencies are exact percentiles of every request vegeta timed (vmtax.serving_client says
+why not vegeta's own estimates), per endpoint and offered rate. In rate mode `cross_check`
+requests per endpoint are first timed with curl, one at a time; vegeta's p50 at the lowest rate
+more than 10% away from curl's median raises a flag on the endpoint's capacity naming what
+was measured to differ (curl's connection set-up, a generator-bound step, queueing, host
+load, curl's own spread). A capacity from a sweep in which no step failed is only a lower
+bound, flagged as `≥`. After the run the server counts the files uploads and transcodes
+left in the target, which must be none.
+
+Each step's "generator cpu" is the driver's own measure, for its "generator bound" flag;
+the `generator` collector (plans/serving.toml enables it) records the client's CPU time
+over the cell's measured repetitions.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import sys
 from typing import Annotated, Any, Literal
 
@@ -91,6 +102,10 @@ class ServingOptions(plugin.Options):
                                       "posts", unit="s", ge=1, le=60)
     request_timeout: int = plugin.option(30, "Seconds vegeta waits for one answer",
                                          unit="s", ge=1, le=600)
+    cross_check: int = plugin.option(
+        7, "Rate mode: requests per endpoint timed with curl one at a time before its sweep "
+        "(after one that opens the connection), whose median is set beside vegeta's p50 at "
+        "the lowest rate (0: none)", unit="requests", ge=0, le=100)
 
     def problems(self) -> list[tuple[str, str]]:
         if "upload" in self.endpoints and size_bytes(self.upload_size) > size_bytes(
@@ -101,6 +116,46 @@ class ServingOptions(plugin.Options):
 
 
 _STEP = ("endpoint", "rate")
+# A capacity no failing step bounded: what the server sustained, not its limit.
+# A flag is "KIND: detail": the terminal counts cells per kind, the report shows it whole.
+LOWER_BOUND = "capacity is a lower bound: ≥ {:g}/s, no step failed"
+CURL_GAP = "p50 differs from curl's by > 10%"
+
+
+def _medians(reps: list[list[Metric]]) -> dict[str, float]:
+    """Each metric's median over the repetitions that have it."""
+    values: dict[str, list[float]] = {}
+    for metrics in reps:
+        for m in metrics:
+            values.setdefault(m.key, []).append(m.value)
+    return {key: statistics.median(v) for key, v in values.items()}
+
+
+def _flags(endpoint: str, medians: dict[str, float]) -> list[str]:
+    """The flags the medians of an endpoint's metrics raise on its capacity."""
+    flags = []
+    capacity = medians.get(f"requests/s[endpoint={endpoint}]")
+    found = medians.get(f"capacity found[endpoint={endpoint}]")
+    if found is not None and found < 0.5 and capacity is not None:
+        flags.append(LOWER_BOUND.format(capacity))
+    curl = medians.get(f"curl p50 latency[endpoint={endpoint}]")
+    rates = [float(key.rsplit("rate=", 1)[1].rstrip("]")) for key in medians
+             if key.startswith(f"p50 latency[endpoint={endpoint},rate=")]
+    if curl is None or not rates:
+        return flags
+    step = f"endpoint={endpoint},rate={min(rates):g}"
+    vegeta = medians.get(f"p50 latency[{step}]", 0.0)
+    causes = serving_client.explain_gap(
+        vegeta_p50=vegeta, rate=min(rates), curl_p50=curl,
+        generator_bound=medians.get(f"generator bound[{step}]", 0.0) >= 0.5,
+        step_busy=medians.get(f"host busy[{step}]", 0.0),
+        connect=medians.get(f"curl connect[endpoint={endpoint}]", 0.0),
+        spread=medians.get(f"curl spread[endpoint={endpoint}]", 0.0),
+        curl_busy=medians.get(f"curl host busy[endpoint={endpoint}]", 0.0))
+    if causes:
+        flags.append(f"{CURL_GAP}: {serving_client.gap(vegeta, curl):+.0f}% ({vegeta:.3g} vs "
+                     f"{curl:.3g} ms at {min(rates):g}/s): " + "; ".join(causes))
+    return flags
 
 
 class Serving(Workload):
@@ -111,7 +166,8 @@ class Serving(Workload):
     Options = ServingOptions
     options: ServingOptions
     binaries = ("ffmpeg", str(serving_tools.httpd_path()))
-    packages = ("ffmpeg", "golang-go")
+    # curl: the cross-check, on the host
+    packages = ("ffmpeg", "golang-go", "curl")
     time_option = "duration"
     server_port = PORT
     metrics = (
@@ -121,6 +177,9 @@ class Serving(Workload):
         MetricSpec("p50 latency", "ms", False, "Median latency (vegeta's)", dimensions=_STEP),
         MetricSpec("p90 latency", "ms", False, "90th percentile latency", dimensions=_STEP),
         MetricSpec("p99 latency", "ms", False, "99th percentile latency", dimensions=_STEP),
+        MetricSpec("p99.9 latency", "ms", False, "99.9th percentile latency (the slowest "
+                   "request when a step has fewer than 1,000)", secondary=True,
+                   dimensions=_STEP),
         MetricSpec("max latency", "ms", False, "Slowest request", secondary=True,
                    dimensions=_STEP),
         MetricSpec("success", "%", True, "Requests answered 2xx/3xx in time",
@@ -132,6 +191,24 @@ class Serving(Workload):
         MetricSpec("generator bound", "flag", False, "1: vegeta, not the server, limited the "
                    "step (it sent less than offered, or its CPUs were busy)", secondary=True,
                    dimensions=_STEP),
+        MetricSpec("host busy", "%", False, "Share of the host's CPU time busy during the "
+                   "step (all CPUs, whoever used them)", secondary=True, dimensions=_STEP),
+        MetricSpec("curl p50 latency", "ms", False, "Rate mode: median of the cross-check's "
+                   "requests, timed by curl one at a time on one connection",
+                   secondary=True, dimensions=("endpoint",)),
+        MetricSpec("curl set-up", "ms", False, "What the first request took more than their "
+                   "median: opening the connection, and whatever else a first request costs "
+                   "(may be below 0)", secondary=True, spread=True, dimensions=("endpoint",)),
+        MetricSpec("curl connect", "ms", False, "Median of their time_connect: 0 while the "
+                   "connection is reused, as vegeta reuses its", secondary=True,
+                   dimensions=("endpoint",)),
+        MetricSpec("curl spread", "%", False, "Their range (slowest - fastest), % of their "
+                   "median", secondary=True, dimensions=("endpoint",)),
+        MetricSpec("curl host busy", "%", False, "Share of the host's CPU time busy while "
+                   "curl timed them", secondary=True, dimensions=("endpoint",)),
+        MetricSpec("curl gap", "%", False, "vegeta's p50 at the lowest rate relative to "
+                   "curl's median (+: vegeta slower)", secondary=True, spread=True,
+                   dimensions=("endpoint",)),
         MetricSpec("capacity found", "flag", True, "Rate mode: 1 when a step failed, so "
                    "requests/s is the server's limit; 0 when the sweep ran out of steps "
                    "first, so the server sustains at least that", secondary=True,
@@ -148,6 +225,9 @@ class Serving(Workload):
             problems.append(("endpoints", NOT_BUILT))
         if shutil.which("ffmpeg") is None:
             problems.append(("endpoints", "ffmpeg installed (apt-get install ffmpeg)"))
+        if (self.options.mode == "rate" and self.options.cross_check
+                and shutil.which("curl") is None):
+            problems.append(("cross_check", "curl installed (apt-get install curl), or 0"))
         return problems
 
     # -- cost ------------------------------------------------------------------------------
@@ -168,7 +248,9 @@ class Serving(Workload):
         if not serving_tools.built():   # a run without a plan file: no host check before
             raise VmtaxError(f"workload serving needs {NOT_BUILT}")
         o = self.options
-        argv = [str(serving_tools.httpd_path()), "-listen", f":{PORT}", "-disk", "uploads",
+        # Every address of the target, unless the target names one (the bare host: loopback).
+        argv = ["busybox", "sh", "-c", f'exec "$@" -listen "${{VMTAX_LISTEN:-}}:{PORT}"',
+                "httpd", str(serving_tools.httpd_path()), "-disk", "uploads",
                 "-max-body", str(size_bytes(o.max_body)),
                 "-max-download", str(size_bytes(o.download_size))]
         ffmpeg = shutil.which("ffmpeg")
@@ -198,14 +280,17 @@ class Serving(Workload):
                 "duration": o.duration, "factor": o.factor, "steps": o.steps,
                 "min_success": o.min_success, "p99_factor": o.p99_factor, "p99_floor": o.p99_floor,
                 "p99_bound": o.p99_bound, "workers": o.workers, "requests": o.requests,
-                "request_timeout": o.request_timeout}
+                "request_timeout": o.request_timeout,
+                "cross_check": o.cross_check if o.mode == "rate" else 0}
 
     def client_job(self, endpoint: Endpoint) -> Job:
         o = self.options
         if o.mode == "rate":
             # Every step may wait a request timeout for its last answers after its duration.
             steps = sum(len(self._rates(e)) for e in o.endpoints)
-            timeout = steps * (o.duration + o.request_timeout + 30) + 60
+            timeout = (steps * (o.duration + o.request_timeout + 30) + 60
+                       + len(o.endpoints) * ((o.cross_check + 1) * (o.request_timeout + 1)
+                                             + 30))
         else:
             timeout = len(o.endpoints) * (
                 math.ceil(o.requests / o.workers) * o.request_timeout + 90)
@@ -213,6 +298,34 @@ class Serving(Workload):
                     json.dumps(self.client_spec(endpoint))], timeout=timeout)
 
     # -- the parser ------------------------------------------------------------------------
+
+    def _cross_check(self, checks: list[dict[str, Any]],
+                     steps: list[dict[str, Any]]) -> list[Metric]:
+        metrics = []
+        for check in checks:
+            name = check["endpoint"]
+            metrics += [self.metric("curl p50 latency", check["p50"], endpoint=name),
+                        self.metric("curl set-up", check["setup"], endpoint=name),
+                        self.metric("curl connect", check["connect"], endpoint=name),
+                        self.metric("curl spread", check["spread"], endpoint=name),
+                        self.metric("curl host busy", check["host_busy"], endpoint=name)]
+            lowest = min((s for s in steps if s["endpoint"] == name),
+                         key=lambda s: s["rate"], default=None)
+            if lowest is not None:
+                metrics.append(self.metric("curl gap", serving_client.gap(
+                    lowest["p50"], check["p50"]), endpoint=name))
+        return metrics
+
+    @classmethod
+    def cell_flags(cls, metric_key: str, reps: list[list[Metric]]) -> list[str]:
+        """On an endpoint's capacity (analysis asks, with each successful repetition's
+        metrics): `≥` when no step of the sweep failed, and why vegeta's p50 at the lowest
+        rate is more than 10% from curl's median; of the medians over the repetitions, as
+        the report shows them."""
+        endpoint = metric_key.removeprefix("requests/s[endpoint=").removesuffix("]")
+        if endpoint == metric_key or not reps:
+            return []
+        return _flags(endpoint, _medians(reps))
 
     def parse(self, stdout: str) -> list[Metric]:
         try:
@@ -224,9 +337,10 @@ class Serving(Workload):
                 if step["rate"] is not None:
                     dims["rate"] = f"{step['rate']:g}"
                 metrics += [self.metric(f"{p} latency", step[p], **dims)
-                            for p in ("p50", "p90", "p99", "max")]
+                            for p in serving_client.PERCENTILES]
                 metrics += [
                     self.metric("success", 100.0 * step["success"], **dims),
+                    self.metric("host busy", step["host_busy"], **dims),
                     self.metric("achieved rate", step["throughput"], **dims),
                     self.metric("generator cpu", step["generator_cpu"], **dims),
                     self.metric("generator bound", float(step["generator_bound"]), **dims)]
@@ -237,6 +351,7 @@ class Serving(Workload):
                         for name, rate in report["capacity"].items()]
             metrics += [self.metric("capacity found", float(found), endpoint=name)
                         for name, found in report["limited"].items()]
+            metrics += self._cross_check(report.get("cross_check", []), steps)
             metrics.append(self.metric("files left", report["files_left"]))
         except json.JSONDecodeError as exc:
             raise ParseError(f"serving client printed no JSON ({exc.msg})") from None
