@@ -57,8 +57,9 @@ def test_a_workload_counts_once_whatever_its_dimensions():
     assert disk.by_target["native"] == Index(1.0, 1.0, 1.0)
     overall = classes["overall"].by_target["vm"]
     assert overall.value == pytest.approx((1.0 * 0.5 * 0.8) ** (1 / 3))
-    # container's interval holds native's 1
-    assert classes["CPU"].recommendation == "CPU: no significant difference"
+    # container's interval holds native's 1; the VM's lies below it
+    assert classes["CPU"].recommendation == \
+        "CPU: no significant difference (native ≈ container; vm worse)"
 
 
 def test_recommendation_only_beyond_noise():
@@ -68,7 +69,8 @@ def test_recommendation_only_beyond_noise():
     assert composite.recommend("CPU", overlaps) == "CPU: no significant difference"
     # the baseline itself wins when every other target is worse beyond noise
     loses = {"native": Index(1, 1, 1), "vm": Index(0.5, 0.4, 0.6)}
-    assert composite.recommend("disk I/O", loses) == "disk I/O: native (index 1 [1, 1])"
+    assert composite.recommend("disk I/O", loses) == \
+        "disk I/O: native (the others lose beyond noise)"
 
 
 def test_cells_without_a_ratio_are_left_out_and_said():
@@ -96,11 +98,19 @@ def test_single_runs_give_no_verdict():
 # -- suspicious wins, from stored results -------------------------------------------------
 
 def _stored_dd_run(tmp_path, vm_direct: float, vm_guest_elapsed: float = 2.0):
-    """A run stored as the runner stores one: native (the bare host) and a VM, 5 dd runs
-    each; the VM's buffered copy is 3 times native's, its direct copy `vm_direct`."""
+    from vmtax import analysis
+    from vmtax.store import Store
+    run_id = store_dd_run(tmp_path / "results", vm_direct, vm_guest_elapsed)
+    return analysis.summarize_run(Store(str(tmp_path / "results")).load_run(run_id))
+
+
+def store_dd_run(results, vm_direct: float, vm_guest_elapsed: float = 2.0) -> str:
+    """A run stored in results as the runner stores one: native (the bare host) and a VM,
+    5 dd runs each; the VM's buffered copy is 3 times native's, its direct copy
+    `vm_direct` (native's: 100 MB/s)."""
     from vmtax.store import Store
     from vmtax.workloads.dd import Dd
-    store = Store(str(tmp_path / "results"))
+    store = Store(str(results))
     plan = {"baseline": "native", "targets": [{"name": "native"}, {"name": "vm"}]}
     run_id = store.new_run(plan, {}, "test")
     store.set_target(run_id, "native", "native", {"kind": "native", "bare_host": True})
@@ -115,8 +125,8 @@ def _stored_dd_run(tmp_path, vm_direct: float, vm_guest_elapsed: float = 2.0):
                           host_elapsed=2.0, guest_elapsed=vm_guest_elapsed
                           if target == "vm" else None, metrics=metrics)
     store.finish_run(run_id, "done")
-    from vmtax import analysis
-    return analysis.summarize_run(store.load_run(run_id))
+    store.close()
+    return run_id
 
 
 def test_buffered_dd_win_without_a_direct_one_is_the_host_page_cache(tmp_path):
@@ -140,3 +150,15 @@ def test_no_win_no_explanation(tmp_path):
     for row in summary.rows:
         row.cells["vm"].flags.clear()
     assert composite.explanations(summary) == []
+
+
+def test_a_class_won_against_the_bare_host_is_called_suspicious():
+    rows = [row("bzip2", "time", {"vm": cell(0.5, 0.4, 0.6), "container": cell(1.3, 1.1, 1.5)},
+                input="file")]
+    on_host = summary(rows)
+    on_host.baseline_bare_host = True
+    assert composite.composite(on_host)[0].recommendation == \
+        "CPU: container (index 1.3 [1.1, 1.5]), faster than native: suspicious"
+    # against another target (E5's huge pages) a win is the finding itself
+    assert composite.composite(summary(rows))[0].recommendation == \
+        "CPU: container (index 1.3 [1.1, 1.5])"

@@ -257,9 +257,9 @@ ERRORS = [
         name = "cpu"
      """, 'x.toml:12: targets.vm.memory: expected a size like "2G", got "lots"'),
     ("rnus = 3\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
-     'x.toml:1: top level: expected one of runs, warmup, time, baseline, interleave, max_runs, '
-     'ci_target, collect, timeout, name, targets, workloads, quick, got "rnus" (did you mean '
-     '"runs"?)'),
+     'x.toml:1: top level: expected one of runs, warmup, time, baseline, interleave, '
+     'drop_caches, max_runs, ci_target, collect, timeout, name, targets, workloads, quick, '
+     'got "rnus" (did you mean "runs"?)'),
     ("runs = 0\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      "x.toml:1: runs: expected a whole number of at least 1, got 0"),
     ("warmup = -1\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
@@ -721,8 +721,8 @@ def test_quick_problems_are_named_and_placed_at_the_quick_table():
             + "    [quick.targets.nope]\n")
     assert problems(text) == [
         "x.toml:14: quick.runs: expected a whole number of at least 1, got 0",
-        'x.toml:16: quick: expected one of runs, warmup, time, baseline, interleave, max_runs, '
-        'ci_target, collect, timeout, name, targets, params, got "extra"',
+        'x.toml:16: quick: expected one of runs, warmup, time, baseline, interleave, '
+        'drop_caches, max_runs, ci_target, collect, timeout, name, targets, params, got "extra"',
         'x.toml:17: quick.params: expected a param of a workload of the plan (cpu, memory), '
         'got "cpu-max-time"',
         'x.toml:19: quick.targets.vm: expected a vm option (' + VM_OPTIONS + '), got "vcpu" '

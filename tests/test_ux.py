@@ -83,10 +83,11 @@ def test_classic_summary_fits_one_80_column_screen(tmp_path):
     cpu = next(line for line in lines if line.split()[:1] == ["cpu"])
     assert re.search(r"0\.970 \[0\.9\d*–0\.9\d*\]", cpu) and re.search(r"0\.600 \[", cpu), cpu
     assert "100" in cpu and "events/s" in cpu
-    # one geometric mean per class, every class the run measured
-    geo = {line.split()[1]: line.split()[2:] for line in lines if line.startswith(" geomean")}
-    assert set(geo) >= {"CPU", "memory", "disk", "latency"}, text
-    assert geo["CPU"] == ["1", "0.970", "0.600"]
+    # the composite index per class of the workloads shown, with its CI, and overall
+    geo = {line.split()[1]: line.split()[2:] for line in lines if line.startswith(" index")}
+    assert set(geo) >= {"CPU", "memory", "disk", "overall"}, text
+    assert geo["CPU"][:2] == ["1", "0.970"] and geo["CPU"][3] == "0.600", text
+    assert "→ CPU: native (the others lose beyond noise)" in text
     assert "more metric rows: vmtax show" in text and "--all" in text
 
 

@@ -81,6 +81,8 @@ class RunSummary:
     failures: list[dict[str, Any]]          # one per failed repetition: where and why
     # What could not be recorded and why ("host-cpu: unavailable — ..."), once each.
     notes: list[str] = field(default_factory=list)
+    # The baseline ran on the bare host: beating it is suspicious (vmtax.composite).
+    baseline_bare_host: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -310,7 +312,7 @@ def summarize_run(run: Run, baseline: str | None = None,
     notes = [f"{r.target} · {r.workload}: {r.error}" for r in run.reps
              if r.status == UNAVAILABLE]
     return RunSummary(run.id, baseline, target_names, rows, failures,
-                      list(dict.fromkeys(notes)))
+                      list(dict.fromkeys(notes)), baseline_bare_host)
 
 
 @dataclass

@@ -403,7 +403,7 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
 
 
 def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> None:
-    from vmtax import analysis, cli_report, report as tables
+    from vmtax import analysis, cli_report, composite, report as tables
 
     run_rec = cli_report.load_run(store, run_id)
 
@@ -413,7 +413,7 @@ def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> N
                              "created": run_rec.created, "finished": run_rec.finished,
                              "host": run_rec.host, "targets": run_rec.targets,
                              "plan": run_rec.plan},
-                     "summary": summary.to_json()})
+                     "summary": summary.to_json(), "composite": composite.to_json(summary)})
     elif show_all:
         tables.print_summary(out, run_rec, summary)
     else:

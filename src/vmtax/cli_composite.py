@@ -4,8 +4,6 @@ recommendation per class (vmtax.composite)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
-
 import click
 from rich.console import Console
 
@@ -31,8 +29,6 @@ def composite_command(run_id, baseline, as_json, results) -> None:
                          f"({', '.join(names)}), got {baseline!r}")
     summary = analysis.summarize_run(run, baseline)
     if as_json:
-        click.echo(json.dumps({"run": run.id, "baseline": summary.baseline,
-                               "classes": [asdict(c) for c in composite.composite(summary)]},
-                              indent=2))
+        click.echo(json.dumps({"run": run.id, **composite.to_json(summary)}, indent=2))
     else:
         composite.print_composite(Console(), summary)

@@ -57,7 +57,9 @@ def _matrix(plan: Plan) -> list[str]:
     order = ("interleaved across targets (A B B A), so drift cancels" if plan.interleave
              else "each target's repetitions in one block")
     time = "each workload's own limit" if plan.time is None else f"{plan.time} s"
-    return lines + ["", f"time per time-bounded run: {time}; order: {order}"]
+    caches = (["page caches: the host's and each target's dropped before every repetition"]
+              if plan.drop_caches else [])
+    return lines + ["", f"time per time-bounded run: {time}; order: {order}", *caches]
 
 
 PLAN_HELP = """Check a plan file and show what it would run; nothing is run.

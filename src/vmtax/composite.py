@@ -11,7 +11,8 @@ Intervals are combined in log space, where a geometric mean is an arithmetic one
 mean of n independent log-ratios, each side of the interval is sqrt(sum of that side's
 squared half-widths) / n. The recommendation names the best target of a class only when
 its interval lies wholly above every other target's (the baseline's is exactly 1);
-otherwise it says there is no significant difference (and with fewer than 3 runs per
+otherwise it says there is no significant difference (naming the targets below the best
+beyond noise, if any) (and with fewer than 3 runs per
 target, that there are too few runs for a verdict).
 
 Suspicious wins are explained, not just flagged: where a target beats the bare host beyond
@@ -29,7 +30,7 @@ function.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from rich.console import Console
 from rich.table import Table
@@ -87,7 +88,8 @@ def _label(row: Row) -> str:
 
 
 def composite(summary: RunSummary) -> list[ClassIndex]:
-    """Per class (in the report's order) and overall: each target's index."""
+    """Per class (in the report's order) and, over several classes, overall: each
+    target's index."""
     # (class, workload label) -> target -> the ratios of its primary metric's dimensions
     ratios: dict[str, dict[str, dict[str, list[Index]]]] = {}
     skipped: dict[str, list[str]] = {}
@@ -126,7 +128,7 @@ def composite(summary: RunSummary) -> list[ClassIndex]:
     overall = {t: combine([i for parts in classes.values() for i in parts],
                           tuple(p for parts in classes.values() for i in parts for p in i.parts))
                for t, classes in per_workload.items()}
-    if overall:
+    if len(results) > 1:    # of one class, overall is that class again
         results.append(_with_baseline(OVERALL, overall, summary,
                                       [s for c in order for s in skipped.get(c, [])]))
     return results
@@ -136,7 +138,31 @@ def _with_baseline(cls: str, indices: dict[str, Index], summary: RunSummary,
                    skipped: list[str]) -> ClassIndex:
     by_target = {summary.baseline: Index(1.0, 1.0, 1.0)}
     by_target.update(sorted(indices.items(), key=lambda kv: -kv[1].value))
-    return ClassIndex(cls, by_target, recommend(cls, by_target), skipped)
+    verdict = recommend(cls, by_target)
+    # A target recommended for beating the bare host says so: the verdict stands on the
+    # numbers, the doubt on `explanations` (a cell flagged faster, with its likely
+    # cause) or, with runs too few to flag a cell, on the index itself.
+    explained = {target for row_cls, target in _suspicious(summary)
+                 if cls in (row_cls, OVERALL)}
+    for target, index in by_target.items():
+        if not verdict.startswith(f"{cls}: {target} ("):
+            continue
+        if target in explained:
+            verdict += ", a suspicious win: see its likely cause"
+        elif summary.baseline_bare_host and target != summary.baseline and index.ci_low > 1:
+            verdict += f", faster than {summary.baseline}: suspicious"
+    return ClassIndex(cls, by_target, verdict, skipped)
+
+
+def _suspicious(summary: RunSummary) -> set[tuple[str | None, str]]:
+    """(class, target) of every headline cell faster than the bare host beyond noise."""
+    found = set()
+    for row in analysis.headline(summary.rows):
+        spec = analysis.metric_spec(row.workload, row.metric)
+        for target, cell in row.cells.items():
+            if FASTER in cell.flags:
+                found.add((spec.group if spec is not None else None, target))
+    return found
 
 
 def recommend(cls: str, by_target: dict[str, Index]) -> str:
@@ -146,9 +172,25 @@ def recommend(cls: str, by_target: dict[str, Index]) -> str:
     best_name, best = max(by_target.items(), key=lambda kv: kv[1].value)
     others = [i for name, i in by_target.items() if name != best_name]
     if others and all(best.ci_low > other.ci_high for other in others):
+        if best.ci_low == best.ci_high == 1:    # the baseline: its index is exactly 1
+            return f"{cls}: {best_name} (the others lose beyond noise)"
         return f"{cls}: {best_name} (index {best.value:.3g} [{best.ci_low:.3g}, " \
                f"{best.ci_high:.3g}])"
-    return f"{cls}: no significant difference"
+    # No winner, but those below the best beyond noise are worth a word.
+    losers = [name for name, i in by_target.items() if i.ci_high < best.ci_low]
+    if not losers:
+        return f"{cls}: no significant difference"
+    tied = [name for name in by_target if name not in losers]
+    return (f"{cls}: no significant difference ({' ≈ '.join(tied)}; "
+            f"{', '.join(losers)} worse)")
+
+
+def to_json(summary: RunSummary) -> dict:
+    """What `show --json` and `composite --json` carry: per class each target's index
+    with its interval and the recommendation, then the suspicious wins explained."""
+    return {"baseline": summary.baseline,
+            "classes": [asdict(c) for c in composite(summary)],
+            "explanations": explanations(summary)}
 
 
 FASTER = "faster than baseline"
@@ -158,7 +200,12 @@ CLOCK = "clock skew"
 def explanations(summary: RunSummary) -> list[str]:
     """One line per suspicious win (a target beating the bare host beyond noise): the
     likely cause, as far as the stored results tell."""
-    lines: list[str] = []
+    return [line for _, line in explained(summary)]
+
+
+def explained(summary: RunSummary) -> list[tuple[str | None, str]]:
+    """explanations, each with the class of the metric that won (None: unclassed)."""
+    lines: list[tuple[str | None, str]] = []
     dd = {row.dimensions.get("mode"): row for row in summary.rows
           if row.workload == "dd" and row.metric == "throughput"}
     for row in analysis.headline(summary.rows):
@@ -166,30 +213,29 @@ def explanations(summary: RunSummary) -> list[str]:
         for target, cell in row.cells.items():
             if FASTER not in cell.flags:
                 continue
-            where = f"{target} · {_label(row)} {row.label}"
             if CLOCK in cell.flags:
-                lines.append(f"{where}: guest clock drift: the target's clock disagreed "
-                             "with the host's over these runs, so the times it measured "
-                             "itself are off")
+                why = ("guest clock drift: the target's clock disagreed with the host's "
+                       "over these runs, so the times it measured itself are off")
             elif row.workload == "dd" and row.dimensions.get("mode") == "buffered":
                 direct = dd.get("direct")
                 other = direct.cells.get(target) if direct else None
                 if other is not None and other.ratio is not None and FASTER not in other.flags:
-                    lines.append(f"{where}: host page cache: the buffered copy beats "
-                                 f"{summary.baseline} but the oflag=direct copy does not "
-                                 f"(×{other.ratio.value:.3g}); the target's disk is a host "
-                                 "file, and its buffered writes end in the host's memory")
+                    why = (f"host page cache: the buffered copy beats {summary.baseline} "
+                           f"but the oflag=direct copy does not (×{other.ratio.value:.3g}); "
+                           "the target's disk is a host file, and its buffered writes end "
+                           "in the host's memory")
                 else:
-                    lines.append(f"{where}: its O_DIRECT copy wins too: the host caches "
-                                 "the target's disk even for direct writes (a VM disk "
-                                 "without cache=none), or the disk is faster")
+                    why = ("its O_DIRECT copy wins too: the host caches the target's disk "
+                           "even for direct writes (a VM disk without cache=none), or the "
+                           "disk is faster")
             elif spec is not None and spec.group == "disk I/O":
-                lines.append(f"{where}: likely the host's page cache or fewer fsyncs "
-                             "reaching the disk: the target's disk is a host file; compare "
-                             "dd's oflag=direct copy")
+                why = ("likely the host's page cache or fewer fsyncs reaching the disk: the "
+                       "target's disk is a host file; compare dd's oflag=direct copy")
             else:
-                lines.append(f"{where}: no I/O to explain it and no clock skew seen: check "
-                             "the host's load during the baseline's runs")
+                why = ("no I/O to explain it and no clock skew seen: check the host's load "
+                       "during the baseline's runs")
+            lines.append((spec.group if spec is not None else None,
+                          f"{target} · {_label(row)} {row.label}: {why}"))
     return lines
 
 

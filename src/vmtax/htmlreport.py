@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from vmtax import __version__, analysis, plots, report
+from vmtax import __version__, analysis, composite, plots, report
 from vmtax.errors import VmtaxError
 from vmtax.analysis import Cell, Row, RunSummary, Standing, ratio_of as _ratio
 from vmtax.export import flatten
@@ -89,6 +89,10 @@ class RunReport:
     workloads: list[str] = field(default_factory=list)
     flags_line: str = ""                  # every flag, counted, in one line
     host: str | None = None               # the fleet host whose results these are
+    # E3's composite index per class and overall (vmtax.composite), and each suspicious
+    # win's likely cause by class (None: a metric in no class).
+    composite: list[composite.ClassIndex] = field(default_factory=list)
+    explained: dict[str | None, list[str]] = field(default_factory=dict)
 
 
 def build(run: Run, host: str | None = None) -> RunReport:
@@ -96,6 +100,9 @@ def build(run: Run, host: str | None = None) -> RunReport:
 
     summary = analysis.summarize_run(run)
     labels = {t: report.target_label(run, t) for t in summary.targets}
+    explained: dict[str | None, list[str]] = {}
+    for cls, line in composite.explained(summary):
+        explained.setdefault(cls, []).append(line)
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
                      charts=(_paired(plots.charts(summary, labels))
@@ -103,7 +110,10 @@ def build(run: Run, host: str | None = None) -> RunReport:
                      findings=findings(summary),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
                      flags_line=report.flags_line(summary.rows, quiet.during(run.host)),
-                     host=host)
+                     host=host,
+                     composite=(composite.composite(summary) if len(summary.targets) > 1
+                                else []),
+                     explained=explained)
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:

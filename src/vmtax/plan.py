@@ -58,6 +58,9 @@ class Plan:
     time: int | None = DEFAULT_TIME   # seconds (sysbench takes whole seconds)
     baseline: str | None = None   # target the ratios are relative to
     interleave: bool = True       # A B B A order across targets, so drift cancels
+    # Sync and drop the host's and each target's page cache before every repetition, so
+    # none starts with what the previous one left in memory (E3's disk class).
+    drop_caches: bool = False
     # Adaptive repetition: with max_runs set, `runs` is the minimum and each target
     # repeats a workload until its primary metric's median CI half-width is within
     # ci_target of the median, or max_runs is reached.

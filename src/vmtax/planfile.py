@@ -5,6 +5,7 @@
     time = 2               # seconds per time-bounded workload; false: each its own limit
     baseline = "native"    # ratios are relative to this target (default: native, else the first)
     interleave = true      # A B B A order across targets, so drift cancels
+    drop_caches = false    # sync and drop host's and targets' page caches before each repetition
 
     [targets.native]       # kind defaults to the table name when that name is a kind
 
@@ -111,6 +112,9 @@ class Settings(plugin.Options):
                                     unit="s")
     baseline: NonEmpty | None = plugin.option(None, "The target ratios are relative to")
     interleave: bool = plugin.option(True, "A B B A order across targets, so drift cancels")
+    drop_caches: bool = plugin.option(
+        False, "Before every repetition, outside its measured time: sync and drop the "
+        "host's page cache and each target's (a target that may not is warned about once)")
     max_runs: int | None = plugin.option(None, "Adaptive runs: at most this many", ge=1)
     ci_target: Annotated[float, Field(gt=0, lt=1), plugin.Expect(
         "a fraction between 0 and 1, like 0.02 for 2%")] = plugin.option(

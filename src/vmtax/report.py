@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from vmtax import analysis
+from vmtax import analysis, composite
 from vmtax.analysis import TOO_SHORT, Cell, Row, RunSummary
 from vmtax.store import Run
 
@@ -158,8 +158,10 @@ def flags_line(rows: list[Row], context: str = "") -> str:
 
 def print_headline(console: Console, run: Run, summary: RunSummary, context: str = "") -> None:
     """The answer on one screen: per workload its primary metric, the baseline's median and
-    each target's ratio to it with its 95% CI, then each class's geometric mean; every
-    flag in one line. `vmtax show --all` has every metric."""
+    each target's ratio to it with its 95% CI, then each class's composite index (E3's
+    geometric mean of its workloads' ratios, with its CI) and overall; one recommendation
+    line per class, each suspicious win explained, every flag in one line. `vmtax show
+    --all` has every metric."""
     rows = analysis.headline(summary.rows)
     others = [t for t in summary.targets if t != summary.baseline]
     # The title on a line of its own: a table's title wraps at the table's width.
@@ -180,20 +182,21 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
         table.add_row(escape(row.workload + (f" {params}" if params else "")),
                       f"{'↑' if row.higher_is_better else '↓'} {escape(row.label)}{unit}",
                       cell_median(base), *[_ratio_text(row.cells.get(t)) for t in others])
-    classes = analysis.standings(summary)
-    if classes and others:
+    classes = composite.composite(summary) if others else []
+    if classes:
         table.add_section()
-        for cls, found in classes.items():
-            keeps = {s.target: s for s in found}
-            table.add_row(Text("geomean", style="bold"),
+        for ci in classes:
+            table.add_row(Text("index", style="bold"),
                           # a long name may wrap at its "/": threads / scheduling
-                          Text(cls.replace("/", " / ") if len(cls) > 12 else cls,
+                          Text(ci.cls.replace("/", " / ") if len(ci.cls) > 12 else ci.cls,
                                style="bold"),
-                "1", *[Text(sig3(keeps[t].keeps), style="bold") if t in keeps else ""
-                       for t in others])
+                          "1", *[_index_text(ci.by_target.get(t)) for t in others])
     console.print(table)
     console.print(f"[dim]{escape(summary.baseline)}: median of its runs; others: ratio to it "
-                  "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)[/dim]")
+                  "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)"
+                  + ("; index: geometric mean of a class's workloads" if classes else "")
+                  + "[/dim]")
+    _print_verdicts(console, classes, composite.explanations(summary) if classes else [])
     line = flags_line(rows, context)
     if line:
         console.print(Text(line, style=FLAG_STYLE))
@@ -201,6 +204,30 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
     hidden = len(summary.rows) - len(rows)
     if hidden:
         console.print(f"[dim]{hidden} more metric rows: vmtax show {run.id} --all[/dim]")
+
+
+def _index_text(index: composite.Index | None) -> Text:
+    if index is None:
+        return Text()
+    text = Text(sig3(index.value), style="bold")
+    if index.ci_low != index.ci_high:
+        text.append(f" [{_sig2(index.ci_low)}–{_sig2(index.ci_high)}]", style="dim")
+    return text
+
+
+def _print_verdicts(console: Console, classes: list[composite.ClassIndex],
+                    explained: list[str]) -> None:
+    """One recommendation line per class (one in all when no class has enough runs),
+    then each suspicious win with its likely cause."""
+    lines = [ci.recommendation for ci in classes]
+    few = [line for line in lines if "too few runs" in line]
+    if few and len(few) == len(lines):
+        lines = [f"no recommendation: too few runs for a verdict (at least "
+                 f"{composite.MIN_RUNS} per target)"]
+    for line in lines:
+        console.print(Text("→ " + line, style="bold" if "significant" not in line else ""))
+    for line in explained:
+        console.print(Text(f"⚠ suspicious win: {line}", style=FLAG_STYLE))
 
 
 def cell_median(cell: Cell | None) -> Text:

@@ -68,6 +68,11 @@ def schedule(plan: Plan) -> list[Unit]:
     return units
 
 
+# Run in a target by the plan's drop_caches: a fixed script, no user input in it.
+DROP_CACHES = Job(["busybox", "sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"],
+                  timeout=120)
+
+
 def _params_key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
@@ -118,6 +123,7 @@ class Runner:
         self.clients: dict[str, HostClient] = {}
         self.cell_errors: dict[str, str] = {}
         self.warned_shared_cpus: set[str] = set()
+        self.cannot_drop: set[str] = set()   # "host" and targets whose caches stay
         self.run_id: str | None = None
 
     # -- the plan --------------------------------------------------------------------------
@@ -225,6 +231,7 @@ class Runner:
                 self.reporter.step(f"{unit.target} · {workload.name} · "
                                    f"{'warm-up' if unit.phase == 'warmup' else 'run'} "
                                    f"{unit.idx + 1}")
+                self._drop_caches(unit.target)
                 job, on_host = self._measured_job(unit.target, workload)
                 self._measure(unit.target, workload, job, unit.phase, unit.idx, workload.parse,
                               on_host=on_host)
@@ -409,12 +416,40 @@ class Runner:
             for name in need if rounds % 2 else reversed(need):
                 idx = plan.warmup + attempts[name]
                 self.reporter.step(f"{name} · {workload.name} · run {idx + 1} (adaptive)")
+                self._drop_caches(name)
                 job, on_host = self._measured_job(name, workload)
                 metrics = self._measure(name, workload, job, "measure", idx, workload.parse,
                                         on_host=on_host)
                 attempts[name] += 1
                 values[name] += _primary(workload, metrics)
             rounds += 1
+
+    def _drop_caches(self, name: str) -> None:
+        """The plan's drop_caches, before a repetition on target name and outside its
+        measured time: sync and drop the host's page cache, then the target's own kernel's
+        (a guest, a remote machine) with a job in it. What cannot be dropped is said once
+        and the run goes on."""
+        if not self.plan.drop_caches:
+            return
+        if "host" not in self.cannot_drop:
+            try:
+                os.sync()
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("3")
+            except OSError as exc:
+                self.cannot_drop.add("host")
+                self.reporter.warn(f"drop_caches: cannot drop the host's page cache "
+                                   f"({exc.strerror}); the run goes on without")
+        target = self.targets[name]
+        if target.bare_host or name in self.cannot_drop:
+            return
+        result = self._run_job(name, DROP_CACHES)
+        if result is not None and not result.ok:
+            self.cannot_drop.add(name)
+            shared = (" (a local container's page cache is the host's)"
+                      if target.kind == "container" and not target.remote else "")
+            self.reporter.warn(f"drop_caches: {name} cannot drop its page cache: "
+                               f"{_failure(result, DROP_CACHES)}; the run goes on{shared}")
 
     # -- one job ---------------------------------------------------------------------------
     def _run_job(self, name: str, job: Job, on_host: bool = False) -> JobResult | None:
