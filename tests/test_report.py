@@ -207,3 +207,23 @@ def test_flags_line_counts_a_detailed_flag_by_its_kind():
     row = analysis.Row("serving", {}, "requests/s", {}, "requests/s", True, cells)
     assert report.flags_line([row]) == ("⚠ 2 cells capacity is a lower bound, 1 cell noisy "
                                         "(CV > 5%), 1 cell p50 differs from curl's by > 10%")
+
+
+def test_ratios_keep_their_line_unless_the_names_would_be_cut():
+    """At 80 columns E1's table keeps "0.992 [0.98–1.0]" on one line; a table too wide for
+    that puts intervals under ratios (no word or number is ever cut)."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    def table(ratio: str) -> Table:
+        t = Table()
+        for name in ("workload", "metric", "native", "vm"):
+            t.add_column(name, no_wrap=name in ("native", "vm"))
+        t.add_row("dd mode=buffered", "↑ throughput (MB/s)", "827.1", ratio)
+        return t
+
+    console = Console(width=64, file=StringIO())
+    assert report._fits(console, table("0.05 [0.01–0.07]"))
+    assert not report._fits(console, table("0.0507 [0.003–0.07] " * 3))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import time
 
@@ -167,20 +168,21 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
     # The title on a line of its own: a table's title wraps at the table's width.
     console.print(Text(_title(run), style="bold"))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    table.add_column("workload", overflow="fold")
-    table.add_column("metric", overflow="fold")
-    # Numbers keep their line while the names beside them wrap; fold only if they must.
+    # What tells rows apart (parameters, dimensions) goes with the workload; names wrap at
+    # their spaces, and a ratio's interval goes under it before a name is cut in pieces.
+    table.add_column("workload", overflow="fold", min_width=min(14, _longest_word(rows)))
+    table.add_column("metric", overflow="fold", min_width=8)
     # A target's detail goes under its name, so long names cannot squeeze the row names
     # out of an 80-column table.
     for name in [summary.baseline, *others]:
         table.add_column(escape(target_label(run, name)).replace(" (", "\n(", 1),
                          justify="right", overflow="fold", no_wrap=True)
     for row in rows:
-        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        tags = " ".join(f"{k}={v}" for k, v in {**row.params, **row.dimensions}.items())
         unit = "" if row.unit == row.metric else f" ({row.unit})"
         base = row.cells.get(summary.baseline)
-        table.add_row(escape(row.workload + (f" {params}" if params else "")),
-                      f"{'↑' if row.higher_is_better else '↓'} {escape(row.label)}{unit}",
+        table.add_row(escape(row.workload + (f" {tags}" if tags else "")),
+                      f"{'↑' if row.higher_is_better else '↓'} {escape(row.metric)}{unit}",
                       cell_median(base), *[_ratio_text(row.cells.get(t)) for t in others])
     classes = composite.composite(summary) if others else []
     if classes:
@@ -191,6 +193,11 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
                           Text(ci.cls.replace("/", " / ") if len(ci.cls) > 12 else ci.cls,
                                style="bold"),
                           "1", *[_index_text(ci.by_target.get(t)) for t in others])
+    # Names wrap at their spaces first; when the ratios on one line leave the names too
+    # little room even so, the intervals go under the ratios instead.
+    if not _fits(console, table):
+        for column in table.columns[3:]:
+            column.no_wrap = False
     console.print(table)
     console.print(f"[dim]{escape(summary.baseline)}: median of its runs; others: ratio to it "
                   "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)"
@@ -204,6 +211,27 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
     hidden = len(summary.rows) - len(rows)
     if hidden:
         console.print(f"[dim]{hidden} more metric rows: vmtax show {run.id} --all[/dim]")
+
+
+def _fits(console: Console, table: Table) -> bool:
+    """Whether the table prints at the console's width without cutting a number or a word
+    (rendered once to a scratch console, every column marking a cut with "…")."""
+    probe = Console(width=console.width, file=io.StringIO(), color_system=None)
+    saved = [column.overflow for column in table.columns]
+    for column in table.columns:
+        column.overflow = "ellipsis"
+    probe.print(table)
+    for column, overflow in zip(table.columns, saved):
+        column.overflow = overflow
+    return "…" not in probe.file.getvalue()   # type: ignore[attr-defined]
+
+
+def _longest_word(rows: list[Row]) -> int:
+    """The longest word of the workload column (a name, or one of its KEY=VALUE tags)."""
+    return max((len(word) for row in rows
+                for word in [row.workload, *(f"{k}={v}" for k, v in
+                                             {**row.params, **row.dimensions}.items())]),
+               default=8)
 
 
 def _index_text(index: composite.Index | None) -> Text:
