@@ -9,7 +9,9 @@ ACPI and PCI (microvm finds its virtio-mmio devices through ACPI; q35 uses virti
 virtio mmio/pci with the console (the agent's port), block (the scratch disk, ext4) and net
 devices, the serial console, the initramfs (gzip or none), and what the agent, busybox and
 the workloads use (proc, sysfs, devtmpfs, tmpfs, futex, epoll, timers, SysV IPC and
-hugetlbfs for sysbench's --memory-hugetlb, real-time scheduling for cyclictest).
+hugetlbfs for sysbench's --memory-hugetlb, real-time scheduling for cyclictest). What the
+defaults bring that no guest uses and that costs boot time under TCG is switched off
+(DISABLE): with it, a TCG boot to agent READY took ~0.2-0.5 s less on this host.
 
 The build (unpack ~1.3 GB of source, configure, `make vmlinux`) takes minutes; its result
 is cached under the cache's kernels/ by the content hash of the source tarball and of the
@@ -32,7 +34,7 @@ from pathlib import Path
 from vmtax import image
 from vmtax.errors import VmtaxError
 
-FORMAT = "1"   # bump when the build or its layout changes, to invalidate caches
+FORMAT = "2"   # bump when the build or its layout changes, to invalidate caches
 SOURCE_GLOB = "/usr/src/linux-source-*.tar.xz"
 # Debian packages the build needs (linux-source-6.1 is Debian 12's; any version works).
 PACKAGES = ("linux-source-6.1", "build-essential", "flex", "bison", "bc", "libelf-dev",
@@ -51,6 +53,20 @@ CONFIG = (
     "MULTIUSER", "SYSVIPC", "FILE_LOCKING", "RTC_CLASS", "POSIX_MQUEUE", "PROC_SYSCTL",
     "UNIX98_PTYS", "NO_HZ_IDLE",
 )
+# What tinyconfig or the options above bring by default that a vmtax guest never uses, and
+# that costs boot time under TCG (measured with initcall_debug, on a busy 2-core host):
+# legacy BSD ptys register 512 devices (pty_init, 0.2-0.5 s); the i8042 controller, the
+# keyboard, mouse and VT are probed or set up for hardware microvm lacks; IPv6 (inet6_init,
+# ~30 ms; vmtax guests speak IPv4); ACPI's laptop drivers; Intel uncore/RAPL/C-state PMUs
+# probed through MSRs TCG does not have. The guest is stopped through QMP (quit), not its
+# power button, so ACPI_BUTTON and the input layer go too.
+DISABLE = (
+    "LEGACY_PTYS", "VT", "INPUT", "SERIO", "HID", "IPV6", "ACPI_AC", "ACPI_BATTERY",
+    "ACPI_BUTTON", "ACPI_FAN", "ACPI_THERMAL", "ACPI_TABLE_UPGRADE", "PNP_DEBUG_MESSAGES",
+    "PERF_EVENTS_INTEL_UNCORE", "PERF_EVENTS_INTEL_RAPL", "PERF_EVENTS_INTEL_CSTATE",
+)
+# One serial port (the console) instead of probing four.
+SETTINGS = {"SERIAL_8250_NR_UARTS": "1", "SERIAL_8250_RUNTIME_UARTS": "1"}
 # The guest's timer tick: cyclictest and the lpj= vmtax passes both depend on it.
 HZ = 1000
 BUILD_TIMEOUT = 3600.0
@@ -58,7 +74,9 @@ BUILD_TIMEOUT = 3600.0
 
 def config_lines() -> list[str]:
     """The configuration fragment merged onto tinyconfig (also what the cache key hashes)."""
-    return [*(f"CONFIG_{name}=y" for name in CONFIG), f"CONFIG_HZ_{HZ}=y"]
+    return [*(f"CONFIG_{name}=y" for name in CONFIG), f"CONFIG_HZ_{HZ}=y",
+            *(f"# CONFIG_{name} is not set" for name in DISABLE),
+            *(f"CONFIG_{name}={value}" for name, value in SETTINGS.items())]
 
 
 def source_tarball() -> Path:
@@ -117,9 +135,13 @@ def unpack_tinyconfig(tarball: Path, into: Path, who: str = "minimal kernel") ->
 
 
 def check_config(config: str) -> list[str]:
-    """The wanted options a finished .config lacks (dropped by olddefconfig)."""
-    present = set(re.findall(r"^CONFIG_(\w+)=y$", config, re.MULTILINE))
-    return [name for name in (*CONFIG, f"HZ_{HZ}") if name not in present]
+    """The wanted options a finished .config lacks (dropped by olddefconfig), the unwanted
+    ones it still has (selected by another), and the settings it has otherwise."""
+    found = dict(re.findall(r"^CONFIG_(\w+)=(.*)$", config, re.MULTILINE))
+    return ([name for name in (*CONFIG, f"HZ_{HZ}") if found.get(name) != "y"]
+            + [f"{name}=n" for name in DISABLE if name in found]
+            + [f"{name}={value}" for name, value in SETTINGS.items()
+               if found.get(name) != value])
 
 
 def build(tarball: Path, dest: Path, jobs: int | None = None) -> None:
@@ -138,7 +160,7 @@ def build(tarball: Path, dest: Path, jobs: int | None = None) -> None:
         config = (tree / ".config").read_text()
         missing = check_config(config)
         if missing:
-            raise VmtaxError("minimal kernel: this source cannot enable "
+            raise VmtaxError("minimal kernel: this source cannot have "
                              + ", ".join(f"CONFIG_{m}" for m in missing))
         _run(["make", f"-j{jobs or os.cpu_count() or 1}", "vmlinux"], tree, "make vmlinux")
         data = (tree / "vmlinux").read_bytes()
@@ -170,7 +192,9 @@ def minimal_kernel(cache: Path, jobs: int | None = None) -> image.Kernel:
     tarball = source_tarball()
     dest = cache / "kernels" / f"minimal-{cache_key(tarball)}"
     if not (dest / "meta.json").exists():
-        build(tarball, dest, jobs)
+        with image.build_lock(dest):
+            if not (dest / "meta.json").exists():   # another process may have built it
+                build(tarball, dest, jobs)
     return image._load_kernel(dest)
 
 

@@ -687,7 +687,7 @@ def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
             xs = [ordered[0], *ordered]
             ys = [0.0, *((i + 1) / len(ordered) for i in range(len(ordered)))]
             ax.step(xs, ys, where="post", color=colors[target],
-                    linestyle="-" if what == "ready" else "--", linewidth=1.6,
+                    linestyle={"ready": "-", "guest ready": ":"}.get(what, "--"), linewidth=1.6,
                     label=f"{labels.get(target, target)}: {what}")
         ax.set_xlabel("seconds from start")
         ax.set_ylabel("share of starts")
@@ -702,7 +702,8 @@ def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
                      fontweight=STYLE["axes.titleweight"])
     return [Chart("boot-ecdf", title,
                   "Each cold start's time to ready (solid: a guest's agent READY, a "
-                  "container's first process) and to its first HTTP answer (dashed).", fig)]
+                  "container's first process) and to its first HTTP answer (dashed); "
+                  "dotted: a guest's own uptime at READY (without QEMU's start).", fig)]
 
 
 def run_charts(run: Any, labels: dict[str, str]) -> list[Chart]:
