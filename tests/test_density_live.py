@@ -83,6 +83,9 @@ def test_a_dozen_containers_with_ksm_off_and_on(tmp_path):
     assert all(0.3 < p < 20 for p in pss), pss
     assert leftovers(tmp_path, net) == {"netns": [], "links": [], "processes": []}
     assert ksm.settings() == before
+    # KSM on cannot merge what nginx never marked mergeable: the output says why.
+    [note] = result["notes"]
+    assert "MADV_MERGEABLE" in note and "PR_SET_MEMORY_MERGE" in note
     print(f"containers: PSS per instance {pss} MiB (KSM off, on)")
 
 
@@ -98,5 +101,14 @@ def test_tcg_guests_with_ksm_on(tmp_path):
     assert 20 < summary["pss"] < 400, summary
     assert leftovers(tmp_path, net) == {"netns": [], "links": [], "processes": []}
     assert ksm.settings() == before
+    assert result["notes"] == []   # QEMU marks guest RAM mergeable: nothing to explain
+    # The stored run reads back as the run printed it (`density show`, also across runs).
+    shown = subprocess.run(
+        [sys.executable, "-m", "vmtax", "density", "show", result["run"], "--json",
+         "--results", str(tmp_path / "results")], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    [again] = json.loads(shown.stdout)["summaries"]
+    assert (again["run"], again["adjusted"], again["pss"]) == (
+        result["run"], summary["adjusted"], summary["pss"])
     sharing = result["outcomes"][0]["steps"][-1]["ksm"]["pages_sharing"]
     print(f"tcg: PSS per instance {summary['pss']} MiB with KSM on, sharing {sharing} pages")

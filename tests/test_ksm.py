@@ -115,3 +115,18 @@ def test_leases_in_other_journals_are_found_by_path(tmp_path):
     other.write_text(json.dumps({"1": {"type": "ksm", "path": str(sysfs), "saved": HOST},
                                  "2": {"type": "ksm", "path": "/elsewhere", "saved": HOST}}))
     assert [e["path"] for e in ksm.other_leases(j, sysfs)] == [str(sysfs)]
+
+
+def test_why_ksm_does_nothing_for_containers_depends_on_the_kernel():
+    assert ksm.kernel_version("6.1.0-56-amd64") == (6, 1)
+    assert ksm.kernel_version("weird") is None
+    old = ksm.unmarked_note(["container", "vm"], "6.1.0-56-amd64")
+    assert old is not None and "\n" not in old
+    assert "MADV_MERGEABLE" in old and "no prctl(PR_SET_MEMORY_MERGE)" in old
+    assert "6.1.0-56-amd64" in old
+    new = ksm.unmarked_note(["podman"], "6.8.0-1-amd64")
+    assert new is not None and "has prctl(PR_SET_MEMORY_MERGE)" in new
+    assert "vmtax does not set it" in new
+    # Guests alone: QEMU marks their RAM, nothing to explain.
+    assert ksm.unmarked_note(["vm"], "6.1.0") is None
+    assert ksm.unmarked_note([], "6.1.0") is None

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import sys
 import tempfile
 import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from vmtax import __version__, density, guardian, host, journal, planfile, plugin, proc, targets
+from vmtax import (__version__, density, guardian, host, journal, ksm, planfile, plugin,
+                   proc, targets)
 from vmtax.errors import VmtaxError
 from vmtax.store import Store
 from vmtax.targets.base import Target, TargetContext
@@ -173,23 +175,35 @@ def _step_line(name: str, with_ksm: bool, step: density.Step) -> str:
             + ("" if step.settled else ", memory not settled") + ksm)
 
 
-def print_summaries(summaries: list[density.Summary]) -> None:
+def ksm_note(summaries: list[density.Summary], kinds: dict[str, str],
+             kernel: str) -> str | None:
+    """Why KSM on did nothing for containers, when containers were measured with it on."""
+    return ksm.unmarked_note([kinds.get(s.target, "") for s in summaries
+                              if s.ksm and s.instances], kernel)
+
+
+def print_summaries(summaries: list[density.Summary], notes: Iterable[str] = (),
+                    runs: list[str] | None = None) -> None:
+    """The table of memory per instance; runs: the run of each summary (across runs)."""
     ratio = density.ratios(summaries)
-    table = Table(title="Memory per instance (MiB)", title_justify="left")
-    for column in ("target", "KSM", "n", "ended by", "raw", "adjusted", "PSS", "marginal",
-                   "ratio", "HTTP"):
-        table.add_column(column, justify="left" if column in ("target", "ended by")
+    title = "Memory per instance (MiB)" + (", across runs" if runs else "")
+    table = Table(title=title, title_justify="left")
+    for column in ("run",) * bool(runs) + ("target", "KSM", "n", "ended by", "raw",
+                                           "adjusted", "PSS", "marginal", "ratio", "HTTP"):
+        table.add_column(column, justify="left" if column in ("run", "target", "ended by")
                          else "right", overflow="fold")
 
     def num(value: float | None) -> str:
         return "–" if value is None else f"{value:.1f}"
-    for s in summaries:
+    for i, s in enumerate(summaries):
         r = ratio.get((s.target, s.ksm))
-        table.add_row(escape(s.target), "on" if s.ksm else "off", str(s.instances),
-                      escape(s.stopped), num(s.raw), num(s.adjusted), num(s.pss),
-                      num(s.marginal), "–" if r is None else f"{r:.2f}",
+        table.add_row(*([runs[i]] if runs else []), escape(s.target), "on" if s.ksm else "off",
+                      str(s.instances), escape(s.stopped), num(s.raw), num(s.adjusted),
+                      num(s.pss), num(s.marginal), "–" if r is None else f"{r:.2f}",
                       "all" if s.all_answered else "NOT ALL")
     out.print(table)
+    for line in density.ratio_lines(summaries):
+        out.print(f"density ratio, {escape(line)}")
     out.print("raw = host used memory delta / instances; adjusted = the same minus the "
               "growth of Slab, PageTables and KernelStack (kernel memory the instances "
               "made); PSS = the instances' processes, shared pages divided; marginal = the "
@@ -200,10 +214,48 @@ def print_summaries(summaries: list[density.Summary]) -> None:
         out.print("[yellow]warning:[/yellow] host memory did not settle after the last step "
                   "(something else on the host allocates or frees memory): raw, adjusted "
                   "and marginal include that; PSS does not.")
+    for note in notes:
+        out.print(f"note: {escape(note)}")
+
+
+def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:
+    """Stored density runs by id (a prefix, or 'last'); one-line errors otherwise."""
+    store = Store(results, readonly=True)
+    try:
+        return [density.stored_study(store.load_run(run_id, with_output=True))
+                for run_id in run_ids]
+    finally:
+        store.close()
+
+
+def print_comparison(studies: list[density.StoredStudy]) -> None:
+    """Memory per instance of several density runs side by side, with the ratios."""
+    rows, kinds = density.combine(studies)
+    print_summaries([s for _, s in rows], comparison_notes(studies, rows, kinds),
+                    runs=[run for run, _ in rows])
+
+
+def comparison_notes(studies: list[density.StoredStudy], rows: list[tuple[str, density.Summary]],
+                     kinds: dict[str, str]) -> list[str]:
+    """The KSM note of each run that measured containers with KSM on, for its kernel."""
+    return sorted({note for study in studies
+                   if (note := ksm_note([s for run, s in rows if run == study.run_id], kinds,
+                                        study.kernel or platform.release()))})
+
+
+def comparison_json(studies: list[density.StoredStudy]) -> dict[str, Any]:
+    rows, kinds = density.combine(studies)
+    summaries = [s for _, s in rows]
+    ratio = density.ratios(summaries)
+    return {"runs": [study.run_id for study in studies],
+            "summaries": [{"run": run, **s.__dict__, "kind": kinds.get(s.target),
+                           "ratio": ratio.get((s.target, s.ksm))} for run, s in rows],
+            "ratios": density.ratio_lines(summaries),
+            "notes": comparison_notes(studies, rows, kinds)}
 
 
 @click.command("density")
-@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
+@click.argument("args", metavar="[PLAN.toml | show RUN...]", nargs=-1)
 @click.option("--targets", "target_names", metavar="NAME,...",
               help="Targets to fill the host with, e.g. container,vm:tcg. [default: those "
                    "of the plan, else container]")
@@ -218,14 +270,42 @@ def print_summaries(summaries: list[density.Summary]) -> None:
 @click.option("--ksm", type=click.Choice(["off", "on", "both"]),
               help="KSM off, on, or each in turn. [default: off]")
 @click.option("--quick", is_flag=True, help="With PLAN.toml: its short [quick] form.")
+@click.option("--compare", "compare", metavar="RUN", multiple=True,
+              help="Also set this run's memory per instance beside that of stored density "
+                   "run RUN (repeatable), with the density ratio across runs.")
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def density_command(plan_file, target_names, max_, batch, singles, budget, ksm, quick,
+def density_command(args, target_names, max_, batch, singles, budget, ksm, quick, compare,
                     results, as_json) -> None:
     """Fill the host with instances of each target serving nginx, step by step, and report
-    memory per instance (E4 density)."""
+    memory per instance (E4 density).
+
+    `vmtax density show RUN [RUN...]` runs nothing: it sets stored density runs (ids, unique
+    prefixes or 'last') side by side, e.g. a container run and a vm:tcg run, with memory per
+    instance of each, KSM off and on where measured, and the container-to-VM ratio."""
     import json
 
+    if args and args[0] == "show":
+        extra = [name for name, value in (("--targets", target_names), ("--max", max_),
+                                          ("--batch", batch), ("--singles", singles),
+                                          ("--budget", budget), ("--ksm", ksm),
+                                          ("--quick", quick)) if value]
+        if len(args) < 2 or extra:
+            raise VmtaxError("density show RUN [RUN...]: name stored density runs"
+                             + (f" (it runs nothing: {', '.join(extra)} do not apply)"
+                                if extra else ""))
+        studies = load_studies(results, [*args[1:], *compare])
+        if as_json:
+            click.echo(json.dumps(comparison_json(studies), indent=1))
+        else:
+            print_comparison(studies)
+        return
+    if len(args) > 1:
+        raise VmtaxError(f"density: one plan file, got {len(args)} arguments "
+                         f"({' '.join(args)}); `vmtax density show RUN...` compares runs")
+    plan_file = args[0] if args else None
+    # Named runs are checked before minutes of measuring, not after.
+    others = load_studies(results, list(compare)) if compare else []
     values: dict[str, Any] = {}
     specs: dict[str, dict] = {}
     if plan_file:
@@ -241,20 +321,28 @@ def density_command(plan_file, target_names, max_, batch, singles, budget, ksm, 
     values.update({k: v for k, v in given.items() if v is not None})
     settings: density.Settings = plugin.build(  # type: ignore[assignment]
         density.Settings, values, "density", strict=False)
-    outcomes = run_density(settings, specs, results)
+    run_id, outcomes = run_density(settings, specs, results)
     summaries = [density.summarize(o) for o in outcomes]
+    kinds = {name: spec["kind"] for name, spec in specs.items()}
+    this = density.StoredStudy(run_id, summaries, kinds, platform.release())
     if as_json:
         ratio = density.ratios(summaries)
-        click.echo(json.dumps({"outcomes": [o.to_json() for o in outcomes],
-                               "summaries": [{**s.__dict__, "ratio": ratio.get((s.target,
-                                                                                 s.ksm))}
-                                             for s in summaries]}, indent=1))
+        found: dict[str, Any] = {"run": run_id, "outcomes": [o.to_json() for o in outcomes],
+                 "summaries": [{**s.__dict__, "ratio": ratio.get((s.target, s.ksm))}
+                               for s in summaries],
+                 "notes": comparison_notes([this], [(run_id, s) for s in summaries], kinds)}
+        if others:
+            found["across runs"] = comparison_json([this, *others])
+        click.echo(json.dumps(found, indent=1))
     else:
-        print_summaries(summaries)
+        print_summaries(summaries, comparison_notes([this], [(run_id, s) for s in summaries],
+                                                    kinds))
+        if others:
+            print_comparison([this, *others])
 
 
 def run_density(settings: density.Settings, specs: dict[str, dict],
-                results: str) -> list[density.Outcome]:
+                results: str) -> tuple[str, list[density.Outcome]]:
     outcomes: list[density.Outcome] = []
     if True in settings.ksm:
         from vmtax import ksm
@@ -300,4 +388,4 @@ def run_density(settings: density.Settings, specs: dict[str, dict],
                                 summary, ratio.get((outcome.target, outcome.ksm))))
     if sys.stderr.isatty():
         err.print(f"stored as run {run_id}: vmtax show {run_id}")
-    return outcomes
+    return run_id, outcomes

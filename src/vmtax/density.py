@@ -371,12 +371,13 @@ def summarize(outcome: Outcome) -> Summary:
 
 def ratios(summaries: Sequence[Summary]) -> dict[tuple[str, bool], float]:
     """(target, ksm) -> adjusted cost relative to the cheapest target with the same KSM
-    setting: how many of the cheapest fit in the memory of one of it."""
+    setting: how many of the cheapest fit in the memory of one of it. Only where two
+    targets or more have a positive cost: a target alone is cheapest by default."""
     found = {}
     for with_ksm in (False, True):
         costs = {s.target: s.adjusted for s in summaries
                  if s.ksm == with_ksm and s.adjusted is not None and s.adjusted > 0}
-        if costs:
+        if len(costs) > 1:
             cheapest = min(costs.values())
             found.update({(t, with_ksm): round(c / cheapest, 2) for t, c in costs.items()})
     return found
@@ -449,3 +450,77 @@ def json_step(step: Step) -> str:
 
 def json_summary(outcome: Outcome) -> str:
     return json.dumps({"stopped": outcome.stopped, "baseline_used": outcome.baseline_used})
+
+
+# --- across runs -------------------------------------------------------------------------
+
+@dataclass
+class StoredStudy:
+    """A density run's summaries, as its targets are named across runs."""
+    run_id: str
+    summaries: list[Summary]
+    kinds: dict[str, str]         # target label -> target kind
+    kernel: str                   # the host's kernel release when it ran
+
+
+def stored_study(run: Any) -> StoredStudy:
+    """The summaries of a stored density run (vmtax.store.Run, loaded with its output);
+    VmtaxError in one line when it is not one or measured nothing."""
+    kind = run.plan.get("kind") if isinstance(run.plan, dict) else None
+    if kind != WORKLOAD:
+        what = f"a {kind} run" if kind else "a run of workloads"
+        raise VmtaxError(f"run {run.id} is not a density run ({what}); `vmtax runs` lists "
+                         "them, `vmtax density` makes them")
+    outcomes = load_outcomes(run)
+    if not outcomes:
+        raise VmtaxError(f"run {run.id} is a density run without a measured step "
+                         f"(status {run.status}); `vmtax show {run.id}` lists why")
+    kinds = {t["name"]: t.get("kind", "") for t in run.plan.get("targets", [])
+             if isinstance(t, dict) and "name" in t}
+    kinds.update({name: t.get("kind", kinds.get(name, "")) for name, t in run.targets.items()})
+    return StoredStudy(run.id, [summarize(o) for o in outcomes], kinds,
+                       str(run.host.get("kernel", "")))
+
+
+def combine(studies: Sequence[StoredStudy]) -> tuple[list[tuple[str, Summary]],
+                                                     dict[str, str]]:
+    """Every study's summaries side by side: [(run id, summary)] with targets relabelled
+    "NAME (RUN)" where a name comes from more than one run (so ratios() keeps them apart),
+    and label -> kind."""
+    runs_of: dict[str, set[str]] = {}
+    for study in studies:
+        for s in study.summaries:
+            runs_of.setdefault(s.target, set()).add(study.run_id)
+    rows, kinds = [], {}
+    for study in studies:
+        for s in study.summaries:
+            label = s.target if len(runs_of[s.target]) == 1 else f"{s.target} ({study.run_id})"
+            rows.append((study.run_id, Summary(**{**asdict(s), "target": label})))
+            kinds[label] = study.kinds.get(s.target, "")
+    return rows, kinds
+
+
+def ratio_lines(summaries: Sequence[Summary]) -> list[str]:
+    """Per KSM setting measured: each target's memory per instance against the cheapest
+    target's, in words: adjusted (where both are positive: on a busy host, used memory
+    can move more than the instances add) and PSS (the instances' own processes)."""
+    lines = []
+    for with_ksm in (False, True):
+        measured = sorted((s for s in summaries if s.ksm == with_ksm and s.pss),
+                          key=lambda s: s.pss or 0.0)
+        if len(measured) < 2:
+            continue
+        base = measured[0]
+        parts = []
+        for s in measured[1:]:
+            assert s.pss is not None and base.pss is not None   # measured
+            words = f"{s.target} PSS {s.pss:.1f} MiB = {s.pss / base.pss:.2f}×"
+            if s.adjusted and base.adjusted and s.adjusted > 0 and base.adjusted > 0:
+                words += (f", adjusted {s.adjusted:.1f} MiB = "
+                          f"{s.adjusted / base.adjusted:.2f}×")
+            parts.append(words)
+        lines.append(f"KSM {'on' if with_ksm else 'off'}, per instance against "
+                     f"{base.target} (PSS {base.pss:.1f} MiB"
+                     + (f", adjusted {base.adjusted:.1f} MiB" if base.adjusted
+                        and base.adjusted > 0 else "") + "): " + "; ".join(parts))
+    return lines

@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from vmtax.errors import VmtaxError
 
@@ -171,3 +172,36 @@ def wait_merged(threshold: float = 0.02, window: float = 5.0, timeout: float = 1
         if now - start >= timeout:
             return Settled(False, now - start, counters(sysfs))
         sleep(min(1.0, window / 4))
+
+
+# prctl(PR_SET_MEMORY_MERGE) (Linux 6.4) marks all of a process's memory mergeable; before
+# it, only madvise(MADV_MERGEABLE) on each area does, which QEMU makes on guest RAM and
+# nginx (or any ordinary program) never makes.
+MEMORY_MERGE_SINCE = (6, 4)
+# Target kinds whose instances are host processes running the workload's own binaries.
+UNMARKED_KINDS = ("container", "podman", "runsc")
+
+
+def kernel_version(release: str) -> tuple[int, int] | None:
+    """(major, minor) of a kernel release string like "6.1.0-56-amd64"."""
+    found = re.match(r"(\d+)\.(\d+)", release)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def unmarked_note(kinds: Iterable[str], release: str) -> str | None:
+    """Why KSM on does not change what containers (kinds) cost, for a host running kernel
+    `release`; None when no such kind was measured."""
+    names = sorted({k for k in kinds if k in UNMARKED_KINDS})
+    if not names:
+        return None
+    version = kernel_version(release)
+    has_prctl = version is not None and version >= MEMORY_MERGE_SINCE
+    since = ".".join(map(str, MEMORY_MERGE_SINCE))
+    return (f"KSM and {', '.join(names)}: KSM merges only memory a process marked "
+            "MADV_MERGEABLE; QEMU marks guest RAM, nginx in a container marks nothing, so "
+            "KSM on leaves containers' memory as it is; "
+            + (f"this kernel ({release}) has prctl(PR_SET_MEMORY_MERGE), which would mark "
+               "a whole process, but vmtax does not set it for container processes."
+               if has_prctl else
+               f"this kernel ({release}) has no prctl(PR_SET_MEMORY_MERGE) to mark a whole "
+               f"process (Linux {since} and later)."))

@@ -30,6 +30,7 @@ from matplotlib.typing import LineStyleType, RcKeyType
 
 from vmtax import analysis
 from vmtax.analysis import Row, RunSummary
+from vmtax.ksm import unmarked_note
 
 # Figure sizes in inches at DPI: PNGs are exactly size × DPI pixels (no tight bbox).
 DPI = 150
@@ -651,11 +652,15 @@ def density_memory(run: Any, labels: dict[str, str]) -> list[Chart]:
         return []
     pss = {key: [(n, v / n) for n, v in points if n > 0]
            for key, points in _density_lines(run, "pss total").items()}
+    # Containers measured with KSM on: why their lines do not move.
+    note = unmarked_note([run.targets.get(t, {}).get("kind", "") for t, on in used
+                          if on == "on"], str(run.host.get("kernel", "")))
     with matplotlib.rc_context(STYLE):
         return [
             Chart("density-memory-used", "density: host memory used vs instances",
                   "Host used memory (MemTotal − MemAvailable) after each step, less what "
-                  "it was before the first instance; solid KSM off, dashed KSM on.",
+                  "it was before the first instance; solid KSM off, dashed KSM on."
+                  + (f" {note}" if note else ""),
                   _density_figure("density: host memory used vs instances",
                                   "used memory delta (MiB)", used, labels)),
             Chart("density-memory-per-instance", "density: memory per instance",
