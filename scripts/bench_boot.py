@@ -2,6 +2,7 @@
 """Boot time of vmtax guests: QEMU spawn -> agent READY, five TCG boots (and KVM when usable).
 
 Usage: .venv/bin/python scripts/bench_boot.py [--runs N] [--machine microvm|q35] [--kernel PATH]
+                                              [--vcpus N] [--memory SIZE]
 The guest image is built (or taken from the cache) before the first boot and not timed.
 """
 
@@ -47,16 +48,20 @@ def main() -> int:
     parser.add_argument("--machine", default="microvm", choices=("microvm", "q35"))
     parser.add_argument("--kernel", default=None)
     parser.add_argument("--qemu", default="qemu-system-x86_64")
+    parser.add_argument("--vcpus", type=int, default=None, help="default: the vm target's")
+    parser.add_argument("--memory", default=None, help="default: the vm target's")
     args = parser.parse_args()
     options = {k: v for k, v in {"machine": args.machine, "kernel": args.kernel,
-                                 "qemu": args.qemu}.items() if v is not None}
+                                 "qemu": args.qemu, "vcpus": args.vcpus,
+                                 "memory": args.memory}.items() if v is not None}
     with tempfile.TemporaryDirectory(prefix="vmtax-bench-", dir="/var/tmp") as tmp:
         journal = Journal(Path(tmp))
         ctx = TargetContext(work_dir=Path(tmp), journal=journal, binaries=("sysbench",),
                             image=GuestImage(["sysbench"], args.kernel))
         try:
             ctx.image.initramfs()
-            report(f"TCG, {args.machine}", boots("tcg", args.runs, options, ctx))
+            shape = f"{args.vcpus or 'default'} vCPU, {args.memory or 'default'} memory"
+            report(f"TCG, {args.machine}, {shape}", boots("tcg", args.runs, options, ctx))
             status = kvm.probe()
             if status.usable:
                 report(f"KVM, {args.machine}", boots("kvm", args.runs, options, ctx))
