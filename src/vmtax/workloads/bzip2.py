@@ -17,17 +17,14 @@ from vmtax.errors import ParseError
 from vmtax.option_types import Size
 from vmtax.types import Job, Metric, MetricSpec
 from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_prepare_job,
-                                        data_prepare_seconds, programs, script_job,
-                                        size_bytes, times)
+from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_mib, data_prepare_job,
+                                        data_prepare_seconds, programs, script_job, times)
 
 INPUTS = ("file", "tree")
 # Rates for estimates and timeouts: bzip2 -9 compressed 2-10 MiB/s natively on this
 # (shared) host, and TCG is several times slower; a timeout allows 0.1 MiB/s.
 ESTIMATE_MIB_S = 5.0
 SLOWEST_MIB_S = 0.1
-# Mean size of a generated tree file (256 B + 16128 B * E[r^3]).
-MEAN_FILE_BYTES = 256 + 16128 / 4
 
 _PREPARE = MAKE_DATA + """
 "$TAR_BIN" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf tree.tar tree
@@ -71,7 +68,7 @@ class Bzip2(Workload):
     )
 
     def _mib(self) -> float:
-        return (size_bytes(self.options.size) + self.options.files * MEAN_FILE_BYTES) / 2**20
+        return data_mib(self.options.size, self.options.files)
 
     def _env(self) -> dict[str, str]:
         # Only the prepare job generates data: a guest's agent decodes every byte of a

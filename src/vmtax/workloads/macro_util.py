@@ -211,6 +211,15 @@ def size_bytes(size: str) -> int:
     return int(size[:-1]) << {"K": 10, "M": 20, "G": 30, "T": 40}[size[-1].upper()]
 
 
+# Mean size of a generated tree file (the generator's 256 B + 16128 B * E[r^3]).
+MEAN_FILE_BYTES = 256 + 16128 / 4
+
+
+def data_mib(size: str, files: int) -> float:
+    """MiB of generated data: the large file of `size` and a tree of `files` files."""
+    return (size_bytes(size) + files * MEAN_FILE_BYTES) / 2**20
+
+
 def data_prepare_seconds(mib: float, files: int) -> float:
     """Generating a large file of mib MiB and a tree of files natively: about 100 MiB/s,
     and a millisecond a file."""

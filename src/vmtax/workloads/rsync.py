@@ -13,16 +13,14 @@ from vmtax import plugin
 from vmtax.option_types import Size
 from vmtax.types import Job, Metric, MetricSpec
 from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_prepare_job,
-                                        data_prepare_seconds, programs, script_job,
-                                        size_bytes, times)
+from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_mib, data_prepare_job,
+                                        data_prepare_seconds, programs, script_job, times)
 
 PARTS = ("tree", "file")
 # For estimates and timeouts: a local rsync of the tree moved 2-20 MiB/s on this (shared)
 # host, of the file far more; a timeout allows 0.5 MiB/s.
 ESTIMATE_MIB_S = 10.0
 SLOWEST_MIB_S = 0.5
-MEAN_FILE_BYTES = 256 + 16128 / 4
 
 _PREPARE = MAKE_DATA + "busybox rm -f seed\n"
 _RUN = """busybox rm -rf copy
@@ -54,7 +52,7 @@ class Rsync(Workload):
     )
 
     def _mib(self) -> float:
-        return (size_bytes(self.options.size) + self.options.files * MEAN_FILE_BYTES) / 2**20
+        return data_mib(self.options.size, self.options.files)
 
     def _env(self) -> dict[str, str]:
         # Only the prepare job generates data: a guest's agent decodes every byte of a
