@@ -16,9 +16,8 @@ from vmtax import plugin
 from vmtax.errors import ParseError
 from vmtax.option_types import Size
 from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_mib, data_prepare_job,
-                                        data_prepare_seconds, programs, script_job, times)
+from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, DataOptions,
+                                        DataWorkload, script_job, times)
 
 INPUTS = ("file", "tree")
 # Rates for estimates and timeouts: bzip2 -9 compressed 2-10 MiB/s natively on this
@@ -40,7 +39,7 @@ busybox rm -f big.bz2 tree.tar.bz2
 _BYTES = re.compile(r"vmtax-bytes (big|tree\.tar) ([0-9]+) ([0-9]+)")
 
 
-class Bzip2Options(plugin.Options):
+class Bzip2Options(DataOptions):
     size: Size = plugin.option("256M", "Size of the large file compressed")
     files: int = plugin.option(20000, "Small files in the tree (256 B to 16 KiB, 4 KiB on "
                                "average) tarred and compressed", unit="files", ge=1,
@@ -48,12 +47,15 @@ class Bzip2Options(plugin.Options):
     level: int = plugin.option(9, "bzip2's block size in 100 kB steps (-1 .. -9)", ge=1, le=9)
 
 
-class Bzip2(Workload):
+class Bzip2(DataWorkload):
     name = "bzip2"
     description = ("bzip2 compressing a large generated text file and a tarred tree of many "
                    "small files (seconds, MiB/s)")
     Options = Bzip2Options
     options: Bzip2Options
+    prepare_script = _PREPARE
+    estimate_mib_s = ESTIMATE_MIB_S
+    slowest_mib_s = SLOWEST_MIB_S
     binaries = ("bzip2", "tar")
     packages = ("bzip2", "tar")
     metrics = (
@@ -67,27 +69,9 @@ class Bzip2(Workload):
                    dimensions=("input",)),
     )
 
-    def _mib(self) -> float:
-        return data_mib(self.options.size, self.options.files)
-
-    def _env(self) -> dict[str, str]:
-        # Only the prepare job generates data: a guest's agent decodes every byte of a
-        # job's environment before its clock starts, which the host's time would count.
-        return programs("bzip2", "tar")
-
-    def run_seconds(self) -> float:
-        return self._mib() / ESTIMATE_MIB_S
-
-    def prepare_seconds(self) -> float:
-        return data_prepare_seconds(self._mib(), self.options.files)
-
-    def prepare_jobs(self) -> list[Job]:
-        return [data_prepare_job(_PREPARE, self.options.size, self.options.files,
-                                 self._env(), self.prepare_seconds())]
-
     def run_job(self) -> Job:
-        return script_job(_RUN, self.options.level, env=self._env(),
-                          timeout=self._mib() / SLOWEST_MIB_S + 60)
+        return script_job(_RUN, self.options.level, env=self.tool_env(),
+                          timeout=self.run_timeout())
 
     def cleanup_jobs(self) -> list[Job]:
         return [script_job("busybox rm -rf big seed tree tree.tar big.bz2 tree.tar.bz2\n",

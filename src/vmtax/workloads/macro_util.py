@@ -30,9 +30,13 @@ import hashlib
 import re
 import shutil
 from pathlib import Path
+from typing import ClassVar
 
+from vmtax import plugin
 from vmtax.errors import ParseError, VmtaxError
+from vmtax.option_types import Size
 from vmtax.types import Job
+from vmtax.workloads.base import Workload
 
 SHELL = ("busybox", "sh", "-c")
 # Shell functions every script starts with: set -e stops at the first failing step, so a
@@ -215,20 +219,41 @@ def size_bytes(size: str) -> int:
 MEAN_FILE_BYTES = 256 + 16128 / 4
 
 
-def data_mib(size: str, files: int) -> float:
-    """MiB of generated data: the large file of `size` and a tree of `files` files."""
-    return (size_bytes(size) + files * MEAN_FILE_BYTES) / 2**20
+class DataOptions(plugin.Options):
+    size: Size = plugin.option("256M", "Size of the large generated file")
+    files: int = plugin.option(20000, "Small files in the generated tree (256 B to 16 KiB, "
+                               "4 KiB on average)", unit="files", ge=1, le=1000000)
 
 
-def data_prepare_seconds(mib: float, files: int) -> float:
-    """Generating a large file of mib MiB and a tree of files natively: about 100 MiB/s,
-    and a millisecond a file."""
-    return mib / 100 + files / 1000
+class DataWorkload(Workload):
+    """A workload over generated data: a large text file of `size` and a tree of `files`
+    small files, made once per target by its prepare job (`prepare_script`: MAKE_DATA and
+    what follows); its estimates and timeouts scale with the data's size. Its scripts call
+    its declared binaries as $NAME_BIN."""
+    options: DataOptions
+    prepare_script: ClassVar[str]
+    estimate_mib_s: ClassVar[float]    # for estimates: the rate on this host, natively
+    slowest_mib_s: ClassVar[float]     # for timeouts: the slowest rate allowed (TCG)
 
+    def data_mib(self) -> float:
+        return (size_bytes(self.options.size) + self.options.files * MEAN_FILE_BYTES) / 2**20
 
-def data_prepare_job(script: str, size: str, files: int, env: dict[str, str],
-                     seconds: float) -> Job:
-    """The job that generates a workload's data with script (MAKE_DATA and what follows),
-    given the size of the large file and the number of small ones."""
-    return script_job(script, size_bytes(size), files, env={**data_env(), **env},
-                      timeout=20 * seconds + 300)
+    def tool_env(self) -> dict[str, str]:
+        # Only the prepare job generates data: a guest's agent decodes every byte of a
+        # job's environment before its clock starts, which the host's time would count.
+        return programs(*self.binaries)
+
+    def run_seconds(self) -> float:
+        return self.data_mib() / self.estimate_mib_s
+
+    def run_timeout(self) -> float:
+        return self.data_mib() / self.slowest_mib_s + 60
+
+    def prepare_seconds(self) -> float:
+        # Natively about 100 MiB/s of data, and a millisecond a file.
+        return self.data_mib() / 100 + self.options.files / 1000
+
+    def prepare_jobs(self) -> list[Job]:
+        return [script_job(self.prepare_script, size_bytes(self.options.size),
+                           self.options.files, env={**data_env(), **self.tool_env()},
+                           timeout=20 * self.prepare_seconds() + 300)]

@@ -12,9 +12,8 @@ from __future__ import annotations
 from vmtax import plugin
 from vmtax.option_types import Size
 from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, data_mib, data_prepare_job,
-                                        data_prepare_seconds, programs, script_job, times)
+from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, DataOptions,
+                                        DataWorkload, script_job, times)
 
 PARTS = ("tree", "file")
 # For estimates and timeouts: a local rsync of the tree moved 2-20 MiB/s on this (shared)
@@ -31,18 +30,21 @@ busybox rm -rf copy
 """
 
 
-class RsyncOptions(plugin.Options):
+class RsyncOptions(DataOptions):
     size: Size = plugin.option("256M", "Size of the large file copied")
     files: int = plugin.option(20000, "Small files in the tree copied (256 B to 16 KiB, "
                                "4 KiB on average)", unit="files", ge=1, le=1000000)
 
 
-class Rsync(Workload):
+class Rsync(DataWorkload):
     name = "rsync"
     description = ("rsync of a tree of many small files and of one large file into another "
                    "directory of the scratch disk (seconds)")
     Options = RsyncOptions
     options: RsyncOptions
+    prepare_script = _PREPARE
+    estimate_mib_s = ESTIMATE_MIB_S
+    slowest_mib_s = SLOWEST_MIB_S
     binaries = ("rsync",)
     packages = ("rsync",)
     metrics = (
@@ -51,26 +53,8 @@ class Rsync(Workload):
                    resolution=TIME_RESOLUTION),
     )
 
-    def _mib(self) -> float:
-        return data_mib(self.options.size, self.options.files)
-
-    def _env(self) -> dict[str, str]:
-        # Only the prepare job generates data: a guest's agent decodes every byte of a
-        # job's environment before its clock starts, which the host's time would count.
-        return programs("rsync")
-
-    def run_seconds(self) -> float:
-        return self._mib() / ESTIMATE_MIB_S
-
-    def prepare_seconds(self) -> float:
-        return data_prepare_seconds(self._mib(), self.options.files)
-
-    def prepare_jobs(self) -> list[Job]:
-        return [data_prepare_job(_PREPARE, self.options.size, self.options.files,
-                                 self._env(), self.prepare_seconds())]
-
     def run_job(self) -> Job:
-        return script_job(_RUN, env=self._env(), timeout=self._mib() / SLOWEST_MIB_S + 60)
+        return script_job(_RUN, env=self.tool_env(), timeout=self.run_timeout())
 
     def cleanup_jobs(self) -> list[Job]:
         return [script_job("busybox rm -rf big seed tree copy\n", timeout=120)]
