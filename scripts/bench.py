@@ -5,7 +5,7 @@
    interleaved A B A B, median ratio (goal: within 0.5%).
 2. Guest boot to agent-ready under TCG, median of 10 (goal: <= 1.5 s), and KVM where usable,
    at the vm target's defaults and at E4's instance size (1 vCPU, 256 MiB);
-   the same with the minimal guest kernel (vmtax.minimal_kernel; goal: <= 1.0 s).
+   the same with the minimal guest kernel (vmtax.guest.minimal_kernel; goal: <= 1.0 s).
 3. Wall time of the classic plan at default settings.
 """
 
@@ -55,7 +55,8 @@ def boot_time() -> None:
           "the vm target's defaults (2 vCPUs, 1 GiB) and at E4's instance size (1 vCPU, "
           "256 MiB, as plans/density.toml starts them)")
     bench_boot = [sys.executable, str(ROOT / "scripts" / "bench_boot.py"), "--runs", "10"]
-    from vmtax import minimal_kernel, paths
+    from vmtax.core import paths
+    from vmtax.guest import minimal_kernel
     kernel = minimal_kernel.minimal_kernel(paths.cache_dir())
     for label, extra in (("Debian's kernel", []), (
             f"minimal kernel {kernel.version} ({kernel.path.stat().st_size >> 20} MiB)",

@@ -14,11 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vmtax import kvm, targets
-from vmtax.errors import VmtaxError
-from vmtax.image import GuestImage
-from vmtax.journal import Journal
-from vmtax.targets.base import TargetContext
+from vmtax.core import target as targets
+from vmtax.core.errors import VmtaxError
+from vmtax.core.target import TargetContext
+from vmtax.guest.image import GuestImage
+from vmtax.host import kvm
+from vmtax.host.journal import Journal
 
 
 def boots(accel: str, runs: int, options: dict, ctx: TargetContext) -> list[tuple[float, float]]:

@@ -3,6 +3,8 @@
 # vmtax in a virtual environment (.venv), then the Debian packages its plugins declare
 # (`vmtax list packages`: QEMU, sysbench, fio, OCI runtimes, ...), so a new plugin's
 # packages need no edit here. Idempotent and quiet when everything is already there.
+# It builds nothing: what vmtax builds from source (the minimal guest kernel, the compile
+# workload's kernel tree, the serving tools, gVisor) is built when a plan first needs it.
 #   bootstrap.sh          everything (root: installs Debian packages)
 #   bootstrap.sh --venv   only .venv, no root, no apt (make test-unit, make lint)
 set -euo pipefail
@@ -34,25 +36,38 @@ venv_only=false
 
 # What vmtax's core needs (the report's headless browser among them).
 $venv_only || apt_install python3 python3-venv python3-pip procps linux-perf chromium fonts-dejavu-core
-# Packages whose service must not run on the host because of vmtax: vmtax starts their
-# programs itself (sshd for the ssh target's live tests, nginx in E4's instances), so
-# installing them neither starts (policy-rc.d) nor enables the package's own service.
-install_without_service() {   # PACKAGE SERVICE
-  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
-  local policy=/usr/sbin/policy-rc.d made=false
+# Run a command ("$@") with no service started by what it installs (policy-rc.d): vmtax
+# starts the programs it needs itself, while a plan uses them (dockerd, lxd, libvirtd).
+without_services() {
+  local policy=/usr/sbin/policy-rc.d made=false status=0
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && made=true
   fi
-  apt_install "$1" || { $made && rm -f "$policy"; return 1; }
+  "$@" || status=$?
   $made && rm -f "$policy"
+  return $status
+}
+# Packages whose service must not run on the host because of vmtax: vmtax starts their
+# programs itself (sshd for the ssh target's live tests, nginx in E4's instances), so
+# installing them neither starts nor enables the package's own service.
+install_without_service() {   # PACKAGE SERVICE
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
+  without_services apt_install "$1" || return 1
   if command -v systemctl > /dev/null; then systemctl disable "$2" > /dev/null 2>&1 || true; fi
 }
 if ! $venv_only; then
   install_without_service openssh-server ssh.service
   install_without_service nginx nginx.service
 fi
-# What the minimal guest kernel is built from (vmtax.minimal_kernel).
-$venv_only || apt_install linux-source-6.1 build-essential flex bison bc libelf-dev xz-utils
+# Any installed linux-source-X.Y will do for the kernels vmtax builds (VMTAX_LINUX_SOURCE
+# picks one of several): the release's own version (`linux-source`) only when none is.
+without_linux_source_if_installed() {
+  if compgen -G '/usr/src/linux-source-*.tar.xz' > /dev/null; then
+    for p in "$@"; do [ "$p" = linux-source ] || echo "$p"; done
+  else
+    printf '%s\n' "$@"
+  fi
+}
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -66,11 +81,5 @@ if ! cmp -s pyproject.toml .venv/.pyproject.installed; then
 fi
 
 $venv_only && exit 0
-mapfile -t plugin_packages < <(.venv/bin/vmtax list packages)
-apt_install "${plugin_packages[@]}"
-# Built once into vmtax's cache (later runs find them there): the serving workload's
-# server and vegeta (Go) and its clip; the minimal guest kernel and the compile workload's
-# kernel tree (minutes each, the first time).
-.venv/bin/python -m vmtax.serving_tools
-.venv/bin/python -m vmtax.minimal_kernel
-.venv/bin/python -m vmtax.kernel_tree
+mapfile -t plugin_packages < <(without_linux_source_if_installed $(.venv/bin/vmtax list packages))
+without_services apt_install "${plugin_packages[@]}"

@@ -7,7 +7,9 @@ then everything the run's journal listed (processes, cgroups, mounts, network de
 namespaces, huge page leases) and the host's huge pages and KSM are checked against a
 snapshot taken before; concurrent runs and resumes on one store; fuzzed plan files;
 fuzzed outputs for the parser of every registered workload; corrupt databases, and a
-database deleted in the middle of a run. Prints a table of attacks and outcomes and exits
+database deleted in the middle of a run; (issue #29) a runtime directory and journal
+entries another user planted, a serving client killed with -9, a full runtime directory,
+and a guardian stopped or killed with its run. Prints a table of attacks and outcomes and exits
 1 on any traceback, leak, lost or duplicated repetition or side effect.
 
 The run's own journals live in a private runtime directory, so only what its own runs
@@ -17,10 +19,13 @@ made is looked at: other vmtax may run on the host at the same time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
+import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -286,7 +291,7 @@ def kill_attack(env: Env, outcome: Outcome, target: str, workload: str, sig: int
     payload: dict[tuple[int, int], str] = {}
     while proc.poll() is None and time.monotonic() < deadline:
         entries = journal_entries(env.runtime) or entries
-        payload = {k: c for k, c in descendants(proc.pid).items() if "vmtax.guardian" not in c}
+        payload = {k: c for k, c in descendants(proc.pid).items() if "vmtax.host.guardian" not in c}
         # A guest's benchmark is no host process: a run is stored once its targets are up.
         measuring = (any(c.startswith(("sysbench", "iperf3 -c")) for c in payload.values())
                      or run_stored(results))
@@ -298,7 +303,7 @@ def kill_attack(env: Env, outcome: Outcome, target: str, workload: str, sig: int
         time.sleep(0.05)
     entries = journal_entries(env.runtime) or entries
     payload.update({k: c for k, c in descendants(proc.pid).items()
-                    if "vmtax.guardian" not in c})
+                    if "vmtax.host.guardian" not in c})
     outcome.cases += 1
     name = f"{label} {signal.Signals(sig).name} while {moment}"
     if proc.poll() is not None:
@@ -442,7 +447,10 @@ def mutate_shipped_plan(rng: random.Random, sentinel: Path) -> str:
 
 
 def fuzz_plan(rng: random.Random, sentinel: Path) -> str:
-    from vmtax import planfile, plugin, targets, workloads
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+    from vmtax.core import workload as workloads
+    from vmtax.studies import planfile
 
     if rng.random() < 0.4:
         return mutate_shipped_plan(rng, sentinel)
@@ -477,8 +485,8 @@ def fuzz_plan(rng: random.Random, sentinel: Path) -> str:
 
 
 def plan_attack(env: Env, outcome: Outcome, count: int, through_cli: int) -> None:
-    from vmtax import estimate, planfile
-    from vmtax.errors import VmtaxError
+    from vmtax.core.errors import VmtaxError
+    from vmtax.studies import estimate, planfile
 
     sentinel = env.work / "INJECTED"
     plans = env.work / "plans"
@@ -567,8 +575,8 @@ def mutate(rng: random.Random, text: str) -> str:
 
 
 def parser_attack(env: Env, outcome: Outcome, count: int) -> None:
-    from vmtax import workloads
-    from vmtax.errors import ParseError, VmtaxError
+    from vmtax.core import workload as workloads
+    from vmtax.core.errors import ParseError, VmtaxError
 
     for name, cls in sorted(workloads.registered().items()):
         try:
@@ -607,8 +615,8 @@ def parser_attack(env: Env, outcome: Outcome, count: int) -> None:
 # -- attack: corrupt databases --------------------------------------------------------------
 
 def store_attack(env: Env, outcome: Outcome, count: int) -> None:
-    from vmtax.store import DB_NAME, Store
-    from vmtax.types import Metric
+    from vmtax.core.types import Metric
+    from vmtax.results.store import DB_NAME, Store
 
     template = env.work / "db-template"
     store = Store(template)
@@ -688,7 +696,573 @@ def deleted_store_attack(env: Env, outcome: Outcome) -> None:
         outcome.fail(problem)
 
 
+# -- attacks: planted runtime files, a killed serving client, a full journal, the guardian ----
+
+OTHER_UID = 4344   # "another local user": any uid but ours
+
+
+def vmtax_with(env: Env, runtime: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*VMTAX, *args], env={**env.env, "VMTAX_RUNTIME": str(runtime)},
+                          text=True, capture_output=True, timeout=300)
+
+
+def one_line_refusal(outcome: Outcome, what: str, done: subprocess.CompletedProcess,
+                     names: str) -> None:
+    check_output(outcome, what, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    if done.returncode != 2 or len(lines) != 1 or names not in lines[0]:
+        outcome.fail(f"{what}: exit {done.returncode}, expected one line naming {names}: "
+                     f"{done.stderr.strip()[-200:]}")
+
+
+def planted_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Issue #29, defect 1: another user plants a journal whose undo runs a command; and
+    entries vmtax never writes, in a journal of its own user's."""
+    sentinel = env.work / "PLANTED"
+    planted = env.work / "planted"
+    planted.mkdir()
+    (planted / "journal-1-0.json").write_text(json.dumps(
+        {"1": {"type": "argv", "argv": ["sh", "-c", f"id > {sentinel}"]}}))
+    if os.geteuid() == 0:
+        for path in (planted, planted / "journal-1-0.json"):
+            os.chown(path, OTHER_UID, OTHER_UID)
+        outcome.note(f"runtime directory owned by uid {OTHER_UID}")
+    else:
+        os.chmod(planted, 0o770)
+        outcome.note("runtime directory group-writable")
+    commands = [["cleanup"]] if quick else [["cleanup"], ["runs"], [
+        "run", "--targets", "native", "--workloads", "cpu", "--runs", "1", "--time", "1"]]
+    for command in commands:
+        outcome.cases += 1
+        results = [] if command == ["cleanup"] else ["--results", str(env.work / "planted-r")]
+        one_line_refusal(outcome, f"vmtax {command[0]} with a planted runtime directory",
+                         vmtax_with(env, planted, *command, *results), str(planted))
+    own = env.work / "runtime-entries"
+    own.mkdir(mode=0o700)
+    kept = env.work / "kept"
+    kept.mkdir()
+    (kept / "file").write_text("")
+    (env.work / "kept-link").symlink_to(kept)
+    entries = [{"type": "argv", "argv": ["sh", "-c", f"id > {sentinel}"]},
+               {"type": "argv", "argv": ["env", "X=1", "sh", "-c", f"id > {sentinel}"]},
+               {"type": "rmtree", "path": str(env.work / "kept-link")},
+               {"type": "kill", "pid": -1, "start": 1},
+               {"type": "write", "path": str(sentinel), "value": "x"},
+               {"type": "lease", "undo": "subprocess:getoutput"}]
+    (own / f"journal-{2**22 + 9}-1.json").write_text(json.dumps(dict(enumerate(entries, 1))))
+    outcome.cases += 1
+    done = vmtax_with(env, own, "cleanup")
+    check_output(outcome, "vmtax cleanup of entries vmtax never writes", done.stderr)
+    if done.returncode != 0 or f"({len(entries)} failed" not in done.stdout:
+        outcome.fail(f"entries vmtax never writes: exit {done.returncode}, "
+                     f"{(done.stdout + done.stderr).strip()[-200:]}")
+    else:
+        outcome.note(f"{len(entries)} entries refused")
+    if sentinel.exists():
+        outcome.fail("a planted journal ran a command")
+    if not (kept / "file").exists():
+        outcome.fail("a planted rmtree removed a directory through a symbolic link")
+
+
+def serving_client_attack(env: Env, outcome: Outcome) -> None:
+    """Issue #29, defect 3: a serving client killed with -9 leaves its scratch directory
+    (no longer /tmp/vmtax-serving-<pid>) and journal for its guardian to undo at once."""
+    vegeta = env.work / "vegeta"
+    vegeta.write_text("#!/bin/sh\nexec sleep 60\n")
+    vegeta.chmod(0o755)
+    spec = {"mode": "workers", "vegeta": str(vegeta), "base": "http://127.0.0.1:9",
+            "endpoints": [{"name": "x", "path": "/", "method": "GET"}], "requests": 1,
+            "workers": 1, "request_timeout": 1}
+    # As the runner starts it: PATH and vmtax's runtime settings.
+    client = subprocess.Popen([sys.executable, "-m", "vmtax.helpers.serving_client",
+                               json.dumps(spec)], text=True, stderr=subprocess.PIPE,
+                              env={"PATH": env.env["PATH"], "VMTAX_RUNTIME": str(env.runtime)})
+    outcome.cases += 1
+    deadline = time.monotonic() + 60
+    while not list(env.runtime.glob("vmtax-serving-*/targets")) and client.poll() is None:
+        if time.monotonic() > deadline:
+            outcome.fail("the serving client never started its attack")
+            return
+        time.sleep(0.05)
+    scratch = list(env.runtime.glob("vmtax-serving-*"))
+    if Path(tempfile.gettempdir(), f"vmtax-serving-{client.pid}").exists():
+        outcome.fail("the serving client used a predictable directory")
+    client.kill()
+    client.communicate()
+    deadline = time.monotonic() + CLEAN_WITHIN
+    while (any(p.exists() for p in scratch) or list(env.runtime.glob("journal-*"))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not scratch:
+        outcome.fail("the serving client made no scratch directory in the runtime directory")
+    elif any(p.exists() for p in scratch) or list(env.runtime.glob("journal-*")):
+        outcome.fail(f"a killed serving client left {scratch[0].name} or its journal")
+    else:
+        outcome.note(f"clean within {CLEAN_WITHIN:g} s")
+
+
+def full_journal_attack(env: Env, outcome: Outcome) -> None:
+    """Issue #29, defect 7: a run whose runtime directory is full stops in one line before
+    it changes the host; nothing (no work directory) is left."""
+    full = env.work / "full-runtime"
+    full.mkdir(mode=0o700)
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8k,mode=0700", "vmtax-torture", str(full)],
+        capture_output=True).returncode == 0
+    if not mounted:
+        outcome.note("skipped: cannot mount a tmpfs")
+        return
+    try:
+        with contextlib.suppress(OSError), open(full / "filler", "wb") as filler:
+            filler.write(b"x" * 65536)
+        results = env.work / "full-results"
+        outcome.cases += 1
+        done = vmtax_with(env, full, "run", "--targets", "native", "--workloads", "cpu",
+                          "--runs", "1", "--warmup", "0", "--time", "1", "--results",
+                          str(results))
+        one_line_refusal(outcome, "vmtax run with a full runtime directory", done,
+                         "cannot write the undo journal")
+        outcome.note(f"exit {done.returncode}")
+        if list(results.glob(".work-*")):
+            outcome.fail("a run with a full runtime directory left its work directory")
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+
+
+def guardian_of(pid: int) -> int | None:
+    return next((p for (p, _), c in descendants(pid).items() if "vmtax.host.guardian" in c),
+                None)
+
+
+def guardian_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Issue #29, defect 9: a stopped guardian does not hang vmtax; what a run and its
+    guardian, both killed, left is named by any command and `doctor`, undone by
+    `cleanup`."""
+    runtime = env.work / "runtime-guardian"
+    runtime.mkdir(mode=0o700)
+    common = ["run", "--targets", "native", "--workloads", "cpu", "--runs", "1", "--warmup",
+              "0", "--results", str(env.work / "guardian-r")]
+    for stop in ([] if quick else [signal.SIGSTOP]) + [signal.SIGKILL]:
+        proc = subprocess.Popen([*VMTAX, *common, "--time", "2" if stop == signal.SIGSTOP
+                                 else "20"], env={**env.env, "VMTAX_RUNTIME": str(runtime)},
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env.started.append(proc)
+        outcome.cases += 1
+        name = f"guardian {signal.Signals(stop).name}"
+        # Killed once its journal lists a change; stopped while it measures, to end soon.
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                any("sysbench" in c for c in descendants(proc.pid).values())
+                if stop == signal.SIGSTOP else journal_entries(runtime)):
+            time.sleep(0.05)
+        watcher = guardian_of(proc.pid)
+        entries = journal_entries(runtime)
+        if watcher is None or proc.poll() is not None:
+            outcome.fail(f"{name}: the run ended before it was measuring")
+            continue
+        os.kill(watcher, stop)
+        if stop == signal.SIGKILL:
+            proc.kill()
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            outcome.fail(f"{name}: vmtax hung at its end")
+            proc.kill()
+            _, err = proc.communicate()
+        check_output(outcome, name, err)
+        if stop == signal.SIGSTOP:
+            if "was stopped: killed it" not in err or list(runtime.glob("journal-*")):
+                outcome.fail(f"{name}: {err.strip()[-200:]}")
+            continue
+        warned = vmtax_with(env, runtime, "runs", "--results", str(env.work / "guardian-r"))
+        if "died leaving" not in warned.stderr:
+            outcome.fail(f"{name}: `vmtax runs` did not warn: {warned.stderr.strip()[-200:]}")
+        if not quick:
+            doctor = vmtax_with(env, runtime, "doctor", "--json")
+            checks = {c["name"]: c for c in json.loads(doctor.stdout or "{}").get("checks", [])}
+            if "died leaving" not in checks.get("undo journal", {}).get("detail", ""):
+                outcome.fail(f"{name}: `vmtax doctor` did not name what was left")
+        cleaned = vmtax_with(env, runtime, "cleanup")
+        check_output(outcome, f"{name} (cleanup)", cleaned.stderr)
+        left = leftovers(entries) + (["a journal"] if list(runtime.glob("journal-*")) else [])
+        if left:
+            outcome.fail(f"{name}: `vmtax cleanup` left {', '.join(left[:3])}")
+        else:
+            outcome.note("warned, then cleaned up")
+
+
 # -- the table -----------------------------------------------------------------------------
+
+# -- attacks: a full results disk, hostile names, unbounded files, a bad fleet address, ------
+# -- imported runs, a run's password (issue #29, defects 2, 4, 5, 6, 8, 10, 11) -------------
+
+def in_process(*args: str) -> tuple[int, str, BaseException | None]:
+    """A vmtax command run inside this process (no Python start-up): its exit code, its
+    output and the exception it ended with, as `vmtax` would have printed it in one line."""
+    from click.testing import CliRunner
+
+    from vmtax.cli.main import cli
+
+    done = CliRunner().invoke(cli, list(args), env=None, catch_exceptions=True)
+    return done.exit_code, done.output, done.exception
+
+
+def _kept_aside(outcome: Outcome, message: str) -> int:
+    """The repetitions a store's message says it kept aside, checked against the files it
+    names: the count said of each must be the count there."""
+    said = {Path(m[2]): int(m[1]) for m in re.finditer(
+        r"(\d+) (?:repetitions of run \S+ are kept )?in (\S+\.jsonl)", message)}
+    for path, n in said.items():
+        held = sum(json.loads(line).get("kind") == "rep"
+                   for line in path.read_text().splitlines()) if path.exists() else 0
+        if held != n:
+            outcome.fail(f"a full results disk: the message says {n} in {path}, which "
+                         f"holds {held}: {message}")
+    outcome.note(f"{sum(said.values())} repetitions kept in {len(said)} side file(s)")
+    return sum(said.values())
+
+
+def _check_copied(outcome: Outcome, results: Path, run_id: str, total: int) -> None:
+    """results copied before anything imported what was kept aside; then the copy, the
+    original and the copy again opened by a writer (which imports): no repetition stored
+    twice, none shown `done` with fewer than total, and all of them in one of the two."""
+    from vmtax.results.store import Store
+
+    copy = results.with_name(results.name + "-copy")
+    shutil.copytree(results, copy)
+    counts = {}
+    for where in (copy, results, copy):
+        outcome.cases += 1
+        store = Store(where)
+        run = store.load_run(run_id)
+        store.close()
+        keys = [(r.target, r.workload, json.dumps(r.params), r.phase, r.idx) for r in run.reps]
+        if len(keys) != len(set(keys)):
+            outcome.fail(f"{where.name}: {len(keys) - len(set(keys))} repetitions stored twice")
+        if run.status == "done" and len(keys) != total:
+            outcome.fail(f"{where.name}: shown done with {len(keys)} of {total} repetitions")
+        counts[where] = len(keys)
+        outcome.note(f"{where.name}: {run.status}, {len(keys)} repetitions")
+    if total not in counts.values():
+        outcome.fail(f"a full results disk: {total} repetitions, found {counts} in the copy "
+                     "and the original")
+
+
+@contextlib.contextmanager
+def _tiny_tmpfs(path: Path):
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=300k", "vmtax-torture", str(path)],
+            capture_output=True).returncode != 0:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def full_results_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Defect 2: a results directory on a disk (a 300 KiB tmpfs) that fills mid-run, copied
+    elsewhere before anything imported what was kept aside: the count said is true, no
+    repetition is lost or stored twice, and no copy shows the run `done` with repetitions
+    missing. Quick: through the store; else also a real run whose fileio fills the disk."""
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store, StoreError
+
+    old_runtime = os.environ.get("VMTAX_RUNTIME")
+    os.environ["VMTAX_RUNTIME"] = str(env.runtime)    # the store's runtime side file
+    try:
+        with _tiny_tmpfs(env.work / "full-results-disk") as mounted:
+            if not mounted:
+                outcome.note("skipped: cannot mount a tmpfs")
+                return
+            results = env.work / "full-results-disk"
+            store = Store(results)
+            run_id = store.new_run({"targets": []}, {}, "0")
+            store.set_target(run_id, "native", "native", {"bare_host": True})
+            for idx in range(6):
+                if idx == 1:   # the disk fills up
+                    with contextlib.suppress(OSError), open(results / "filler", "wb") as f:
+                        while True:
+                            f.write(b"x" * 4096)
+                            f.flush()
+                if idx == 4:   # room again: the run's records must not split now
+                    (results / "filler").unlink()
+                store.add_rep(run_id, target="native", workload="cpu", params={},
+                              phase="measure", idx=idx, status="ok", argv=["x"], started=1.0,
+                              stdout="x" * 2000,
+                              metrics=[Metric("events/s", 1.0, "events/s", True)])
+            store.finish_run(run_id, "done")
+            outcome.cases += 1
+            try:
+                store.set_flags(run_id, [])    # what the runner does next
+                outcome.fail("a full results disk: nothing was kept aside")
+                return
+            except StoreError as exc:
+                _kept_aside(outcome, str(exc))
+            store.close()
+            _check_copied(outcome, results, run_id, 6)
+        if quick:
+            return
+        with _tiny_tmpfs(env.work / "full-results-run") as mounted:
+            results = env.work / "full-results-run"
+            outcome.cases += 1
+            done = env.run("run", "--targets", "native", "--workloads", "fileio,cpu",
+                           "--runs", "3", "--warmup", "0", "--time", "1", "--results",
+                           str(results))
+            check_output(outcome, "a run on a full results disk", done.stderr)
+            last = (done.stderr.strip().splitlines() or [""])[-1]
+            found = re.search(r"repetitions of run (\S+) are kept", last)
+            if done.returncode != 2 or not found:
+                outcome.fail(f"a run on a full results disk: exit {done.returncode}: "
+                             f"{last[-300:]}")
+                return
+            stored = len(stored_reps(results).get(found[1], []))
+            _check_copied(outcome, results, found[1], stored + _kept_aside(outcome, last))
+    finally:
+        if old_runtime is None:
+            os.environ.pop("VMTAX_RUNTIME", None)
+        else:
+            os.environ["VMTAX_RUNTIME"] = old_runtime
+
+
+HOSTILE_NAMES = ['=HYPERLINK("http://evil.example/","click")', "+1+cmd|' /C calc'!A0",
+                 "@SUM(1+1)*cmd|' /C calc'!A0", "-2+3", "\t=1+1", "\r=1+1"]
+ESCAPES = ["\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "a\x1b[8mhidden", "\x9b31m", "x\u202eyz"]
+
+
+def _hostile_store(env: Env, name: str) -> Path:
+    """A results directory holding one run whose targets have hostile names, stored as an
+    older vmtax (or another tool) could have: straight through the store."""
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store
+
+    results = env.work / name
+    store = Store(results)
+    names = ["native", HOSTILE_NAMES[0], *ESCAPES[:2]]
+    run_id = store.new_run({"targets": [{"name": n, "kind": "native", "options": {}}
+                                        for n in names], "baseline": "native",
+                            "name": "hostile" + ESCAPES[0]}, {}, "0")
+    for n in names:
+        store.set_target(run_id, n, "native", {"bare_host": n == "native"})
+        for idx in range(3):
+            store.add_rep(run_id, target=n, workload="cpu", params={"p": HOSTILE_NAMES[2]},
+                          phase="measure", idx=idx, status="ok", argv=["x"], started=1.0,
+                          error=None, metrics=[Metric("events/s", -1.5 + idx, "events/s",
+                                                      True)])
+    store.finish_run(run_id, "done")
+    store.close()
+    return results
+
+
+def csv_injection_attack(env: Env, outcome: Outcome) -> None:
+    """Defect 4: names a spreadsheet would run as formulas, exported as CSV."""
+    import csv
+    import io
+
+    results = _hostile_store(env, "csv-injection")
+    code, output, exc = in_process("export", "last", "--csv", "-", "--results", str(results))
+    outcome.cases += 1
+    if code != 0:
+        outcome.fail(f"export --csv of hostile names: exit {code}: {exc}")
+        return
+    cells = [cell for row in csv.reader(io.StringIO(output)) for cell in row]
+    for cell in cells:
+        if cell.startswith(("=", "+", "-", "@", "\t", "\r")):
+            try:
+                float(cell)
+            except ValueError:
+                outcome.fail(f"export --csv: a cell a spreadsheet runs: {cell[:60]!r}")
+    if "-1.5" not in cells:
+        outcome.fail("export --csv: the number -1.5 is no longer a number")
+    outcome.note(f"{sum(c.startswith(chr(39)) for c in cells)} cells neutralised")
+
+
+def terminal_escape_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Defect 5: control characters in names are refused where names come in, and shown
+    escaped where they were stored before (runs, show, compare, export's error lines)."""
+    from vmtax.core.errors import VmtaxError
+    from vmtax.studies import plan, planfile
+
+    for escape in ESCAPES:
+        toml = f'[targets.native]\n[targets."{json.dumps(escape)[1:-1]}"]\nkind = "native"\n' \
+               '[[workloads]]\nname = "cpu"\n'
+        for what, refuse, args in (
+                ("a plan's target name", planfile.loads, (toml, "hostile.toml")),
+                ("--qemu LABEL=PATH", plan.from_names, (
+                    ["vm"], ["cpu"], {"qemu": [f"{escape}=/bin/true", "b=/bin/true"]})),
+                ("--targets", plan.from_names, ([f"native{escape}"], ["cpu"])),
+                ("--name", in_process, ("run", "--targets", "native", "--workloads", "cpu",
+                                        "--name", escape, "--dry-run")),
+                ("--label", in_process, ("exits", "import", "/dev/null", "--label",
+                                         escape))):
+            outcome.cases += 1
+            try:
+                result = refuse(*args)
+            except VmtaxError as exc:
+                result = (2, "", exc)
+            if not isinstance(result, tuple) or not isinstance(result[2], VmtaxError):
+                outcome.fail(f"{what} with {escape!r}: not refused")
+            elif not str(result[2]).isprintable():
+                outcome.fail(f"{what} with {escape!r}: the refusal holds it raw")
+    results = _hostile_store(env, "terminal-escapes")
+    commands = [["runs"], ["show", "last", "--all"]]
+    if not quick:   # compare loads SciPy: seconds
+        commands += [["show", "last"], ["show", "last:nope"], ["compare", "last", "last"]]
+    for command in commands:
+        outcome.cases += 1
+        code, output, exc = in_process(*command, "--results", str(results))
+        shown = output + (str(exc) if exc and not isinstance(exc, SystemExit) else "")
+        raw = [c for c in shown if not (c.isprintable() or c == "\n")]
+        if raw:
+            outcome.fail(f"vmtax {' '.join(command)}: control characters reach the terminal: "
+                         f"{raw[:5]!r}")
+        outcome.note(f"exit {code}")
+
+
+def unbounded_read_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Defect 6: a device, a FIFO and a huge file given as a perf report or a plan: one
+    line each, at once, never a hang or a traceback."""
+    fifo = env.work / "fifo"
+    os.mkfifo(fifo)
+    huge = env.work / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(64 << 20)     # sparse: no disk used
+    cases = [("exits", "import", "/dev/zero", "--label", "x"),
+             ("exits", "import", str(fifo), "--label", "x")]
+    if not quick:
+        cases += [("exits", "import", str(huge), "--label", "x"), ("plan", "/dev/zero"),
+                  ("plan", str(fifo)), ("run", str(fifo), "--dry-run"),
+                  ("density", str(fifo))]
+    for args in cases:
+        outcome.cases += 1
+        started = time.monotonic()
+        try:
+            done = env.run(*args, "--results", str(env.work / "unbounded-r"), timeout=30) \
+                if args[0] == "exits" else env.run(*args, timeout=30)
+        except subprocess.TimeoutExpired:
+            outcome.fail(f"vmtax {' '.join(args)}: still reading after 30 s")
+            continue
+        check_output(outcome, f"vmtax {' '.join(args)}", done.stderr)
+        lines = done.stderr.strip().splitlines()
+        if done.returncode != 2 or len(lines) != 1:
+            outcome.fail(f"vmtax {' '.join(args)}: exit {done.returncode}: "
+                         f"{done.stderr.strip()[-200:]}")
+        outcome.note(f"{time.monotonic() - started:.0f} s each")
+
+
+def fleet_address_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Defect 8: `fleet join` at an address that cannot be, or where nothing listens,
+    fails in one line within 15 s. Only loopback is ever connected to."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]   # bound, never listening: refused
+        addresses = ["999.1.1.1:1"] + ([] if quick else [
+            f"127.0.0.1:{port}", "127.0.0.1:99999", "127.0.0.1", "[::1:1", "a b:1"])
+        for address in addresses:
+            outcome.cases += 1
+            started = time.monotonic()
+            try:
+                done = env.run("fleet", "join", address, "--name", "h1", "--results",
+                               str(env.work / "fleet-r"), timeout=30)
+            except subprocess.TimeoutExpired:
+                outcome.fail(f"fleet join {address}: silent for 30 s")
+                continue
+            took = time.monotonic() - started
+            check_output(outcome, f"fleet join {address}", done.stderr)
+            lines = done.stderr.strip().splitlines()
+            if done.returncode != 2 or len(lines) != 1 or took > 15:
+                outcome.fail(f"fleet join {address}: exit {done.returncode} after {took:.0f} "
+                             f"s: {done.stderr.strip()[-200:]}")
+            outcome.note(f"{took:.0f} s")
+
+
+def imported_run_attack(env: Env, outcome: Outcome) -> None:
+    """Defect 10: report and export of an imported perf kvm stat report say what it holds
+    (or work), never that it has no successful repetitions."""
+    report = ROOT / "tests" / "fixtures" / "perf_kvm" / "classic-vmx.txt"
+    results = str(env.work / "imported-r")
+    code, _, exc = in_process("exits", "import", str(report), "--label", "capture",
+                              "--results", results)
+    if code != 0:
+        outcome.fail(f"exits import: exit {code}: {exc}")
+        return
+    for args in (("report", "capture", "--html", str(env.work / "imported.html")),
+                 ("export", "capture", "--csv", str(env.work / "imported.csv")),
+                 ("export", "capture", "--format", "benchstat")):
+        outcome.cases += 1
+        code, output, exc = in_process(*args, "--results", results)
+        said = str(exc) if exc and not isinstance(exc, SystemExit) else ""
+        if "no successful repetitions" in said or (code != 0 and "imported" not in said):
+            outcome.fail(f"vmtax {args[0]} of an imported run: {said or output[-200:]}")
+        outcome.note(f"{args[0]}: {'works' if code == 0 else 'says what it holds'}")
+
+
+def password_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Defect 11: a workload's secret (oltp's per-run MariaDB password) is in no command
+    line and never stored. Quick: the jobs of client-server workloads and the store; else
+    every workload's jobs and a real oltp run natively, every command line read while it
+    runs."""
+    from vmtax.core import workload as workloads
+    from vmtax.core.types import Endpoint
+    from vmtax.results.store import Store
+
+    for name, cls in sorted(workloads.registered().items()):
+        if quick and cls.server_port is None:
+            continue    # a server's credentials are what a run makes; some prepares take s
+        try:
+            workload = cls.make({}, 2, strict=False)
+            jobs = [*workload.prepare_jobs(), workload.run_job()]
+        except Exception:   # noqa: BLE001 - a two-role workload has no run_job
+            jobs = [*workload.prepare_jobs()]
+        if cls.server_port is not None:
+            jobs += [workload.server_job(), workload.client_job(Endpoint("127.0.0.1", 1))]
+        for job in jobs:
+            outcome.cases += 1
+            for secret in job.secrets:
+                if any(secret in arg for arg in job.argv):
+                    outcome.fail(f"{name}: a secret in a command line: {job.argv[:3]}")
+            if job.secrets:
+                results = env.work / f"secret-{name}"
+                store = Store(results)
+                run_id = store.new_run({}, {}, "0")
+                store.add_rep(run_id, target="native", workload=name, params={},
+                              phase="measure", idx=0, status="failed", argv=[*job.argv,
+                              *job.secrets], started=1.0, error=f"x {job.secrets[0]}",
+                              stdout=job.secrets[0], stderr=job.secrets[0],
+                              secrets=job.secrets)
+                store.close()
+                if job.secrets[0].encode() in (results / "vmtax.sqlite").read_bytes():
+                    outcome.fail(f"{name}: a secret stored in the results database")
+                outcome.note(f"{name}: secrets declared")
+    if quick or not all(shutil.which(b) for b in ("mariadbd", "sysbench", "busybox")):
+        return
+    outcome.cases += 1
+    results = env.work / "oltp-r"
+    proc = env.start("run", "--targets", "native", "--workloads", "oltp", "--runs", "1",
+                     "--warmup", "0", "--time", "1", "--results", str(results))
+    seen_cmdlines, passwords = set(), set()
+    while proc.poll() is None:
+        for pid, (_, _, cmd) in processes().items():
+            seen_cmdlines.add(cmd)
+            with contextlib.suppress(OSError):
+                for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    if var.startswith(b"VMTAX_DB_PASSWORD="):
+                        passwords.add(var.split(b"=", 1)[1].decode())
+        time.sleep(0.05)
+    proc.communicate()
+    data = (results / "vmtax.sqlite").read_bytes() if (results / "vmtax.sqlite").exists() \
+        else b""
+    for password in passwords:
+        if any(password in cmd for cmd in seen_cmdlines):
+            outcome.fail("oltp: the password was in a command line during the run")
+        if password.encode() in data:
+            outcome.fail("oltp: the password is stored in the results database")
+    outcome.note(f"oltp run: {len(passwords)} password(s) seen in environments only")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -735,6 +1309,20 @@ def main() -> int:
                lambda o: parser_attack(env, o, 50 if quick else 1000))
         attack("corrupt databases", lambda o: store_attack(env, o, 2 if quick else 18))
         attack("database deleted mid-run", lambda o: deleted_store_attack(env, o))
+        attack("planted runtime directory and journal entries",
+               lambda o: planted_attack(env, o, quick))
+        attack("serving client killed", lambda o: serving_client_attack(env, o))
+        attack("full runtime directory", lambda o: full_journal_attack(env, o))
+        attack("guardian stopped or killed", lambda o: guardian_attack(env, o, quick))
+        attack("full results disk, directory copied",
+               lambda o: full_results_attack(env, o, quick))
+        attack("formulas in CSV cells", lambda o: csv_injection_attack(env, o))
+        attack("terminal escapes in names", lambda o: terminal_escape_attack(env, o, quick))
+        attack("devices, FIFOs and huge files as input",
+               lambda o: unbounded_read_attack(env, o, quick))
+        attack("fleet join at a bad address", lambda o: fleet_address_attack(env, o, quick))
+        attack("report and export of an imported run", lambda o: imported_run_attack(env, o))
+        attack("a workload's password", lambda o: password_attack(env, o, quick))
 
     table = Table(title=f"vmtax torture (seed {args.seed}{', quick' if quick else ''})")
     for column in ("attack", "cases", "outcomes", "problems"):

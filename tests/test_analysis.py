@@ -1,11 +1,14 @@
 import pytest
-
 from rich.console import Console
 
-from vmtax import analysis, htmlreport, report, stats, workloads
-from vmtax.store import Store
-from vmtax.types import Metric, MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.analysis import stats
+from vmtax.analysis import summary as analysis
+from vmtax.core import workload as workloads
+from vmtax.core.types import Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.report import html as htmlreport
+from vmtax.report import terminal as report
+from vmtax.results.store import Store
 
 NATIVE = [100, 101, 99, 100, 100, 101]
 FASTER = [130, 131, 129, 130, 130, 131]

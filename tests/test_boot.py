@@ -4,10 +4,10 @@ before any run is made (live: tests/test_boot_live.py)."""
 import pytest
 from click.testing import CliRunner
 
-from vmtax import cli_boot
-from vmtax.cli import cli
-from vmtax.errors import VmtaxError
-from vmtax.store import Store
+from vmtax.cli import boot as cli_boot
+from vmtax.cli.main import cli
+from vmtax.core.errors import VmtaxError
+from vmtax.results.store import Store
 
 
 def boot(tmp_path, *args):
@@ -15,8 +15,8 @@ def boot(tmp_path, *args):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--target", "container", "--kernel", "minimal"], "names no vm target"),
-    (["--target", "vm:tcg", "--kernel", "bogus"], "vm:tcg: kernel: expected"),
+    (["--target", "container", "--kernel", "minimal"], "names no libvirt or vm target"),
+    (["--target", "vm:tcg", "--kernel", "bogus"], "vm:tcg@bogus: kernel: expected"),
 ])
 def test_kernel_mistakes_are_one_line_and_make_no_run(tmp_path, args, message):
     res = boot(tmp_path, *args, "--count", "1")
@@ -25,8 +25,8 @@ def test_kernel_mistakes_are_one_line_and_make_no_run(tmp_path, args, message):
     assert not (tmp_path / "vmtax.sqlite").exists() or Store(tmp_path).list_runs() == []
 
 
-def test_the_kernel_goes_to_every_vm_target(tmp_path, monkeypatch):
-    seen = {}
+def test_the_kernel_goes_to_every_vm_target_and_into_its_name(tmp_path, monkeypatch):
+    checked = {}
 
     class Stop(Exception):
         pass
@@ -34,13 +34,14 @@ def test_the_kernel_goes_to_every_vm_target(tmp_path, monkeypatch):
     def session(results):
         raise Stop()
     monkeypatch.setattr(cli_boot, "session", session)
-    original = cli_boot.target_specs
-
-    def specs(names):
-        seen["specs"] = original(names)
-        return seen["specs"]
-    monkeypatch.setattr(cli_boot, "target_specs", specs)
+    monkeypatch.setattr(cli_boot, "check_target", lambda spec: checked.update({spec.name: spec}))
     res = boot(tmp_path, "--target", "container,vm:tcg", "--kernel", "minimal")
     assert isinstance(res.exception, Stop)
-    assert seen["specs"]["vm:tcg"]["kernel"] == "minimal"
-    assert "kernel" not in seen["specs"]["container"]
+    # Named as `vmtax run` names a target an option made: the kernel shows in every table.
+    assert sorted(checked) == ["container", "vm:tcg@minimal"]
+    assert checked["vm:tcg@minimal"].options["kernel"] == "minimal"
+    assert "kernel" not in checked["container"].options
+    # A path: its file's name.
+    [name] = cli_boot.with_kernel(cli_boot.instance_specs(["vm:tcg"]),
+                                  "/boot/vmlinuz-6.1.0-18-amd64", "vm:tcg")
+    assert name == "vm:tcg@vmlinuz-6.1.0-18-amd64"

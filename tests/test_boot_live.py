@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vmtax.store import Store
+from vmtax.results.store import Store
 
 pytestmark = pytest.mark.live
 

@@ -6,7 +6,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from conftest import vmtax
 
 pytestmark = pytest.mark.live

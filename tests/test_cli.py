@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import vmtax
-from vmtax import kvm
+
+from vmtax.host import kvm
 
 
 @pytest.mark.parametrize("args, message", [
@@ -99,8 +99,8 @@ def test_run_runs_show_and_compare_on_native(tmp_path):
 
 def test_compare_json_says_too_few_runs_and_below_resolution(tmp_path):
     # issue 18: n=2 per side printed "~" next to -83%, and a latency median of 0 "+inf%".
-    from vmtax.store import Store
-    from vmtax.types import Metric
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store
 
     store = Store(tmp_path)
     ids = []
@@ -126,8 +126,9 @@ def test_compare_json_says_too_few_runs_and_below_resolution(tmp_path):
 
 
 def test_resuming_a_run_another_vmtax_executes_is_refused_before_anything_runs(tmp_path):
-    from vmtax import plan as plan_mod, proc
-    from vmtax.store import Store
+    from vmtax.host import proc
+    from vmtax.results.store import Store
+    from vmtax.studies import plan as plan_mod
 
     store = Store(tmp_path / "results")
     run_id = store.new_run(plan_mod.from_names(["native"], ["cpu"]).to_dict(), {}, "0")
@@ -149,7 +150,7 @@ def test_lazily_loaded_commands_keep_their_own_help():
     them: it must say what the command itself says."""
     import click
 
-    from vmtax.cli import cli
+    from vmtax.cli.main import cli
     ctx = click.Context(cli)
     for name, (_, text) in cli.LAZY.items():
         command = cli.get_command(ctx, name)
@@ -159,7 +160,7 @@ def test_lazily_loaded_commands_keep_their_own_help():
 
 def test_help_imports_nothing_heavy():
     code = ("import sys; sys.argv = ['vmtax', '--help']\n"
-            "from vmtax.cli import main\n"
+            "from vmtax.cli.main import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "heavy = {'numpy', 'scipy', 'matplotlib', 'pydantic', 'ray', 'asyncssh', 'jinja2'}\n"
             "print(sorted(heavy & set(sys.modules)))")

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-
 from conftest import vmtax
-from vmtax import host
+
+from vmtax.host import machine as host
 
 pytestmark = pytest.mark.live
 

@@ -7,12 +7,13 @@ import time
 
 import pytest
 
-from vmtax import collectors, plugin
-from vmtax.collectors.base import Collector, CollectorError, Subject, proc_stat
 from vmtax.collectors.host_cpu import HostCpu
 from vmtax.collectors.host_mem import HostMem
-from vmtax.errors import VmtaxError
-from vmtax.journal import Journal
+from vmtax.core import collector as collectors
+from vmtax.core import plugin
+from vmtax.core.collector import Collector, CollectorError, Subject, proc_stat
+from vmtax.core.errors import VmtaxError
+from vmtax.host.journal import Journal
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -56,7 +57,7 @@ def proc(tmp_path, monkeypatch):
 def cgroups(tmp_path, monkeypatch):
     root = tmp_path / "cgroup"
     root.mkdir()
-    monkeypatch.setattr(HostCpu, "cgroup_root", root)
+    monkeypatch.setattr(Collector, "cgroup_root", root)
     return root
 
 
@@ -148,6 +149,23 @@ def test_host_cpu_sums_user_and_system_deltas_over_the_processes(proc, make):
     assert c.warnings == []
 
 
+def test_host_cpu_counts_only_its_own_repetitions_not_the_pauses_between(proc, make):
+    """A B B A: what the subject burns while the other target runs is not its figure."""
+    set_stat(proc, 10, utime=100, stime=10)
+    c = make(HostCpu)
+    c.start(subject([10]))
+    set_stat(proc, 10, utime=130, stime=12)     # its first repetition: 30 + 2 ticks
+    c.pause()
+    set_stat(proc, 10, utime=1130, stime=512)   # the other target's repetitions
+    c.resume()
+    set_stat(proc, 10, utime=1150, stime=513)   # its second repetition: 20 + 1 ticks
+    c.pause()
+    set_stat(proc, 10, utime=5000, stime=900)   # after its last one, before stop
+    got = values(c.stop())
+    assert got["host cpu user"] == pytest.approx(50 / TICKS)
+    assert got["host cpu system"] == pytest.approx(3 / TICKS)
+
+
 @pytest.mark.parametrize("ending", ["exited", "reused", "zombie"])
 def test_host_cpu_counts_a_process_up_to_its_last_reading(proc, make, ending):
     set_stat(proc, 10, utime=100, stime=0)
@@ -167,7 +185,7 @@ def test_host_cpu_counts_a_process_up_to_its_last_reading(proc, make, ending):
     else:
         assert got["host cpu user"] == pytest.approx(50 / TICKS)
         assert c.warnings == ["host-cpu: process 11 exited before the end of the cell; its "
-                              "CPU time after start is not counted"]
+                              "CPU time after its last reading is not counted"]
 
 
 def test_host_cpu_skips_a_process_gone_before_start_and_refuses_when_all_are(proc, make):
@@ -186,7 +204,8 @@ def test_host_cpu_skips_a_process_gone_before_start_and_refuses_when_all_are(pro
 
 
 def test_host_cpu_needs_processes_or_a_cgroup(make):
-    assert HostCpu.unavailable(subject()) == "vm:tcg has no host processes or cgroup to observe"
+    assert HostCpu.unavailable(subject()) == \
+        "vm:tcg has no host process or cgroup that lasts the cell"
 
 
 def set_cpuacct(group, usage, user, system):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import plugin
-from vmtax.collectors.base import Subject
 from vmtax.collectors.host_cpu import HostCpu
 from vmtax.collectors.host_mem import HostMem
-from vmtax.journal import Journal
+from vmtax.core import plugin
+from vmtax.core.collector import Subject
+from vmtax.host.journal import Journal
 
 pytestmark = pytest.mark.live
 

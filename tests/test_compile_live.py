@@ -1,15 +1,16 @@
 """The compile workload for real: one kernel object compiled with the kernel's own command
 from the read-only tree, in a container and in a TCG guest (natively and through the CLI:
 test_macro_live.py), and the tree is read-only in both. Needs the tree that set-up builds
-(`make deps`: python -m vmtax.kernel_tree)."""
+(`make builds`: python -m vmtax.helpers.kernel_tree)."""
 
 import shutil
 
 import pytest
 
-from vmtax import kernel_tree, targets
-from vmtax.journal import Journal
-from vmtax.targets.base import Job, TargetContext
+from vmtax.core import target as targets
+from vmtax.core.target import Job, TargetContext
+from vmtax.helpers import kernel_tree
+from vmtax.host.journal import Journal
 from vmtax.workloads.compile import Compile
 
 pytestmark = pytest.mark.live
@@ -24,7 +25,8 @@ def tree():
     except Exception as exc:   # no linux-source or gcc
         pytest.skip(str(exc))
     if not (path / kernel_tree.MANIFEST).exists():
-        pytest.skip("the kernel tree is not built: make deps (python -m vmtax.kernel_tree)")
+        pytest.skip("the kernel tree is not built: make builds "
+                    "(python -m vmtax.helpers.kernel_tree)")
     return path
 
 

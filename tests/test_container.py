@@ -7,13 +7,26 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import proc, targets
-from vmtax.errors import TargetError, VmtaxError
-from vmtax.journal import Journal
+from vmtax.core import target as targets
+from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.core.runtime import DEFAULT_PATH, Runtime
+from vmtax.core.target import TargetContext
+from vmtax.core.types import Job
+from vmtax.host import proc
+from vmtax.host.journal import Journal
+from vmtax.helpers import oci_runtime
+from vmtax.helpers.oci_runtime import oci_config
+from vmtax.helpers.runtime_cgroup import TargetCgroup
 from vmtax.targets import container
-from vmtax.targets.base import TargetContext
-from vmtax.types import Job
-from vmtax.targets.container import ContainerTarget, Crun, Runc, Unshare, oci_config
+from vmtax.targets.container import ContainerTarget, Crun, Runc, Unshare
+
+
+@pytest.fixture(autouse=True)
+def no_target_cgroup(monkeypatch):
+    """A host without a cgroup for a target's jobs, so that no unit test makes one (it has
+    tests of its own: test_runtime_cgroup.py)."""
+    monkeypatch.setattr(oci_runtime, "TargetCgroup",
+                        lambda: TargetCgroup(mountinfo="/nonexistent"))
 
 
 @pytest.fixture
@@ -39,7 +52,7 @@ def test_oci_config_process_is_the_job_exactly():
     job = Job(["sysbench", "cpu", "--threads=2", "a b; $(x)"], env={"LANG": "C"})
     cfg = oci_config(job, Path("/w/rootfs"))
     assert cfg["process"]["args"] == ["sysbench", "cpu", "--threads=2", "a b; $(x)"]
-    assert cfg["process"]["env"] == [f"PATH={container.DEFAULT_PATH}", "LANG=C"]
+    assert cfg["process"]["env"] == [f"PATH={DEFAULT_PATH}", "LANG=C"]
     assert cfg["process"]["cwd"] == "/"
     assert cfg["process"]["terminal"] is False
     assert cfg["root"] == {"path": "/w/rootfs", "readonly": False}
@@ -73,13 +86,17 @@ def test_unshare_argv():
         "--", "sysbench", "fileio", "x y"]
     launch = rt.launch(Job(["true"], env={"A": "1"}))
     assert "--wd=/" in launch.argv
-    assert launch.env == {"PATH": container.DEFAULT_PATH, "A": "1"}
+    assert launch.env == {"PATH": DEFAULT_PATH, "A": "1"}
     assert launch.undo is None
 
 
 def test_oci_launch_writes_bundle_and_journals_delete(tmp_path, monkeypatch):
-    monkeypatch.setattr(container.host, "cgroup_mounts", lambda: [
-        ("/sys/fs/cgroup/cpuset", "cgroup"), ("/sys/fs/cgroup/unified", "cgroup2")])
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    monkeypatch.setattr(oci_runtime, "TargetCgroup",
+                        lambda: TargetCgroup(mountinfo=str(mountinfo)))
     rt = Runc("/usr/sbin/runc", tmp_path)
     launch = rt.launch(Job(["echo", "hi"]))
     base = ["/usr/sbin/runc", "--root", str(tmp_path / "state")]
@@ -108,7 +125,9 @@ def test_crun_workaround_only_after_hybrid_refusal(tmp_path):
 
 def test_defaults(ctx):
     options = targets.create("container", "container", {}, ctx).options
-    assert options.model_dump() == {"runtime": "auto", "binaries": [], "cpus": None}
+    assert options.model_dump() == {"runtime": "auto", "binaries": [], "cpus": None,
+                                    "network": None, "storage": None, "seccomp": None,
+                                    "cpu_limit": None, "memory_limit": None}
 
 
 def test_auto_candidates_follow_which(ctx, monkeypatch):
@@ -145,7 +164,7 @@ def test_auto_picks_first_usable(ctx, monkeypatch, fake_rootfs, installed, broke
         probed.append(runtime.name)
         return "broken" if runtime.name in broken else None
     monkeypatch.setattr(ContainerTarget, "probe", probe)
-    monkeypatch.setattr(container.Runtime, "version", lambda self: f"{self.name} 1.0")
+    monkeypatch.setattr(Runtime, "version", lambda self: f"{self.name} 1.0")
     target = targets.create("container", "container", {}, ctx)
     target.prepare()
     assert target.runtime.name == chosen
@@ -247,7 +266,7 @@ def test_fingerprint_records_cpus_and_placement(ctx, monkeypatch, fake_rootfs):
 
 def test_a_job_asking_for_real_time_gets_a_budget_where_cgroups_ration_it(tmp_path, monkeypatch):
     job = Job(["cyclictest"], capabilities=("CAP_SYS_NICE",))
-    monkeypatch.setattr(container, "RT_GROUP_FILE", str(tmp_path / "cpu.rt_runtime_us"))
+    monkeypatch.setattr(oci_runtime, "RT_GROUP_FILE", str(tmp_path / "cpu.rt_runtime_us"))
     assert "cpu" not in oci_config(job, tmp_path)["linux"]["resources"]
     (tmp_path / "cpu.rt_runtime_us").write_text("950000\n")
     config = oci_config(job, tmp_path, [0])
@@ -262,3 +281,27 @@ def test_confined_cpus_keep_a_host_side_client_off_them(ctx):
     # The runner pins a client to the host CPUs the target does not take.
     assert targets.create("container", "container", {}, ctx).cpus() is None
     assert targets.create("container", "container", {"cpus": [1]}, ctx).cpus() == {1}
+
+
+def test_a_non_root_user_is_refused_in_one_line_before_anything_runs(ctx, monkeypatch,
+                                                                     fake_rootfs):
+    """As non-root, container:unshare ended in a PermissionError traceback from os.mknod."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for name, runtime in (("container:unshare", "unshare"), ("container", "auto")):
+        with pytest.raises(VmtaxError, match=r"runtime: expected vmtax run as root \(sudo\)"):
+            targets.create(name, "container", {"runtime": runtime}, ctx)
+    assert not ctx.work_dir.exists()
+
+
+def test_a_refused_mknod_passes_the_runtime_over_in_one_line(ctx, monkeypatch, fake_rootfs):
+    """Root in a user namespace may not mknod: the probe says so, no traceback."""
+    monkeypatch.setattr(shutil, "which", fake_which("unshare"))
+
+    def refused(*args):
+        raise PermissionError(1, "Operation not permitted", args[0])
+    monkeypatch.setattr(os, "mknod", refused)
+    with pytest.raises(VmtaxError) as err:
+        targets.create("container:unshare", "container", {"runtime": "unshare"}, ctx).prepare()
+    assert str(err.value).startswith("container:unshare: no usable container runtime "
+                                     "(unshare: [Errno 1] Operation not permitted")
+    assert "\n" not in str(err.value)

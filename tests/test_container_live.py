@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from vmtax import journal
-from vmtax import targets
-from vmtax.journal import Journal
-from vmtax.targets.base import Job, TargetContext
 from conftest import wait_for
+
+from vmtax.core import target as targets
+from vmtax.core.target import Job, TargetContext
+from vmtax.helpers.runtime_cgroup import TargetCgroup
+from vmtax.host import journal
+from vmtax.host.journal import Journal
 
 pytestmark = [
     pytest.mark.live,
@@ -71,7 +72,7 @@ def test_sysbench_cpu(target):
     assert result.ok, result.stderr
     assert re.search(r"events per second:\s+[0-9.]+", result.stdout)
     assert 0.9 < result.host_elapsed < 10 and result.guest_elapsed is None
-    assert target.ctx.journal.entries.keys() == {target._dir_token}
+    assert target.ctx.journal.entries.keys() == {target._dir_token, *target._cgroup_tokens}
 
 
 def test_timeout_kills_the_whole_tree(target):
@@ -124,10 +125,10 @@ def test_cleanup_leaves_nothing(target):
 CRASHING_VMTAX = """
 import sys
 from pathlib import Path
-from vmtax import journal
-from vmtax import targets
-from vmtax.journal import Journal
-from vmtax.targets.base import Job, TargetContext
+from vmtax.host import journal
+from vmtax.core import target as targets
+from vmtax.host.journal import Journal
+from vmtax.core.target import Job, TargetContext
 base = Path(sys.argv[2])
 target = targets.create("container:" + sys.argv[1], "container", {"runtime": sys.argv[1]},
                         TargetContext(base / "work", Journal(base / "journal"),
@@ -154,8 +155,10 @@ def test_journal_recovers_a_killed_vmtax(runtime, tmp_path):
     vmtax.kill()
     vmtax.wait()
     assert processes_with(b"sleep\x004713"), "expected the container to outlive vmtax"
+    # the copy, the container's delete and cgroups, and the target's cgroup where it has one
+    changes = 3 + bool(TargetCgroup().dirs())
     assert journal.recover(tmp_path / "journal") == [
-        f"undid 3 host change(s) left by vmtax process {vmtax.pid}"]
+        f"undid {changes} host change(s) left by vmtax process {vmtax.pid}"]
     assert gone(b"sleep\x004713")
     assert list((tmp_path / "work").iterdir()) == []
     assert host_leftovers(tmp_path) == []

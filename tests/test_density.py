@@ -3,8 +3,11 @@ the plan file (live: tests/test_density_live.py)."""
 
 import pytest
 
-from vmtax import cli_density, density, plugin
-from vmtax.errors import VmtaxError
+from vmtax.cli import density as cli_density
+from vmtax.core import plugin
+from vmtax.core.errors import VmtaxError
+from vmtax.studies import density
+from vmtax.studies.plan import TargetSpec
 
 
 def settings(**values):
@@ -74,6 +77,23 @@ def test_memory_per_instance_raw_adjusted_marginal():
     assert s.all_answered
 
 
+def test_a_negative_memory_per_instance_is_no_result_and_says_why(capsys):
+    """Other processes freed memory while the instances started: the host's used memory
+    fell, and raw −98.8 MiB per instance was printed as a result."""
+    from vmtax.cli import density as density_cli
+    outcome = density.Outcome("container", False, [step(5, 5, 100, pss=40),
+                                                   step(10, 5, -988, pss=80)], "max", 0.0)
+    s = density.summarize(outcome)
+    assert (s.raw, s.adjusted, s.marginal, s.pss) == (None, None, None, 8)
+    assert s.not_results.startswith("raw -98.8 and adjusted -98.8 and marginal -217.6 MiB "
+                                    "per instance: no instance costs that")
+    assert all(m.value > 0 for m in density.summary_metrics(s, None)
+               if m.name != "instances")
+    density_cli.print_summaries([s])
+    out = capsys.readouterr().out
+    assert "-98.8" not in out.split("not a result")[0] and "not a result: container" in out
+
+
 def test_an_instance_not_answering_is_reported():
     outcome = density.Outcome("c", True, [step(1, 1, 5), step(2, 1, 10, answering=1)],
                               "budget", 0.0)
@@ -125,7 +145,7 @@ def test_plan_file_with_quick_form(tmp_path):
         write(tmp_path, f"max = 50\nksm = [false, true]\n{TARGETS}[quick]\nmax = 4\n"),
         quick=True)
     assert values == {"max": 4, "ksm": [False, True]}
-    assert specs == {"c": {"kind": "container", "runtime": "runc"}}
+    assert specs == {"c": TargetSpec("c", "container", {"runtime": "runc"})}
 
 
 @pytest.mark.parametrize("text,message", [
@@ -218,9 +238,9 @@ def test_a_failed_start_ends_it_with_what_started_measured(host):
 
 
 def test_figures_from_a_stored_density_and_boot_run():
-    from vmtax import plots
-    from vmtax.store import Rep, Run
-    from vmtax.types import Metric
+    from vmtax.core.types import Metric
+    from vmtax.report import plots
+    from vmtax.results.store import Rep, Run
 
     def rep(i, target, workload, phase, metrics, params=None):
         return Rep(id=i, run_id="r", target=target, workload=workload, params=params or {},

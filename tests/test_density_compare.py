@@ -8,10 +8,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from vmtax import cli_density, density
-from vmtax.cli import cli
-from vmtax.errors import VmtaxError
-from vmtax.store import Store
+from vmtax.cli import density as cli_density
+from vmtax.cli.main import cli
+from vmtax.core.errors import VmtaxError
+from vmtax.results.store import Store
+from vmtax.studies import density
+from vmtax.studies.plan import TargetSpec
 
 
 def step(n, added, used, pss):
@@ -23,8 +25,8 @@ def step(n, added, used, pss):
 
 def store_study(store, name, kind, per_instance, kernel="6.1.0-56-amd64"):
     """A finished density run of one target, KSM off and on, as run_density stores it."""
-    specs = {name: {"kind": kind}}
-    run_id = store.new_run(cli_density.stored_plan(density.WORKLOAD, specs),
+    specs = {name: TargetSpec(name, kind)}
+    run_id = store.new_run(density.stored_plan(density.WORKLOAD, specs),
                            {"kernel": kernel}, "0")
     for with_ksm, cost in ((False, per_instance[0]), (True, per_instance[1])):
         steps = [step(1, 1, cost, cost), step(2, 1, 2 * cost, 2 * cost)]
@@ -157,7 +159,7 @@ def test_compare_names_are_checked_before_anything_runs(runs, monkeypatch):
 
 
 def test_the_report_figure_says_why_ksm_did_nothing_for_containers(runs):
-    from vmtax import plots
+    from vmtax.report import plots
     results, container, vm = runs
     store = Store(results, readonly=True)
     charts = {c.slug: c for c in plots.density_memory(store.load_run(container), {})}

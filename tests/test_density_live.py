@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import ksm
+from vmtax.host import ksm
 
 pytestmark = pytest.mark.live
 

@@ -11,14 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_for
-from vmtax import kvm, plugin
-from vmtax.collectors import exits as exits_mod
-from vmtax.collectors.base import CollectorError, Subject
+
 from vmtax.collectors.exits import Exits
-from vmtax.journal import Journal
-from vmtax.proc import running
+from vmtax.core import plugin
+from vmtax.core.collector import CollectorError, Subject
+from vmtax.host import kvm
+from vmtax.host.journal import Journal
+from vmtax.host.proc import running
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perf_kvm"
 
@@ -79,7 +79,7 @@ def fake_perf(tmp_path, monkeypatch):
 @pytest.fixture
 def make(tmp_path):
     journal = Journal(tmp_path / "journal-dir")
-    journal.dir.mkdir()
+    journal.dir.mkdir(exist_ok=True)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
@@ -221,7 +221,7 @@ def test_unavailable_without_permission(kvm_guest, fake_perf, monkeypatch):
 
 def test_doctor_line_says_why_not(monkeypatch):
     monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm"))
-    assert exits_mod.doctor_line() == (
+    assert Exits.doctor() == (
         False, f"cannot record VM exits: no usable KVM ({kvm.PVM_REASON})")
 
 
@@ -250,10 +250,10 @@ def test_per_vcpu_reports_each_vcpu_of_the_subject(fake_perf, make, qemu):
 def test_vmtax_doctor_has_the_exits_line(monkeypatch):
     from click.testing import CliRunner
 
-    from vmtax import host
-    from vmtax.cli import cli
+    from vmtax.cli.main import cli
+    from vmtax.host import doctor
 
-    monkeypatch.setattr(host, "doctor", lambda: [])   # the other checks have their own tests
+    monkeypatch.setattr(doctor, "doctor", lambda: [])   # the other checks have their own tests
     monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm"))
     res = CliRunner().invoke(cli, ["doctor", "--json"])
     assert res.exit_code == 0, res.output

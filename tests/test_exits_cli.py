@@ -3,15 +3,19 @@ shown and diffed through the CLI and a real results database. Errors go through 
 command (one line on stderr); the rest runs in-process, to spare an interpreter start."""
 
 import json
+import re
+import shlex
+import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import vmtax
-from vmtax.cli import cli
-from vmtax.store import Store
-
 from test_perf_kvm import FIXTURES
+
+from vmtax.cli import exits as exits_cli
+from vmtax.cli.main import cli
+from vmtax.results.store import Store
 
 
 def ok(*args: str) -> str:
@@ -52,6 +56,18 @@ def test_diff_of_two_imported_reports_shows_the_published_change(imported):
     assert first["per_second_a"] == 41.1 and first["per_second_b"] is None
     assert data["only_a"] == data["only_b"] == []
     assert "-3.76" in ok("exits", "diff", a, b, "--results", results)
+    # By label, as by id.
+    assert json.loads(ok("exits", "diff", "rt-unpinned", "rt-pinned", "--json", "--results",
+                         results)) == data
+
+
+def test_last_is_the_latest_import_for_exits_only(imported):
+    results, (_, b) = imported
+    assert json.loads(ok("exits", "last", "--json", "--results", results))["cells"][0]["run"] == b
+    shown = CliRunner().invoke(cli, ["show", "last", "--results", results])
+    assert "which `last` leaves out" in str(shown.exception)
+    compared = CliRunner().invoke(cli, ["compare", "--results", results])
+    assert "needs two stored runs" in str(compared.exception)
 
 
 def test_show_sorts_by_time_share_with_totals_and_runs_lists_imports(imported):
@@ -80,7 +96,7 @@ def test_reasons_on_one_side_only(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "vmtax: error: cannot read "),
+    (None, "vmtax: error: {file}: cannot read the perf kvm stat report (No such file"),
     ("hello\n", "vmtax: error: {file}: no `perf kvm stat report` table"),
     ("TRUNCATED", "vmtax: error: {file}: line 20 (after the end): expected the closing"),
 ])
@@ -96,6 +112,10 @@ def test_import_errors_are_one_line(tmp_path, content, message):
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith(message.format(file=file)), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_the_collectors_of_vm_exits_are_found_by_their_manifest():
+    assert exits_cli.exits_collectors() == ["exits"]
 
 
 def test_a_run_without_exits_says_why(tmp_path):
@@ -118,8 +138,8 @@ def test_a_run_without_exits_says_why(tmp_path):
 def _recorded_run(store, target, report, latency, vcpu_report=None):
     """A run as the runner stores E2's cell: one measured cyclictest repetition of 2 s,
     and the exits collector's metrics (all vCPUs, and vCPU 0 when given)."""
-    from vmtax import perf_kvm
-    from vmtax.types import Metric
+    from vmtax.core.types import Metric
+    from vmtax.helpers import perf_kvm
 
     run = store.new_run({}, {}, "test")
     store.set_target(run, target, "vm", {})
@@ -156,10 +176,53 @@ def test_diff_shows_the_workload_result_and_exits_per_second(tmp_path):
     # 411 and 35 exits over the cell's 2 s of measured cyclictest.
     assert (first["reason"], first["per_second_a"], first["per_second_b"]) == (
         "EXTERNAL_INTERRUPT", 205.5, 17.5)
-    text = ok("exits", "diff", a, b, "--results", results)
+    text = " ".join(ok("exits", "diff", a, b, "--results", results).split())   # unwrapped
     assert "latency max[thread=0] 95 µs" in text and "latency max[thread=0] 41 µs" in text
     # One vCPU's table, where it was recorded; none where it was not.
     one = json.loads(ok("exits", a, "--vcpu", "0", "--json", "--results", results))
     assert one["cells"][0]["total_samples"] == 9721
     res = vmtax("exits", b, "--vcpu", "0", "--results", results)
     assert res.returncode == 2 and "no --event=vmexit --vcpu=0 recorded" in res.stderr
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example(subcommand: str) -> list[str]:
+    """The README's example of `vmtax exits SUBCOMMAND`, as the words after `vmtax`."""
+    found = [words[1:] for line in README.read_text().splitlines()
+             if line.startswith(".venv/bin/vmtax exits " + subcommand)
+             for words in [shlex.split(line, comments=True)]]
+    assert len(found) == 1, f"README: {len(found)} examples of `vmtax exits {subcommand}`"
+    return found[0]
+
+
+def test_the_readme_example_of_import_and_diff_runs_as_written(tmp_path):
+    """The README imports a.txt as rt-pinned, then diffs gp-pinned against it by label; gp-pinned
+    is imported by the same line with its own report and label. E2's pair of reports stands in
+    for the two (EXTERNAL_INTERRUPT at 4.11% and 0.35% of samples)."""
+    imported, diff = readme_example("import"), readme_example("diff")
+    file, label = imported[imported.index("import") + 1], imported[imported.index("--label") + 1]
+    a, b = diff[diff.index("diff") + 1:][:2]
+    assert b == label != a, "the README's diff names its import second"
+    shutil.copy(FIXTURES / "e2-rt-pinned.txt", tmp_path / file)
+    shutil.copy(FIXTURES / "e2-rt-unpinned.txt", tmp_path / "gp.txt")
+    env = {"VMTAX_RESULTS": str(tmp_path / "results")}
+    for argv in ([*imported[:imported.index(file)], "gp.txt", "--label", a], imported):
+        done = vmtax(*argv, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+    res = vmtax(*diff, cwd=tmp_path, env={**env, "COLUMNS": "160"})
+    assert res.returncode == 0, res.stderr
+    header, row = (next(cells for line in res.stdout.splitlines()
+                        if (cells := _columns(line))[:1] == [first])
+                   for first in ("reason", "EXTERNAL_INTERRUPT"))
+    # The shares on both sides and the change in percentage points.
+    assert header[:4] == ["reason", "A %", "B %", "Δ pp"]
+    assert row[:4] == ["EXTERNAL_INTERRUPT", "4.11", "0.35", "-3.76"], res.stdout
+    assert f":{a} · imported: 10,000 exits" in res.stdout
+    assert f":{b} · imported: 10,000 exits" in res.stdout
+
+
+def _columns(line: str) -> list[str]:
+    """The cells of a table's line: its columns are two spaces apart or more."""
+    return re.split(r"\s{2,}", line.strip())

@@ -6,12 +6,12 @@ import os
 import time
 
 import pytest
-
-from vmtax import image, plugin
-from vmtax.errors import VmtaxError
-from vmtax.option_types import DEBIAN_KERNEL_NAMES, GuestKernel
-
 from test_image import ELF
+
+from vmtax.core import plugin
+from vmtax.core.errors import VmtaxError
+from vmtax.core.option_types import DEBIAN_KERNEL_NAMES, GuestKernel
+from vmtax.guest import image
 
 
 class KernelOptions(plugin.Options):

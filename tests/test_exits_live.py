@@ -4,9 +4,9 @@ keeps its cyclictest results and stores, in one line, why no exits were recorded
 import json
 
 import pytest
-
 from conftest import vmtax
-from vmtax.store import Store
+
+from vmtax.results.store import Store
 
 pytestmark = pytest.mark.live
 

@@ -6,11 +6,11 @@ import json
 import re
 
 import pytest
-
 from conftest import vmtax
-from vmtax import export
-from vmtax.store import Store
-from vmtax.types import Metric
+
+from vmtax.core.types import Metric
+from vmtax.report import export
+from vmtax.results.store import Store
 
 FINGERPRINTS = {"native": {"kind": "native", "kernel": "6.1.0", "bare_host": True},
                 "container": {"kind": "container", "runtime": "crun",

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from vmtax.errors import TargetError, VmtaxError
-from vmtax.factory import InstanceFactory
-from vmtax.instance import Instance
+from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.core.instance import Instance
+from vmtax.studies.factory import InstanceFactory
 
 
 class FakeInstance(Instance):
@@ -30,16 +30,22 @@ class FakeInstance(Instance):
 
 
 class FakeTarget:
-    """make_instance: instance i takes delays[i] s; fail = {i: exception to raise}."""
+    """make_instance: instance i takes delays[i] s; fail = {i: exception to raise};
+    after = {i: j}: instance i's start waits until instance j's has begun."""
 
-    def __init__(self, delays=None, fail=None):
+    def __init__(self, delays=None, fail=None, after=None):
         self.delays = delays or {}
         self.fail = fail or {}
+        self.after = after or {}
+        self.began = {i: threading.Event() for i in range(16)}
         self.made: list[FakeInstance] = []
         self.jobs = []
         self.lock = threading.Lock()
 
     def make_instance(self, index, network, job=None):
+        self.began[index].set()
+        if index in self.after:
+            assert self.began[self.after[index]].wait(10)
         time.sleep(self.delays.get(index, 0))
         if index in self.fail:
             raise self.fail[index]
@@ -73,8 +79,9 @@ def test_a_failed_start_keeps_the_others_for_stop():
 
 
 def test_an_interrupted_start_waits_for_starts_under_way():
-    # Instance 1 is still booting when the wait for instance 0 is interrupted.
-    target = FakeTarget(delays={1: 0.3}, fail={0: KeyboardInterrupt()})
+    # Instance 1 is still booting when the wait for instance 0 is interrupted (whatever the
+    # host's load: 0 is interrupted only once 1's start has begun).
+    target = FakeTarget(delays={1: 0.3}, fail={0: KeyboardInterrupt()}, after={0: 1})
     factory = InstanceFactory(target, network="net")
     with pytest.raises(KeyboardInterrupt):
         factory.start(2, parallel=2)

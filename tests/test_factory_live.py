@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import proc, targets
-from vmtax.errors import TargetError
-from vmtax.factory import InstanceFactory
-from vmtax.journal import Journal
-from vmtax.network import Network
-from vmtax.targets.base import TargetContext
+from vmtax.core import target as targets
+from vmtax.core.errors import TargetError
+from vmtax.core.target import TargetContext
+from vmtax.host import proc
+from vmtax.host.journal import Journal
+from vmtax.host.network import Network
+from vmtax.studies.factory import InstanceFactory
 
 pytestmark = pytest.mark.live
 
@@ -102,7 +103,7 @@ def test_eight_guests_and_eight_containers_each_at_its_own_address(tmp_path):
 
 
 def vm_job(argv):
-    from vmtax.types import Job
+    from vmtax.core.types import Job
     return Job(argv, timeout=30)
 
 
@@ -116,11 +117,12 @@ def test_a_kind_without_instances_says_so(tmp_path):
 SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from vmtax import guardian, targets
-    from vmtax.factory import InstanceFactory
-    from vmtax.journal import Journal
-    from vmtax.network import Network
-    from vmtax.targets.base import TargetContext
+    from vmtax.host import guardian
+    from vmtax.core import target as targets
+    from vmtax.studies.factory import InstanceFactory
+    from vmtax.host.journal import Journal
+    from vmtax.host.network import Network
+    from vmtax.core.target import TargetContext
 
     base = Path(sys.argv[1])
     journal = Journal(base / "journal")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import workloads
-from vmtax.errors import ParseError, VmtaxError
+from vmtax.core import workload as workloads
+from vmtax.core.errors import ParseError, VmtaxError
+from vmtax.core.workload import check_manifest
 from vmtax.workloads import fio
-from vmtax.workloads.base import check_manifest
 from vmtax.workloads.fio import Fio
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fio"
@@ -285,3 +285,16 @@ def test_live_native_run(tmp_path):
         subprocess.run(job.argv, cwd=scratch, check=True, capture_output=True,
                        timeout=job.timeout)
     assert list(scratch.iterdir()) == []
+
+
+def test_a_read_beating_native_is_explained_by_the_host_page_cache():
+    """runsc's sequential read at 9.77× native: O_DIRECT stops at gVisor's gofer."""
+    read = workloads.Outcome("IOPS", {"job": "read"}, 9.77, True)
+    write = workloads.Outcome("IOPS", {"job": "write"}, 0.8, False)
+    why = Fio.explain_win(read, [write, workloads.Outcome("IOPS", {"job": "randread"}, 5.0,
+                                                          True)], "native")
+    assert why is not None and why.startswith("likely the host's page cache")
+    assert "gVisor" in why and "O_DIRECT" in why and why.endswith("(write ×0.8)")
+    # a write's win is the generic disk explanation's
+    assert Fio.explain_win(workloads.Outcome("IOPS", {"job": "randwrite"}, 2.0, True), [],
+                           "native") is None

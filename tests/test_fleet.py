@@ -6,13 +6,13 @@ import socket
 import types
 
 import pytest
-
 from conftest import vmtax
-from vmtax import fleet
-from vmtax.plan import from_names
-from vmtax.runner import QuietReporter, schedule
-from vmtax.store import Store
-from vmtax.types import Metric
+
+from vmtax.core.types import Metric
+from vmtax.results.store import Store
+from vmtax.studies import fleet
+from vmtax.studies.plan import from_names
+from vmtax.studies.runner import QuietReporter, schedule
 
 FP = {"cpu_model": "EPYC", "logical_cpus": 2, "kernel": "6.1", "hostname": "h1",
       "memory_bytes": 2**34}
@@ -229,7 +229,7 @@ def test_a_cells_run_is_split_by_the_host_that_ran_each_repetition(tmp_path):
 def test_show_compare_export_and_report_of_a_fleet_run(fleet_store, tmp_path):
     from click.testing import CliRunner
 
-    from vmtax.cli import cli
+    from vmtax.cli.main import cli
 
     store, ids, _ = fleet_store
     results = str(store.dir)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import VMTAX, vmtax, wait_for
-from vmtax.store import Store
+
+from vmtax.results.store import Store
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.live
@@ -201,7 +201,10 @@ def test_spread_hosts_a_result_set_per_host_and_a_killed_host_failed(fleet, tmp_
     assert len({r["host"]["fleet"]["id"] for r in runs.values()}) == 1   # one fleet run
     # The per-host ratio table and its spread, after each host's own table.
     assert "across 3 hosts (fleet " in out
-    (twin,) = [line.split() for line in out.splitlines() if line.split()[2:3] == ["twin"]]
+    # Only the spread table's row: a host's own table may have a row whose third word is
+    # "twin" too.
+    spread = out[out.index("across 3 hosts (fleet "):]
+    (twin,) = [line.split() for line in spread.splitlines() if line.split()[2:3] == ["twin"]]
     assert len(twin) == 3 + 3 + 2
     shown = vmtax("fleet", "show", runs["a"]["id"], "--results", str(head), "--json",
                   timeout=60)

@@ -1,6 +1,7 @@
 """The guardian undoes a run's journal the moment its owner dies, however it dies; what a
 dead vmtax left is reported by the read commands and undone by `vmtax cleanup`."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,16 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import vmtax, wait_for
 
-from conftest import vmtax
-from vmtax import hugepages, journal, proc
+from vmtax.host import hugepages, journal, proc
 
 # An owner like `vmtax run`: a journaled payload in a session of its own (as runc starts
 # a container's), out of reach of PR_SET_PDEATHSIG and of the owner's process group.
 OWNER = textwrap.dedent("""
     import subprocess, sys, time
     from pathlib import Path
-    from vmtax import guardian, journal
+    from vmtax.host import guardian
+    from vmtax.host import journal
     j = journal.Journal()
     with guardian.guard(j.path):
         payload = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -30,7 +32,10 @@ OWNER = textwrap.dedent("""
         print(payload.pid, flush=True)
         if sys.argv[2] == "wait":
             time.sleep(60)
-        j.undo_all()
+        if sys.argv[2] == "stdin":     # ends when told, leaving its journal to the guardian
+            sys.stdin.readline()
+        else:
+            j.undo_all()
     print("done", flush=True)
 """)
 
@@ -43,7 +48,7 @@ def guardians(journal_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"vmtax.guardian" in cmdline and any(
+        if b"vmtax.host.guardian" in cmdline and any(
                 arg.startswith(str(journal_dir).encode()) for arg in cmdline):
             found.append(int(entry.name))
     return found
@@ -126,8 +131,8 @@ def test_left_behind_names_dead_owners_only(tmp_path):
     assert journal.left_behind_warning() is None
     dead_journal(tmp_path)
     assert journal.left_behind_warning() == (
-        f"vmtax process {2**22 + 1} died leaving 1 host change(s) (processes, cgroups, mounts, "
-        "huge pages) in place; `vmtax cleanup` undoes them, as does the next `vmtax run`")
+        f"vmtax process {2**22 + 1} died leaving 1 directory in place; `vmtax cleanup` undoes "
+        "them, as does the next `vmtax run`")
     assert [j.pid for j in journal.left_behind(runtime)] == [2**22 + 1]
 
 
@@ -145,9 +150,9 @@ def test_read_commands_warn_about_what_a_dead_run_left(tmp_path, args):
     res = vmtax(*[str(plan) if a == "PLAN" else a for a in args],
                 *(["--results", str(tmp_path / "r")] if args[0] in ("runs", "show") else []))
     warnings = [line for line in res.stderr.splitlines() if "warning" in line]
-    assert warnings == [f"vmtax: warning: vmtax process {2**22 + 1} died leaving 1 host "
-                        "change(s) (processes, cgroups, mounts, huge pages) in place; `vmtax "
-                        "cleanup` undoes them, as does the next `vmtax run`"], res.stderr
+    assert warnings == [f"vmtax: warning: vmtax process {2**22 + 1} died leaving 1 directory "
+                        "in place; `vmtax cleanup` undoes them, as does the next `vmtax run`"], \
+        res.stderr
 
 
 def test_cleanup_undoes_what_a_dead_run_left(tmp_path):
@@ -159,3 +164,51 @@ def test_cleanup_undoes_what_a_dead_run_left(tmp_path):
     res = vmtax("cleanup")
     assert (res.returncode, res.stdout) == (0, "nothing to clean up\n")
     assert "warning" not in vmtax("runs", "--results", str(tmp_path / "r")).stderr
+
+
+def test_a_stopped_guardian_is_killed_and_its_journal_undone_by_vmtax(tmp_path):
+    """A guardian stopped (SIGSTOP) would hang vmtax at its end: vmtax kills it, undoes the
+    journal itself and says so in one line."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "made"), "stdin"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    payload = int(owner.stdout.readline())
+    [guardian] = guardians(Path(os.environ["VMTAX_RUNTIME"]))
+    os.kill(guardian, signal.SIGSTOP)
+    started = time.monotonic()
+    out, err = owner.communicate("end\n", timeout=30)
+    assert time.monotonic() - started < 10 and out == "done\n"
+    assert err.splitlines() == [
+        f"vmtax: warning: the guardian of this run (pid {guardian}) was stopped: killed it; "
+        f"undid 2 host change(s) left by vmtax process {owner.pid}"]
+    assert gone(guardian) and wait_for(lambda: gone(payload), 5)
+    assert not (tmp_path / "made").exists()
+
+
+def test_what_a_killed_run_and_its_killed_guardian_left_is_named_and_cleaned_up(tmp_path):
+    runtime = Path(os.environ["VMTAX_RUNTIME"])
+    owner, payload = start_owner(tmp_path, "wait")
+    [guardian] = guardians(runtime)
+    os.kill(guardian, signal.SIGKILL)
+    owner.kill()
+    owner.wait()
+    warning = (f"vmtax: warning: vmtax process {owner.pid} died leaving 1 directory, 1 process "
+               "in place; `vmtax cleanup` undoes them, as does the next `vmtax run`")
+    for args in (["list", "workloads"], ["runs", "--results", str(tmp_path / "r")]):
+        assert warning in vmtax(*args).stderr.splitlines()
+    checks = {c["name"]: c for c in json.loads(vmtax("doctor", "--json").stdout)["checks"]}
+    assert not checks["undo journal"]["ok"] and f"process {owner.pid} died leaving" in \
+        checks["undo journal"]["detail"]
+    res = vmtax("cleanup")
+    assert res.stdout == f"undid 2 host change(s) left by vmtax process {owner.pid}\n"
+    assert wait_for(lambda: gone(payload), 5) and not (tmp_path / "made").exists()
+    assert vmtax("doctor", "--json").returncode == 0
+
+
+def test_a_plugin_s_own_kind_of_change_is_named_in_words(tmp_path):
+    j = journal.Journal(Path(os.environ["VMTAX_RUNTIME"]), pid=2**22 + 1, start=1)
+    for name in ("a", "b"):
+        j.add(type="libvirt-domain", undo="vmtax.host.libvirt:destroy_domain", name=name)
+    j.add(type="daemon", undo="vmtax.host.daemon:stop", name="libvirtd", pid=2**22 + 2)
+    assert journal.left_behind_warning().startswith(
+        f"vmtax process {2**22 + 1} died leaving 1 daemon, 2 libvirt domains in place")

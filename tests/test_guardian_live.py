@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import start_vmtax
-from vmtax import host
+
+from vmtax.host import machine as host
 
 # The process table as make torture reads it (scripts/torture.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -31,7 +31,7 @@ def alive(found: dict[tuple[int, int], str]) -> list[str]:
 
 def guardian_of(pid: int) -> list[int]:
     return [p for p, (_, _, cmd) in processes().items()
-            if "vmtax.guardian" in cmd and f"journal-{pid}-" in cmd]
+            if "vmtax.host.guardian" in cmd and f"journal-{pid}-" in cmd]
 
 
 def cgroups(containers: list[str]) -> list[Path]:
@@ -61,7 +61,7 @@ def test_kill_9_mid_container_run_leaves_nothing_within_5_s(tmp_path, runtime):
         time.sleep(max(0.0, started + 6 - time.monotonic()))
         # The guardian is a child of vmtax too, until it is orphaned.
         payload = {k: cmd for k, cmd in descendants(vmtax.pid).items()
-                   if "vmtax.guardian" not in cmd}
+                   if "vmtax.host.guardian" not in cmd}
         containers = [p.name for p in results.glob(".work-*/container-*/state/vmtax-*")]
         assert containers
         made = cgroups(containers)

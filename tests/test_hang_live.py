@@ -5,14 +5,15 @@ import itertools
 
 import pytest
 
-from vmtax import plan as plan_mod, plugin
-from vmtax.errors import ParseError
-from vmtax.runner import Runner
-from vmtax.store import Store
-from vmtax import vm_instance
-from vmtax.targets.base import Job
-from vmtax.types import MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.target import Job
+from vmtax.core.types import MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.results.store import Store
+from vmtax.studies import plan as plan_mod
+from vmtax.studies.runner import Runner
+from vmtax.targets import vm_instance
 
 pytestmark = pytest.mark.live
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from vmtax import host, kvm
+from vmtax.host import doctor, kvm
+from vmtax.host import machine as host
 
 
 def test_fingerprint_keys_and_types():
@@ -118,10 +119,10 @@ def elf(tmp_path, *segment_types):
 
 
 def test_static_elf_detection(tmp_path):
-    assert host._is_static_elf(elf(tmp_path, 1, 1)) is True
-    assert host._is_static_elf(elf(tmp_path, 6, 3, 1)) is False   # PHDR, INTERP, LOAD
+    assert doctor._is_static_elf(elf(tmp_path, 1, 1)) is True
+    assert doctor._is_static_elf(elf(tmp_path, 6, 3, 1)) is False   # PHDR, INTERP, LOAD
     (tmp_path / "script").write_text("#!/bin/sh\n")
-    assert host._is_static_elf(str(tmp_path / "script")) is None
+    assert doctor._is_static_elf(str(tmp_path / "script")) is None
 
 
 def test_hugepages_check(tmp_path):
@@ -130,26 +131,26 @@ def test_hugepages_check(tmp_path):
         d.mkdir(parents=True)
         (d / "nr_hugepages").write_text(f"{nr}\n")
         (d / "free_hugepages").write_text(f"{free}\n")
-    check = host._hugepages_check(str(tmp_path))
+    check = doctor._hugepages_check(str(tmp_path))
     assert check.ok
     assert check.detail.startswith("2 MiB: 4 reserved, 3 free; 1 GiB: 0 reserved, 0 free; "
                                    "1 GiB pages supported")
-    assert not host._hugepages_check(str(tmp_path / "empty")).ok
+    assert not doctor._hugepages_check(str(tmp_path / "empty")).ok
 
 
 def test_ksm_check(tmp_path):
-    assert not host._ksm_check(str(tmp_path)).ok
+    assert not doctor._ksm_check(str(tmp_path)).ok
     ksm = tmp_path / "kernel/mm/ksm"
     ksm.mkdir(parents=True)
     (ksm / "run").write_text("1\n")
     (ksm / "pages_sharing").write_text("1234\n")
-    check = host._ksm_check(str(tmp_path))
+    check = doctor._ksm_check(str(tmp_path))
     assert check.ok and check.detail.startswith("running, 1234 pages sharing")
 
 
 def test_missing_tool_says_what_to_install():
-    check = host._tool_check("vmtax-no-such-tool", "apt-get install it")
-    assert check == host.Check("vmtax-no-such-tool", False,
+    check = doctor._tool_check("vmtax-no-such-tool", "apt-get install it")
+    assert check == doctor.Check("vmtax-no-such-tool", False,
                                "not found on PATH: apt-get install it")
 
 
@@ -157,11 +158,11 @@ def _check_names(checks):
     names = [c.name for c in checks]
     assert names[0] == "kvm"
     assert any(n == "qemu" or n.startswith("qemu-system-") or n == "qemu-kvm" for n in names)
-    from vmtax import workloads
-    from vmtax.targets import container
+    from vmtax.core import workload as workloads
+    from vmtax.core.runtime import runtimes
     # A check per container runtime and per workload program the plugins declare.
     expected = ["hugepages", "ksm", "cgroup", "busybox",
-                *(f"container:{r}" for r in container.runtimes()),
+                *(f"container:{r}" for r in runtimes()),
                 *(b for w in workloads.registered().values() for b in w.binaries)]
     assert set(expected) <= set(names) and {"container:runc", "sysbench"} <= set(names)
     for check in checks:
@@ -173,14 +174,14 @@ def test_doctor_reads_this_host(monkeypatch):
     monkeypatch.setattr(kvm, "probe",
                         lambda fresh=False: kvm.KvmStatus(False, "stub reason", "kvm_pvm"))
     started = time.perf_counter()
-    checks = _check_names(host.doctor())
+    checks = _check_names(doctor.doctor())
     assert time.perf_counter() - started < 2.0
-    assert checks["kvm"] == host.Check("kvm", False, "stub reason; run guests with TCG")
+    assert checks["kvm"] == doctor.Check("kvm", False, "stub reason; run guests with TCG")
 
 
 @pytest.mark.live
 def test_doctor_live_within_budget():
     started = time.perf_counter()
-    checks = _check_names(host.doctor())
+    checks = _check_names(doctor.doctor())
     assert time.perf_counter() - started < 3.5
     assert checks["kvm"].ok == kvm.probe().usable

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import plots, serving_client, serving_tools
-from vmtax.analysis import Cell, Row, RunSummary
-from vmtax.errors import ParseError, VmtaxError
-from vmtax.stats import Summary
-from vmtax.types import Endpoint
-from vmtax.workloads.base import check_manifest
+from vmtax.analysis.stats import Summary
+from vmtax.analysis.summary import Cell, Row, RunSummary
+from vmtax.core.errors import ParseError, VmtaxError
+from vmtax.core.types import Endpoint
+from vmtax.core.workload import check_manifest
+from vmtax.helpers import serving_client, serving_tools
+from vmtax.report import plots
 from vmtax.workloads.serving import PORT, Serving, size_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "serving"
@@ -46,7 +47,7 @@ def test_client_job_runs_the_driver_with_the_whole_spec():
                       "upload_size": "4K", "upload_to": "tmp", "factor": 3.0, "steps": 4},
                      time=2)
     job = w.client_job(Endpoint("10.0.0.2", PORT))
-    assert job.argv[:3] == [sys.executable, "-m", "vmtax.serving_client"]
+    assert job.argv[:3] == [sys.executable, "-m", "vmtax.helpers.serving_client"]
     spec = json.loads(job.argv[3])
     assert spec["base"] == f"http://10.0.0.2:{PORT}" and spec["duration"] == 2
     assert spec["vegeta"] == str(serving_tools.vegeta_path())

@@ -1,6 +1,6 @@
 """serving end to end: the real server's endpoints, vegeta's latency against curl's, and
 `vmtax run` natively and in a container (the VM's route is iperf3's, test_serving_live).
-Needs the tools `make deps` builds (python -m vmtax.serving_tools) and ffmpeg."""
+Needs the tools `make builds` builds (python -m vmtax.helpers.serving_tools) and ffmpeg."""
 
 import hashlib
 import json
@@ -15,9 +15,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import vmtax, wait_for
-from vmtax import proc, serving_tools
+
+from vmtax.helpers import serving_tools
+from vmtax.host import proc
 from vmtax.workloads.serving import CURL_GAP, LOWER_BOUND, Serving
 
 pytestmark = pytest.mark.live
@@ -27,7 +28,7 @@ MAX_BODY = 1 << 20
 
 def _need_tools() -> None:
     if not serving_tools.built():
-        pytest.skip("the serving tools are not built (make deps)")
+        pytest.skip("the serving tools are not built (make builds)")
     if shutil.which("ffmpeg") is None or shutil.which("curl") is None:
         pytest.skip("ffmpeg and curl are needed (apt-get install ffmpeg curl)")
 
@@ -119,7 +120,7 @@ def _driver(base: str, spec: dict) -> dict:
             "steps": 1, "min_success": 0.99, "p99_factor": 5.0, "p99_floor": 50.0,
             "p99_bound": None, "workers": 2, "requests": 4, "request_timeout": 30,
             "cross_check": 0, **spec}
-    done = subprocess.run([sys.executable, "-m", "vmtax.serving_client", json.dumps(spec)],
+    done = subprocess.run([sys.executable, "-m", "vmtax.helpers.serving_client", json.dumps(spec)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import hugepages, journal
-from vmtax.errors import VmtaxError
-from vmtax.hugepages import Pool
+from vmtax.core.errors import VmtaxError
+from vmtax.host import hugepages, journal
+from vmtax.host.hugepages import Pool
 
 
 class Kernel:
@@ -74,7 +74,8 @@ def test_reserve_journals_the_lease_first_then_raises_by_exactly_the_pages(kerne
     res = pool.reserve(512)
     assert (res.requested, res.granted, kernel.value) == (512, 512, 512)
     # What this run adds was in the journal before the first write reached the kernel.
-    assert {"type": "hugepages", "path": str(kernel.nr), "added": 512} in seen[0].values()
+    assert {"type": "hugepages", "undo": "vmtax.host.hugepages:end_lease",
+            "path": str(kernel.nr), "added": 512} in seen[0].values()
     assert res.mountpoint == pool.mounts[0] and res.mountpoint.is_dir()
     res.release()
     assert kernel.value == 0
@@ -238,7 +239,7 @@ def test_the_shared_pool_is_one_per_journal_and_size(j, tmp_path):
 
 
 def test_mount_failure_leaves_nothing(j, monkeypatch):
-    from vmtax import proc
+    from vmtax.host import proc
     made = []
 
     def fake_run(argv, **kwargs):
@@ -291,17 +292,6 @@ def test_pages_needed():
     with pytest.raises(VmtaxError, match=r"^guest memory of 1.5 GiB is not a whole number "
                                          r"of 1 GiB huge pages$"):
         hugepages.pages_needed(3 << 29, "1G")
-
-
-@pytest.mark.parametrize("block,pages", [
-    (16 << 10, 3), (1 << 20, 3), (3 << 20, 4), (6 << 20, 3), (16 << 20, 8), (64 << 20, 32),
-    (256 << 20, 128), (1 << 30, 512)])
-def test_sysbench_pages_follow_its_4_mib_rounding(block, pages):
-    assert hugepages.sysbench_pages(block) == pages
-
-
-def test_sysbench_pages_per_thread_buffer():
-    assert hugepages.sysbench_pages(16 << 20, buffers=4) == 32
 
 
 def test_no_pool_is_left_open(kernel, j):

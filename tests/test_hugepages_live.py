@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from vmtax import hugepages
-from vmtax.store import Store
-
 from conftest import start_vmtax, vmtax
+
+from vmtax.host import hugepages
+from vmtax.results.store import Store
 
 pytestmark = [
     pytest.mark.live,
@@ -114,7 +113,9 @@ def test_sigint_mid_plan_restores_the_pool_and_stops_qemu(tmp_path):
 # A run as `vmtax run` holds the pool: its journal, its guardian, pages reserved.
 HOLDER = """
 import sys
-from vmtax import guardian, hugepages, journal
+from vmtax.host import guardian
+from vmtax.host import hugepages
+from vmtax.host import journal
 j = journal.Journal()
 with guardian.guard(j.path):
     reservation = hugepages.pool(j, "2M").reserve(int(sys.argv[1]))

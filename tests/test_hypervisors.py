@@ -7,14 +7,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from test_macro_composite import store_dd_run
-from vmtax import analysis, cli, cli_plan, htmlreport, planfile
-from vmtax.errors import VmtaxError
-from vmtax.plan import Plan, TargetSpec, WorkloadSpec
-from vmtax.runner import DROP_CACHES, QuietReporter, Runner
-from vmtax.store import Store
-from vmtax.types import JobResult
+
+from vmtax.analysis import summary as analysis
+from vmtax.cli import main as cli
+from vmtax.cli import plan as cli_plan
+from vmtax.core.errors import VmtaxError
+from vmtax.core.types import JobResult
+from vmtax.report import html as htmlreport
+from vmtax.results.store import Store
+from vmtax.studies import planfile
+from vmtax.studies.plan import Plan, TargetSpec, WorkloadSpec
+from vmtax.studies.runner import DROP_CACHES, QuietReporter, Runner
 
 PLAN = Path(__file__).parents[1] / "plans" / "hypervisors.toml"
 E3 = {"bzip2", "compile", "memory", "dd", "rsync", "dbench", "oltp", "iperf3"}
@@ -57,7 +61,7 @@ def test_drop_caches_is_a_checked_plan_setting_off_by_default():
 
 class _Guest:
     """A target whose jobs fail as a container's do when its /proc/sys is read-only."""
-    kind, bare_host, remote = "container", False, False
+    kind, bare_host, remote, shares_host_page_cache = "container", False, False, True
 
     def __init__(self, exit_code):
         self.exit_code, self.jobs = exit_code, []

@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import vmtax
 
 pytestmark = pytest.mark.live

@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import image
-from vmtax.errors import VmtaxError
-from vmtax.image import (CpioEntry, GuestImage, extract_vmlinux, kernel_version, tree_entries,
-                         user_kernel, write_cpio)
+from vmtax.core.errors import VmtaxError
+from vmtax.guest import image
+from vmtax.guest.image import (
+    CpioEntry,
+    GuestImage,
+    extract_vmlinux,
+    kernel_version,
+    tree_entries,
+    user_kernel,
+    write_cpio,
+)
 
 ELF = b"\x7fELF\x02\x01\x01" + b"\0" * 57 + b"Linux version 6.1.0-99-test (me@host) (gcc) #1 SMP\0"
 
@@ -158,7 +165,9 @@ def test_select_modules_phases(monkeypatch, tmp_path):
             "virtio_console": ["virtio_ring", "virtio", "virtio_console"],
             "virtio_blk": ["virtio_ring", "virtio", "virtio_blk"],
             "crc32c_generic": ["crc32c_generic"], "ext4": ["crc32c_generic", "jbd2", "ext4"],
-            "virtio_net": ["virtio_ring", "virtio", "failover", "net_failover", "virtio_net"]}
+            "virtio_net": ["virtio_ring", "virtio", "failover", "net_failover", "virtio_net"],
+            "virtio_scsi": ["virtio_ring", "virtio", "scsi_mod", "virtio_scsi"],
+            "sd_mod": ["scsi_mod", "sd_mod"], "nvme": ["nvme_core", "nvme"]}
     for mods in deps.values():
         for m in mods:
             (root / f"{m}.ko").parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +179,9 @@ def test_select_modules_phases(monkeypatch, tmp_path):
         "boot-mmio": ["virtio_ring.ko", "virtio.ko", "virtio_mmio.ko", "virtio_console.ko"],
         "boot-pci": ["virtio_ring.ko", "virtio.ko", "virtio_pci.ko", "virtio_console.ko"],
         "disk": ["virtio_blk.ko", "crc32c_generic.ko", "jbd2.ko", "ext4.ko"],
-        "net": ["failover.ko", "net_failover.ko", "virtio_net.ko"]}
+        "net": ["failover.ko", "net_failover.ko", "virtio_net.ko"],
+        "scsi": ["scsi_mod.ko", "virtio_scsi.ko", "sd_mod.ko"],
+        "nvme": ["nvme_core.ko", "nvme.ko"]}
     assert (tmp_path / "out/ext4.ko").read_text() == "ext4"
 
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import start_vmtax, vmtax
 
 pytestmark = pytest.mark.live
@@ -90,7 +89,7 @@ def guardians(proc: subprocess.Popen) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().decode()
         except OSError:
             continue
-        if "vmtax.guardian" in cmdline and f"journal-{proc.pid}-" in cmdline:
+        if "vmtax.host.guardian" in cmdline and f"journal-{proc.pid}-" in cmdline:
             found.append(int(entry.name))
     return found
 

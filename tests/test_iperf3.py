@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from vmtax.errors import ParseError, VmtaxError
-from vmtax.plan import Plan, WorkloadSpec, target_specs
-from vmtax.runner import Runner
-from vmtax.store import Store
-from vmtax.targets.base import LISTEN_ENV
-from vmtax.types import Endpoint
-from vmtax.workloads.base import check_manifest
+from vmtax.core.errors import ParseError, VmtaxError
+from vmtax.core.target import LISTEN_ENV
+from vmtax.core.types import Endpoint
+from vmtax.core.workload import check_manifest
+from vmtax.results.store import Store
+from vmtax.studies.plan import Plan, WorkloadSpec, target_specs
+from vmtax.studies.runner import Runner
 from vmtax.workloads.iperf3 import Iperf3
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"

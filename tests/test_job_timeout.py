@@ -3,10 +3,10 @@ plan can set it."""
 
 import pytest
 
-from vmtax import estimate, planfile
-from vmtax.runner import Runner
-from vmtax.store import Store
-from vmtax.types import Job
+from vmtax.core.types import Job
+from vmtax.results.store import Store
+from vmtax.studies import estimate, planfile
+from vmtax.studies.runner import Runner
 from vmtax.workloads import sysbench
 from vmtax.workloads.sysbench import Mutex
 

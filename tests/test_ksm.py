@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from vmtax import journal, ksm
-from vmtax.errors import VmtaxError
+from vmtax.core.errors import VmtaxError
+from vmtax.host import journal, ksm
 
 HOST = {"run": 0, "pages_to_scan": 100, "sleep_millisecs": 200}
 
@@ -30,7 +30,8 @@ def test_a_lease_turns_ksm_on_and_gives_the_host_its_settings_back(tmp_path):
     lease = ksm.enable(j, 1000, 20, sysfs)
     assert ksm.settings(sysfs) == {"run": 1, "pages_to_scan": 1000, "sleep_millisecs": 20}
     [entry] = j.entries.values()
-    assert entry == {"type": "ksm", "path": str(sysfs), "saved": HOST}
+    assert entry == {"type": "ksm", "undo": "vmtax.host.ksm:end_lease", "path": str(sysfs),
+                     "saved": HOST}
     lease.release()
     lease.release()
     assert ksm.settings(sysfs) == HOST
@@ -124,9 +125,11 @@ def test_why_ksm_does_nothing_for_containers_depends_on_the_kernel():
     assert old is not None and "\n" not in old
     assert "MADV_MERGEABLE" in old and "no prctl(PR_SET_MEMORY_MERGE)" in old
     assert "6.1.0-56-amd64" in old
-    new = ksm.unmarked_note(["podman"], "6.8.0-1-amd64")
+    new = ksm.unmarked_note(["container"], "6.8.0-1-amd64")
     assert new is not None and "has prctl(PR_SET_MEMORY_MERGE)" in new
     assert "vmtax does not set it" in new
     # Guests alone: QEMU marks their RAM, nothing to explain.
     assert ksm.unmarked_note(["vm"], "6.1.0") is None
     assert ksm.unmarked_note([], "6.1.0") is None
+    # Read from the kinds' declarations: a runtime is no kind, a lost plugin says nothing.
+    assert ksm.unmarked_note(["podman", "gone", ""], "6.1.0") is None

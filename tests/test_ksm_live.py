@@ -10,15 +10,17 @@ import time
 
 import pytest
 
-from vmtax import hugepages, ksm
+from vmtax.host import hugepages, ksm
 
 pytestmark = pytest.mark.live
 
 SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from vmtax import guardian, hugepages, ksm
-    from vmtax.journal import Journal
+    from vmtax.host import guardian
+    from vmtax.host import hugepages
+    from vmtax.host import ksm
+    from vmtax.host.journal import Journal
 
     journal = Journal(Path(sys.argv[1]))
     with guardian.guard(journal.path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vmtax import kvm
+from vmtax.host import kvm
 
 DEV_NULL = "/dev/null"   # a character device that is not KVM
 
@@ -214,7 +214,7 @@ def test_live_probe(tmp_path, monkeypatch):
                                                      or os.path.isdir("/sys/module/kvm_amd")):
         assert status == kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm", hung=True)
     # A hung vCPU's verdict is kept for this boot: another process gets it at once.
-    again = subprocess.run([sys.executable, "-c", "from vmtax import kvm; import time; "
+    again = subprocess.run([sys.executable, "-c", "from vmtax.host import kvm; import time; "
                             "t = time.monotonic(); s = kvm.probe(); "
                             "print(s.usable, s.hung, round(time.monotonic() - t, 3))"],
                            capture_output=True, text=True, timeout=30, check=True)

@@ -6,10 +6,10 @@ import math
 import pytest
 from rich.console import Console
 
-from vmtax import composite
-from vmtax.analysis import Cell, Row, RunSummary
-from vmtax.composite import Index, combine
-from vmtax.stats import RatioSummary
+from vmtax.analysis import composite
+from vmtax.analysis.composite import Index, combine
+from vmtax.analysis.stats import RatioSummary
+from vmtax.analysis.summary import Cell, Row, RunSummary
 
 
 def cell(value, low, high) -> Cell:
@@ -59,18 +59,37 @@ def test_a_workload_counts_once_whatever_its_dimensions():
     assert overall.value == pytest.approx((1.0 * 0.5 * 0.8) ** (1 / 3))
     # container's interval holds native's 1; the VM's lies below it
     assert classes["CPU"].recommendation == \
-        "CPU: no significant difference (native ≈ container; vm worse)"
+        "CPU: no significant difference between native and container; vm keeps 0.800 of native"
 
 
 def test_recommendation_only_beyond_noise():
     wins = {"native": Index(1, 1, 1), "vm": Index(1.3, 1.1, 1.5), "c": Index(1.0, 0.9, 1.05)}
-    assert composite.recommend("CPU", wins) == "CPU: vm (index 1.3 [1.1, 1.5])"
+    assert composite.recommend("CPU", wins, "native") == "CPU: vm (index 1.3 [1.1, 1.5])"
     overlaps = {"native": Index(1, 1, 1), "vm": Index(1.3, 0.95, 1.5)}
-    assert composite.recommend("CPU", overlaps) == "CPU: no significant difference"
+    assert composite.recommend("CPU", overlaps, "native") == "CPU: no significant difference"
     # the baseline itself wins when every other target is worse beyond noise
     loses = {"native": Index(1, 1, 1), "vm": Index(0.5, 0.4, 0.6)}
-    assert composite.recommend("disk I/O", loses) == \
-        "disk I/O: native (the others lose beyond noise)"
+    assert composite.recommend("disk I/O", loses, "native") == \
+        "disk I/O: native (the others lose beyond noise; vm keeps 0.500 of native)"
+
+
+def test_the_verdict_ends_with_the_biggest_fact():
+    # a tie between native and container must not hide a VM at a tenth of native
+    tie = {"native": Index(1, 1, 1), "container": Index(1.01, 0.99, 1.03),
+           "vm:tcg": Index(0.109, 0.1, 0.12), "vm:kvm": Index(0.8, 0.7, 0.9)}
+    assert composite.recommend("CPU", tie, "native") == (
+        "CPU: no significant difference between native and container; "
+        "vm:tcg keeps 0.109 of native, vm:kvm 0.800")
+    # a winner other than the baseline, with its doubt, then the loss beside it
+    won = {"native": Index(1, 1, 1), "container": Index(1.3, 1.1, 1.5),
+           "vm": Index(0.1, 0.09, 0.11)}
+    assert composite.recommend("CPU", won, "native", {"container": ", suspicious"}) == \
+        "CPU: container (index 1.3 [1.1, 1.5]), suspicious; vm keeps 0.100 of native"
+    # the baseline among the losers is only said to be worse: its index is 1 by definition
+    above = {"native": Index(1, 1, 1), "container": Index(1.3, 1.2, 1.4),
+             "vm": Index(1.2, 0.9, 1.5)}
+    assert composite.recommend("CPU", above, "native") == \
+        "CPU: no significant difference between container and vm; native worse"
 
 
 def test_cells_without_a_ratio_are_left_out_and_said():
@@ -88,18 +107,18 @@ def test_cells_without_a_ratio_are_left_out_and_said():
 
 def test_single_runs_give_no_verdict():
     single = {"native": Index(1, 1, 1), "vm": Index(2.0, 2.0, 2.0, runs=1)}
-    assert composite.recommend("CPU", single) == \
+    assert composite.recommend("CPU", single, "native") == \
         "CPU: too few runs for a verdict (at least 3 per target)"
     two = {"native": Index(1, 1, 1), "vm": Index(2.0, 1.5, 2.5, runs=2)}
-    assert composite.recommend("CPU", two).startswith("CPU: too few runs")
+    assert composite.recommend("CPU", two, "native").startswith("CPU: too few runs")
     assert combine([Index(2, 1, 3, runs=3), Index(2, 1, 3, runs=1)]).runs == 1
 
 
 # -- suspicious wins, from stored results -------------------------------------------------
 
 def _stored_dd_run(tmp_path, vm_direct: float, vm_guest_elapsed: float = 2.0):
-    from vmtax import analysis
-    from vmtax.store import Store
+    from vmtax.analysis import summary as analysis
+    from vmtax.results.store import Store
     run_id = store_dd_run(tmp_path / "results", vm_direct, vm_guest_elapsed)
     return analysis.summarize_run(Store(str(tmp_path / "results")).load_run(run_id))
 
@@ -108,7 +127,7 @@ def store_dd_run(results, vm_direct: float, vm_guest_elapsed: float = 2.0) -> st
     """A run stored in results as the runner stores one: native (the bare host) and a VM,
     5 dd runs each; the VM's buffered copy is 3 times native's, its direct copy
     `vm_direct` (native's: 100 MB/s)."""
-    from vmtax.store import Store
+    from vmtax.results.store import Store
     from vmtax.workloads.dd import Dd
     store = Store(str(results))
     plan = {"baseline": "native", "targets": [{"name": "native"}, {"name": "vm"}]}
@@ -158,7 +177,8 @@ def test_a_class_won_against_the_bare_host_is_called_suspicious():
     on_host = summary(rows)
     on_host.baseline_bare_host = True
     assert composite.composite(on_host)[0].recommendation == \
-        "CPU: container (index 1.3 [1.1, 1.5]), faster than native: suspicious"
+        "CPU: container (index 1.3 [1.1, 1.5]), faster than native: suspicious; " \
+        "vm keeps 0.500 of native"
     # against another target (E5's huge pages) a win is the finding itself
     assert composite.composite(summary(rows))[0].recommendation == \
-        "CPU: container (index 1.3 [1.1, 1.5])"
+        "CPU: container (index 1.3 [1.1, 1.5]); vm keeps 0.500 of native"

@@ -9,7 +9,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import start_vmtax, vmtax
 
 pytestmark = pytest.mark.live

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import workloads
-from vmtax.errors import ParseError, VmtaxError
-from vmtax.workloads import dbench, macro_util
-from vmtax.workloads.base import check_manifest
+from vmtax.core import workload as workloads
+from vmtax.core.errors import ParseError, VmtaxError
+from vmtax.core.workload import check_manifest
+from vmtax.helpers import macro_data as macro_util
+from vmtax.workloads import dbench
 from vmtax.workloads.bzip2 import Bzip2
 from vmtax.workloads.compile import Compile
 from vmtax.workloads.dbench import Dbench

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import image, minimal_kernel
-from vmtax.errors import VmtaxError
+from vmtax.core.errors import VmtaxError
+from vmtax.guest import image, minimal_kernel
 
 
 def test_everything_a_guest_needs_is_asked_for_built_in():

@@ -8,10 +8,12 @@ import statistics
 
 import pytest
 
-from vmtax import minimal_kernel, paths, targets
-from vmtax.journal import Journal
-from vmtax.targets.base import TargetContext
-from vmtax.types import Job
+from vmtax.core import paths
+from vmtax.core import target as targets
+from vmtax.core.target import TargetContext
+from vmtax.core.types import Job
+from vmtax.guest import minimal_kernel
+from vmtax.host.journal import Journal
 
 pytestmark = pytest.mark.live
 

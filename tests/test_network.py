@@ -1,4 +1,4 @@
-"""vmtax.network without touching the host: the `ip`/`nsenter` argv it runs are captured by a
+"""vmtax.host.network without touching the host: the `ip`/`nsenter` argv it runs are captured by a
 fake runner, which also sees what the journal held at the moment of each command."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from vmtax import journal, network, proc
-from vmtax.errors import VmtaxError
+from vmtax.core.errors import VmtaxError
+from vmtax.host import journal, network, proc
 
 
 def ok(stdout: str = "") -> proc.Completed:
@@ -366,7 +366,7 @@ def test_a_hung_namespace_add_is_undone_not_forgotten(j):
 
 
 def test_tcp_listening_reads_the_socket_table_without_connecting():
-    from vmtax.network import tcp_listening, wait_tcp_listening
+    from vmtax.host.network import tcp_listening, wait_tcp_listening
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         port = server.getsockname()[1]

@@ -1,4 +1,4 @@
-"""vmtax.network on the real host: a network with 8 containers' stand-ins on veth pairs and
+"""vmtax.host.network on the real host: a network with 8 containers' stand-ins on veth pairs and
 taps for guests, reached from a client in the namespace, then removed without a trace; the
 same after the owner is SIGKILLed and the journal is recovered.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import journal, network
+from vmtax.host import journal, network
 
 pytestmark = [
     pytest.mark.live,
@@ -253,7 +253,8 @@ def test_qemu_opens_its_tap_from_inside_the_namespace(net):
 CRASHING_OWNER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from vmtax import journal, network
+    from vmtax.host import journal
+    from vmtax.host import network
     net = network.Network(journal.Journal(Path(sys.argv[1]))).create()
     for target in sys.argv[2:]:
         net.attach_veth(target)

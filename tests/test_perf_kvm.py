@@ -7,10 +7,11 @@ the classic layout, the kvm_dimension headers and widths for the hists one)."""
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from vmtax import perf_kvm
-from vmtax.errors import ParseError
+from vmtax.core.errors import ParseError
+from vmtax.helpers import perf_kvm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perf_kvm"
 

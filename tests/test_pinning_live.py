@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import targets
-from vmtax.journal import Journal
-from vmtax.targets.base import Job, TargetContext
+from vmtax.core import target as targets
+from vmtax.core.target import Job, TargetContext
+from vmtax.host.journal import Journal
 
 pytestmark = pytest.mark.live
 CPUS = sorted(os.sched_getaffinity(0))

@@ -1,7 +1,7 @@
 import pytest
 
-from vmtax import plan
-from vmtax.errors import VmtaxError
+from vmtax.core.errors import VmtaxError
+from vmtax.studies import plan
 
 
 def classic(target_names=None, workload_names=None, options=None, **settings):

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import cli_density, planfile
-from vmtax.errors import VmtaxError
+from vmtax.cli import density as cli_density
+from vmtax.core.errors import VmtaxError
+from vmtax.studies import planfile
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -34,5 +35,5 @@ def test_density_plan_file_checks_are_planfile_checks(tmp_path):
         cli_density.load_plan("/dev/null")
     big = tmp_path / "big.toml"
     big.write_text("#" * (planfile.MAX_PLAN_BYTES + 1))
-    with pytest.raises(VmtaxError, match="a plan is at most"):
+    with pytest.raises(VmtaxError, match="cannot read the plan file \\(larger than 1 MiB"):
         cli_density.load_plan(str(big))

@@ -7,17 +7,20 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
-
-from vmtax import cli_plan, estimate, option_types, plan, planfile, workloads
-from vmtax.targets import container
-from vmtax.planfile import PlanError
-from vmtax.toml_lines import Locator
-from vmtax.plan import TargetSpec, WorkloadSpec
-
 from conftest import ROOT, vmtax
 
+from vmtax.cli import plan as cli_plan
+from vmtax.core import option_types
+from vmtax.core.runtime import runtimes
+from vmtax.core import workload as workloads
+from vmtax.studies import estimate, plan, planfile
+from vmtax.studies.plan import TargetSpec, WorkloadSpec
+from vmtax.studies.planfile import PlanError
+from vmtax.studies.toml_lines import Locator
+
 VM_OPTIONS = ('qemu, accel, machine, vcpus, memory, cpu, kernel, disk_size, boot_timeout, '
-              'binaries, icount, hugepages, guest_hugepages, pin, kernel_args, network')
+              'binaries, icount, hugepages, guest_hugepages, pin, kernel_args, network, '
+              'vhost, disk_cache, disk_aio, iothread, disk_bus, tcg_thread, tb_size')
 
 PLANS = sorted((ROOT / "plans").glob("*.toml"))
 CPUS = os.sched_getaffinity(0)
@@ -55,9 +58,14 @@ def test_every_shipped_plan_loads(path, host_has_huge_pages):
     if path.name == "pinning.toml" and 1 not in CPUS:
         pytest.skip("pins a vCPU to host CPU 1")
     if path.name == "density.toml":   # read by `vmtax density`, not `vmtax run`
-        from vmtax.cli_density import load_plan
+        from vmtax.cli.density import load_plan
         settings, targets = load_plan(str(path))
         assert settings and targets
+        return
+    if path.name == "tune.toml":      # read by `vmtax tune`, its [tune] table too
+        from vmtax.studies import tune
+        search = tune.load(str(path))
+        assert search.knobs and search.plan.workloads
         return
     p = planfile.load(path)
     assert p.targets and p.workloads
@@ -283,10 +291,11 @@ ERRORS = [
     ('baseline = "vm"\n[targets.vm]\nvcpus = [1, 2]\n[[workloads]]\nname = "cpu"',
      'x.toml:1: baseline: expected one of the targets (vm[vcpus=1], vm[vcpus=2]), got "vm"'),
     ("[targets.xen]\n[[workloads]]\nname = 'cpu'",
-     "x.toml:1: targets.xen.kind: expected a target kind (container, native, ssh, vm), "
-     "got nothing (the table name is not a kind)"),
+     "x.toml:1: targets.xen.kind: expected a target kind (container, libvirt, lxd, native, "
+     "ssh, vm), got nothing (the table name is not a kind)"),
     ("[targets.box]\nkind = 'lxc'\n[[workloads]]\nname = 'cpu'",
-     'x.toml:2: targets.box.kind: expected a target kind (container, native, ssh, vm), got "lxc"'),
+     'x.toml:2: targets.box.kind: expected a target kind (container, libvirt, lxd, native, '
+     'ssh, vm), got "lxc"'),
     ("[targets.vm]\nvcpu = 2\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm: expected a vm option (' + VM_OPTIONS + '), '
      'got "vcpu" (did you mean "vcpus"?)'),
@@ -294,7 +303,7 @@ ERRORS = [
      'x.toml:2: targets.native: expected no options (native takes none), got "vcpus"'),
     ("[targets.container]\nruntime = 'lxc'\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.container.runtime: expected one of "auto", '
-     + ", ".join(f'"{r}"' for r in container.runtimes()) + ', got "lxc"'),
+     + ", ".join(f'"{r}"' for r in runtimes()) + ', got "lxc"'),
     ("[targets.vm]\naccel = 'xen'\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm.accel: expected one of "auto", "kvm", "tcg", got "xen"'),
     ("[targets.vm]\nvcpus = [\n  1,\n  0,\n]\n[[workloads]]\nname = 'cpu'",
@@ -533,8 +542,9 @@ def test_plan_command_reports_problems_as_lines(tmp_path):
 # -- the tables stay in step with the code they check -------------------------------------
 
 def test_every_plugin_declares_its_options_and_metrics_completely():
-    from vmtax import plugin, targets
-    from vmtax.workloads.base import check_manifest
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+    from vmtax.core.workload import check_manifest
     for cls in [*targets.kinds().values(), *workloads.registered().values()]:
         for info in plugin.option_infos(cls.Options).values():
             assert info.doc and info.expected(), f"{cls.name}.{info.key}"
@@ -769,3 +779,42 @@ def test_classic_quick_is_one_short_run_with_tiny_fileio():
     assert [(w.name, w.params) for w in quick.workloads] == [
         (w.name, {"file-total-size": "16M"} if w.name == "fileio" else w.params)
         for w in classic().workloads]
+
+
+def test_what_a_target_refuses_is_refused_when_the_plan_is_checked():
+    # gVisor runs no real-time thread, and rt-tests' cyclictest checks at start that it may
+    # (whatever its priority): refused before anything runs, not after three repetitions
+    # that fail with "run as root".
+    why = ("refuses real-time scheduling (gVisor), which cyclictest needs at any priority: "
+           "rt-tests checks that it may use SCHED_FIFO before it measures")
+    with pytest.raises(planfile.VmtaxError) as err:
+        plan.from_names(["native", "container:runsc"], ["cyclictest"])
+    assert str(err.value) == f"cyclictest: container:runsc {why}"
+    result = vmtax("run", "--targets", "container:runsc-ptrace", "--workloads", "cyclictest")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"vmtax: error: cyclictest: container:runsc-ptrace {why}"
+    text = textwrap.dedent("""
+        [targets.gvisor]
+        kind = "container"
+        runtime = "runsc"
+
+        [[workloads]]
+        name = "cpu"
+
+        [[workloads]]
+        name = "cyclictest"
+        params = { priority = [50, "none"] }
+        """)
+    with pytest.raises(PlanError) as err:
+        planfile.loads(text, "x.toml")
+    assert err.value.lines == [f"x.toml:9: workloads[1]: gvisor {why}"]
+    # Runtimes that schedule with the host's kernel refuse nothing.
+    plan.from_names(["container:runc", "container"], ["cyclictest"])
+
+
+def test_a_tuning_plan_given_to_run_says_which_command_reads_it(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text("[targets.native]\n[[workloads]]\nname = 'cpu'\n[tune]\nbaseline = 'native'\n")
+    with pytest.raises(PlanError, match=r't\.toml:4: top level: .*got "tune" \(a \[tune\] '
+                                        r'table is read by `vmtax tune PLAN`\)'):
+        planfile.load(path)

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -9,12 +10,12 @@ import time
 
 import pytest
 
-from vmtax import targets
-from vmtax.errors import VmtaxError
+from vmtax.core import target as targets
+from vmtax.core.errors import VmtaxError
+from vmtax.core.runtime import DEFAULT_PATH, auto_order, runtimes
+from vmtax.core.types import Job
 from vmtax.targets import podman
-from vmtax.targets.container import DEFAULT_PATH, auto_order, runtimes
 from vmtax.targets.podman import Podman
-from vmtax.types import Job
 
 
 @pytest.fixture
@@ -184,3 +185,13 @@ def test_finish_keeps_the_link_for_the_journal(home, monkeypatch, exit_code, pro
     monkeypatch.setattr(podman, "processes_with", lambda marker: [])
     assert rt.finish(later) and rt.runroot.is_symlink()
     assert rt.finish(launch) and not rt.runroot.is_symlink()
+
+
+def test_a_secret_reaches_the_container_through_podmans_environment_not_its_argv(home):
+    rt = Podman("/usr/bin/podman", home)
+    launch = rt.launch(Job(["mariadb-bootstrap"], env={"VMTAX_DB_PASSWORD": "s3cret", "A": "b"},
+                           secrets=("s3cret",)))
+    assert not any("s3cret" in a for a in launch.argv)
+    assert "--env=VMTAX_DB_PASSWORD" in launch.argv and "--env=A=b" in launch.argv
+    assert launch.env is not None and launch.env["VMTAX_DB_PASSWORD"] == "s3cret"
+    assert launch.env["PATH"] == os.environ["PATH"]   # podman itself is found as before

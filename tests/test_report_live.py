@@ -19,9 +19,9 @@ import signal
 import time
 
 import pytest
-
 from conftest import ROOT, vmtax
-from vmtax.report import fmt
+
+from vmtax.report.terminal import fmt
 
 pytestmark = [
     pytest.mark.live,

@@ -1,18 +1,21 @@
 """The runner end to end on the native target with tiny test workloads (real processes)."""
 
+import dataclasses
 import signal
 import sys
+from typing import Literal
 
 import pytest
 
-from typing import Literal
-
-from vmtax import plan as plan_mod, plugin, proc
-from vmtax.errors import ParseError, VmtaxError
-from vmtax.runner import Runner, schedule
-from vmtax.store import Store
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.core import plugin
+from vmtax.core import target as targets
+from vmtax.core.errors import ParseError, VmtaxError
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.host import proc
+from vmtax.results.store import Store
+from vmtax.studies import plan as plan_mod
+from vmtax.studies.runner import Runner, schedule
 
 
 class EchoOptions(plugin.Options):
@@ -181,3 +184,77 @@ def test_schedule_interleaves_targets_and_marks_first_reps_as_warmup():
     assert order != sorted(order, key=["native", "container"].index), "not interleaved"
     p.interleave = False
     assert [u.target for u in schedule(p)] == ["native"] * 3 + ["container"] * 3
+
+
+def test_a_guest_time_is_kept_only_from_a_target_with_a_clock_of_its_own(tmp_path,
+                                                                      monkeypatch):
+    native = targets.get("native")
+    real_run = native.run
+    monkeypatch.setattr(native, "run", lambda self, job: dataclasses.replace(
+        real_run(self, job), guest_elapsed=0.5))
+    store = Store(tmp_path)
+    run = store.load_run(Runner(make_plan(), store).execute())
+    assert {r.guest_elapsed for r in run.reps} == {None}
+    monkeypatch.setattr(native, "guest_clock", True)
+    run = store.load_run(Runner(make_plan(), store).execute())
+    assert {r.guest_elapsed for r in run.reps} == {0.5}
+
+
+# -- collectors record their own target's measured repetitions only ---------------------------
+
+class Windows(plugin.Options):
+    pass
+
+
+def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path, monkeypatch):
+    """A B B A order: a collector started at A's first repetition used to record until the
+    end of the cell, B's repetitions included."""
+    from vmtax.core.collector import Collector
+    log: list[tuple[str, str]] = []
+
+    class Witness(Collector):
+        name = "witness-test"
+        Options = Windows
+        metrics = (MetricSpec("events", "n", False),)
+
+        def start(self, subject):
+            self.subject = subject.name
+            log.append((self.subject, "start"))
+
+        def pause(self):
+            log.append((self.subject, "pause"))
+
+        def resume(self):
+            log.append((self.subject, "resume"))
+
+        def stop(self):
+            log.append((self.subject, "stop"))
+            return [self.metric("events", 1)]
+
+        def abort(self):
+            pass
+
+    monkeypatch.setitem(plugin.registry().setdefault("collector", {}), "witness-test",
+                        Witness)
+    real_measure = Runner._measure
+
+    def measure(self, name, workload, job, phase, idx, parse, **kw):
+        log.append((name, f"{phase} {idx}"))
+        return real_measure(self, name, workload, job, phase, idx, parse, **kw)
+    monkeypatch.setattr(Runner, "_measure", measure)
+    plan = dataclasses.replace(make_plan(), runs=2, warmup=0, collect=["witness-test"],
+                               targets=[plan_mod.TargetSpec("native", "native", {}),
+                                        plan_mod.TargetSpec("b", "native", {})])
+    Runner(plan, Store(tmp_path)).execute()
+    recording: set[str] = set()
+    for target, event in log:
+        if event in ("start", "resume"):
+            recording.add(target)
+        elif event in ("pause", "stop"):
+            recording.discard(target)
+        elif event.startswith("measure"):
+            # while a target is measured, only its own collector records
+            assert recording == {target}, log
+        else:
+            assert not recording, log
+    assert [e for t, e in log if t == "native"][-2:] == ["pause", "stop"], log

@@ -1,5 +1,6 @@
-"""Unit tests of the gVisor runtimes: their argv, their names, and how runsc gets built
-(with go faked: no toolchain is downloaded, nothing is compiled)."""
+"""Unit tests of the gVisor runtimes: their argv, their names, what they refuse, and how
+runsc gets built by the pinned Go toolchain (with go faked: no toolchain is downloaded,
+nothing is compiled)."""
 
 import json
 import os
@@ -7,12 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import targets
-from vmtax.errors import VmtaxError
-from vmtax.proc import Completed
-from vmtax.targets import container, runsc
-from vmtax.targets.runsc import GO_VERSION, GVISOR_VERSION, Runsc, RunscPtrace
-from vmtax.types import Job
+from vmtax.core import plugin
+from vmtax.core import target as targets
+from vmtax.core.errors import VmtaxError
+from vmtax.core.types import Job
+from vmtax.host.proc import Completed
+from vmtax.core.runtime import auto_order
+from vmtax.core.target import REALTIME
+from vmtax.helpers import go_toolchain
+from vmtax.helpers.go_toolchain import GO_VERSION
+from vmtax.host import machine
+from vmtax.targets import runsc
+from vmtax.targets.runsc import GVISOR_VERSION, Runsc, RunscPtrace
 
 FLAGS = ["--network=none", "--ignore-cgroups", "--overlay2=none",
          "--gofer-network-namespace=new"]
@@ -23,7 +30,7 @@ def cache(tmp_path, monkeypatch):
     """A private vmtax cache: no test sees or makes a real runsc."""
     path = tmp_path / "cache"
     monkeypatch.setenv("VMTAX_CACHE", str(path))
-    monkeypatch.setattr(container.host, "cgroup_mounts", lambda: [
+    monkeypatch.setattr(machine, "cgroup_mounts", lambda: [
         ("/sys/fs/cgroup/cpuset", "cgroup")])
     return path
 
@@ -82,8 +89,18 @@ def test_target_names():
     assert targets.parse_name("container:runsc-ptrace") == (
         "container", {"runtime": "runsc-ptrace"})
     assert {"container:runsc", "container:runsc-ptrace"} <= set(targets.known_names())
-    assert "runsc" not in container.auto_order()
+    assert "runsc" not in auto_order()
     assert Runsc.packages == RunscPtrace.packages == ("golang-go",)
+
+
+def test_gvisor_refuses_real_time_scheduling_on_either_platform():
+    assert Runsc.refuses == RunscPtrace.refuses == {REALTIME: "gVisor"}
+    kind = targets.get("container")
+
+    def refused(runtime):
+        return kind.refuses(plugin.build(kind.Options, {"runtime": runtime}, "c"))
+    assert refused("runsc") == refused("runsc-ptrace") == {REALTIME: "gVisor"}
+    assert refused("runc") == refused("auto") == {}   # auto never picks runsc
 
 
 def test_go_env_is_private_and_pinned(cache, monkeypatch):
@@ -91,7 +108,7 @@ def test_go_env_is_private_and_pinned(cache, monkeypatch):
     monkeypatch.setenv("GOFLAGS", "-tags=x")
     monkeypatch.setenv("GOPROXY", "https://mirror.example")
     gopath = cache / "runsc" / "go"
-    env = runsc.go_env(gopath)
+    env = go_toolchain.go_env(gopath)
     assert env["GOPATH"] == str(gopath)
     assert env["GOMODCACHE"] == str(gopath / "pkg" / "mod")
     assert env["GOCACHE"] == str(gopath / "cache")
@@ -102,8 +119,8 @@ def test_go_env_is_private_and_pinned(cache, monkeypatch):
 
 
 def test_commands(monkeypatch):
-    monkeypatch.setattr(runsc, "go_arch", lambda: "amd64")
-    assert runsc.download_command("/usr/bin/go") == [
+    monkeypatch.setattr(go_toolchain, "go_arch", lambda: "amd64")
+    assert go_toolchain.download_command("/usr/bin/go") == [
         "/usr/bin/go", "mod", "download", "-json",
         f"golang.org/toolchain@v0.0.1-go{GO_VERSION}.linux-amd64"]
     assert runsc.build_command("/t/bin/go") == [
@@ -137,8 +154,8 @@ class FakeGo:
 
 def test_build_fetches_toolchain_builds_and_publishes(cache, monkeypatch):
     fake = FakeGo()
-    monkeypatch.setattr(runsc.proc, "run", fake)
-    monkeypatch.setattr(runsc, "bootstrap_go", lambda: "/usr/bin/go")
+    monkeypatch.setattr(go_toolchain.proc, "run", fake)
+    monkeypatch.setattr(go_toolchain, "bootstrap_go", lambda: "/usr/bin/go")
     assert Runsc.unavailable() is None
     home = cache / "runsc"
     home.mkdir(parents=True, exist_ok=True)
@@ -147,7 +164,7 @@ def test_build_fetches_toolchain_builds_and_publishes(cache, monkeypatch):
     assert binary == home / GVISOR_VERSION / "runsc" and binary.exists()
     assert Runsc.locate() == RunscPtrace.locate() == str(binary)
     (download, denv, dcwd), (build, benv, bcwd) = fake.calls
-    assert download == runsc.download_command("/usr/bin/go")
+    assert download == go_toolchain.download_command("/usr/bin/go")
     toolchain = home / "go" / "pkg" / "mod" / "golang.org" / "toolchain@x"
     assert build == runsc.build_command(str(toolchain / "bin" / "go"))
     assert denv["GOPATH"] == benv["GOPATH"] == str(home / "go")
@@ -159,11 +176,11 @@ def test_build_fetches_toolchain_builds_and_publishes(cache, monkeypatch):
 
 
 def test_toolchain_programs_made_executable(cache, monkeypatch):
-    monkeypatch.setattr(runsc.proc, "run", FakeGo())
-    monkeypatch.setattr(runsc, "bootstrap_go", lambda: "/usr/bin/go")
+    monkeypatch.setattr(go_toolchain.proc, "run", FakeGo())
+    monkeypatch.setattr(go_toolchain, "bootstrap_go", lambda: "/usr/bin/go")
     scratch = cache / "scratch"
     scratch.mkdir(parents=True)
-    go = Path(runsc.fetch_toolchain(cache / "go", scratch))
+    go = Path(go_toolchain.fetch_toolchain(cache / "go", scratch, "runsc", "runsc"))
     root = go.parent.parent
     for name in ("bin/go", "bin/gofmt", "pkg/tool/linux_amd64/compile"):
         assert os.access(root / name, os.X_OK), name
@@ -171,8 +188,8 @@ def test_toolchain_programs_made_executable(cache, monkeypatch):
 
 
 def test_failed_build_says_why_and_publishes_nothing(cache, monkeypatch):
-    monkeypatch.setattr(runsc.proc, "run", FakeGo(fail="install"))
-    monkeypatch.setattr(runsc, "bootstrap_go", lambda: "/usr/bin/go")
+    monkeypatch.setattr(go_toolchain.proc, "run", FakeGo(fail="install"))
+    monkeypatch.setattr(go_toolchain, "bootstrap_go", lambda: "/usr/bin/go")
     with pytest.raises(VmtaxError) as err:
         runsc.build()
     assert str(err.value) == (f"runsc: building gVisor {GVISOR_VERSION} with Go {GO_VERSION} "
@@ -183,7 +200,7 @@ def test_failed_build_says_why_and_publishes_nothing(cache, monkeypatch):
 
 
 def test_without_go(cache, monkeypatch):
-    monkeypatch.setattr(runsc, "bootstrap_go", lambda: None)
+    monkeypatch.setattr(go_toolchain, "bootstrap_go", lambda: None)
     why = Runsc.unavailable()
     assert why == "needs Debian's golang-go to build runsc: apt-get install golang-go"
     assert "first use" in Runsc.host_note()

@@ -3,10 +3,10 @@ as the runner counts it, between the cell's first and last measured repetitions.
 
 import pytest
 
-from vmtax import plugin
-from vmtax.collectors.base import CollectorError, HostClient, Subject
 from vmtax.collectors.generator import Generator
-from vmtax.journal import Journal
+from vmtax.core import plugin
+from vmtax.core.collector import CollectorError, HostClient, Subject
+from vmtax.host.journal import Journal
 
 
 def _collector(tmp_path) -> Generator:

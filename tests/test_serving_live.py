@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import vmtax
 
 pytestmark = pytest.mark.live
@@ -70,8 +69,8 @@ def test_iperf3_in_native_container_and_guests_with_host_cpu(tmp_path):
 def test_iperf3_server_in_podman_and_gvisor(tmp_path, runtime):
     """Runtimes that take a network namespace their own way (podman's --network=ns:,
     gVisor's netstack taking over the veth) serve a host-side client too."""
-    from vmtax.targets import container
-    why = container.runtimes()[runtime].unavailable()
+    from vmtax.core.runtime import runtimes
+    why = runtimes()[runtime].unavailable()
     if why:
         pytest.skip(why)
     plan = tmp_path / "plan.toml"

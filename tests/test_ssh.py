@@ -9,10 +9,13 @@ import time
 
 import pytest
 
-from vmtax import plugin, remote_bundle, targets
-from vmtax.errors import TargetError, VmtaxError
-from vmtax.ssh_session import Session, SshConfig, parse_spec
-from vmtax.targets.ssh import SshOptions, describe, hypervisor
+from vmtax.core import plugin
+from vmtax.core import target as targets
+from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.guest import remote_bundle
+from vmtax.host import ssh_session
+from vmtax.host.ssh_session import Session, SshConfig, parse_spec
+from vmtax.targets.ssh import DETACH, SshOptions, describe, hypervisor
 
 KVM_GUEST = """@machine
 x86_64
@@ -136,15 +139,16 @@ def test_remote_command_line_keeps_every_argument_as_it_is():
 def test_job_wrapper_records_the_job_and_the_killer_takes_its_whole_group(tmp_path):
     session = Session(SshConfig(host="h"))
     pid_file = tmp_path / "job.pid"
-    ran = subprocess.run(session.job_argv(["sh", "-c", 'echo "$V"; pwd'], {"V": "x y"},
-                                          str(tmp_path), str(pid_file)),
-                         capture_output=True, text=True, check=True)
+    argv, stdin = session.job_argv(["sh", "-c", 'echo "$V"; pwd'], {"V": "x y"},
+                                   str(tmp_path), str(pid_file))
+    ran = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True)
     assert ran.stdout == f"x y\n{tmp_path}\n"
     pid, start = pid_file.read_text().split()
     assert start.isdigit() and pid.isdigit()
     # A job in a session of its own, as sshd starts it, with a child in its group.
     job = subprocess.Popen(session.job_argv(["sh", "-c", "sleep 60 & sleep 61"], {}, "/",
-                                            str(pid_file)), start_new_session=True)
+                                            str(pid_file))[0],
+                           stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
         while (not pid_file.exists() or pid_file.read_text().split()[0] != str(job.pid)) \
@@ -170,6 +174,71 @@ def test_job_wrapper_records_the_job_and_the_killer_takes_its_whole_group(tmp_pa
             job.wait()
 
 
+# Values a job's environment can hold: a secret, and what a line- or quote-based reader
+# would get wrong (a newline, both quotes, "=", the wrapper's own syntax, trailing newlines).
+SECRET = "hunter2"
+AWKWARD_ENV = {"SECRET": SECRET, "ODD": "a\nb'c\"=d $HOME `id` \\ \u00e9", "EMPTY": "",
+               "TRAILING": "end\n\n", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def test_a_jobs_environment_values_are_never_on_its_command_line():
+    """A remote command line is visible to every user of the remote (ps, /proc/PID/cmdline):
+    only the names go there, the values on the wrapper's stdin."""
+    session = Session(SshConfig("h"))
+    argv, stdin = session.job_argv(["sysbench", "oltp_read_only"], AWKWARD_ENV, "/", "/j.pid")
+    command = session.command(argv)
+    for value in filter(None, AWKWARD_ENV.values()):
+        assert not any(value in arg for arg in argv) and value not in command, argv
+        assert value in stdin
+    assert argv[-2:] == ["sysbench", "oltp_read_only"]
+    with pytest.raises(TargetError, match="environment variable name 'A B'"):
+        session.job_argv(["true"], {"A B": "x"}, "/", "/j.pid")
+
+
+SHELLS = [pytest.param(shell, marks=pytest.mark.skipif(
+    not any(os.access(os.path.join(d, shell[0]), os.X_OK) for d in ("/bin", "/usr/bin")),
+    reason=f"no {shell[0]} here")) for shell in (["dash"], ["bash"], ["busybox", "sh"])]
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_the_wrapper_gives_the_job_every_value_as_it_is_in_any_posix_sh(tmp_path, shell):
+    """The remote's sh may be dash, bash or busybox ash (minimal guests); run it locally."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    argv, stdin = Session.job_argv(["env"], AWKWARD_ENV, str(scratch), str(scratch / "p"))
+    assert argv[0] == "sh"
+    ran = subprocess.run(shell + argv[1:], input=stdin, capture_output=True, text=True,
+                         timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    for name, value in AWKWARD_ENV.items():
+        assert f"\n{name}={value}\n" in "\n" + ran.stdout, ran.stdout
+    # Started detached, as ssh targets start servers: the values go through a 0600 file,
+    # removed as soon as the job has it open.
+    log = scratch / "server.log"
+    detached = subprocess.run(shell + ["-c", DETACH, str(log), *argv], input=stdin,
+                              capture_output=True, text=True, timeout=30)
+    assert detached.returncode == 0, detached.stderr
+    deadline = time.monotonic() + 30
+    while f"SECRET={SECRET}" not in (log.read_text() if log.exists() else "") \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    shown = "\n" + log.read_text()
+    assert all(f"\n{name}={value}\n" in shown for name, value in AWKWARD_ENV.items()), shown
+    assert sorted(os.listdir(scratch)) == ["p", "server.log"]
+
+
+@pytest.mark.live
+def test_a_value_ending_like_the_delimiter_begins_is_kept_whole(monkeypatch):
+    """A value ending with the start of the delimiter must not end where a self-overlapping
+    delimiter ("abab": "ab" + "abab" holds "abab" from 0) would be found too early."""
+    monkeypatch.setattr(ssh_session.secrets, "token_hex", lambda _: "abab")
+    env = {"A": "@ab", "B": "x@aba", "C": "@"}
+    argv, stdin = Session.job_argv(["env"], env, "/", "/dev/null")
+    ran = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30)
+    assert all(f"\n{k}={v}\n" in "\n" + ran.stdout for k, v in env.items()), ran.stdout
+
+
 def _pgid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -178,3 +247,55 @@ def _pgid(pid: int) -> int | None:
         return None
     fields = stat.rsplit(")", 1)[1].split()
     return None if fields[0] == "Z" else int(fields[2])
+
+
+def test_a_missing_known_hosts_file_is_named(tmp_path):
+    missing = tmp_path / "no" / "known_hosts"
+    session = Session(SshConfig("192.0.2.1", known_hosts=str(missing)))
+    with pytest.raises(TargetError) as caught:
+        session.connect()   # refused before any connection is tried
+    assert str(caught.value).startswith(
+        f"ssh 192.0.2.1:22: the known hosts file {missing} does not exist")
+    assert 'host_key_check = "accept-new"' in str(caught.value)
+
+
+class _NoSftpConnection:
+    """An asyncssh connection to a server without an SFTP subsystem: what each exec
+    channel is asked to run, with the bytes it was given on stdin."""
+
+    def __init__(self):
+        self.commands: list[tuple[str, bytes]] = []
+
+    async def start_sftp_client(self):
+        import asyncssh
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_REQUEST_SESSION_FAILED,
+                                        "Session request failed")
+
+    async def run(self, command, *, stdin, encoding, check):
+        import asyncssh
+        data = b"" if stdin == asyncssh.DEVNULL else open(stdin, "rb").read()
+        self.commands.append((command, data))
+        # The local sh stands in for the remote's shell.
+        done = subprocess.run(["sh", "-c", command], input=data, capture_output=True)
+        return asyncssh.SSHCompletedProcess(command, None, None, done.returncode, None, None,
+                                            done.stdout, done.stderr)
+
+
+def test_without_sftp_files_go_over_exec_channels_quoted(tmp_path):
+    session = Session(SshConfig("192.0.2.1"))
+    session.conn = _NoSftpConnection()   # type: ignore[assignment]
+    local = tmp_path / "program"
+    local.write_bytes(b"\x7fELF\x00\xff binary")
+    remote = str(tmp_path / "remote dir" / "$(touch pwned) 'x'")
+    session.put({remote: local})
+    assert open(remote, "rb").read() == local.read_bytes()
+    assert os.stat(remote).st_mode & 0o777 == 0o755
+    assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
+    mkdir, copy = session.conn.commands
+    assert mkdir[0].startswith("mkdir -p -- ") and copy[1] == local.read_bytes()
+    # A remote path that cannot be written: one line naming the copy.
+    session.conn.commands.clear()
+    with pytest.raises(TargetError) as caught:
+        session.put({"/proc/vmtax-cannot/x": local})
+    assert str(caught.value).startswith(
+        "ssh 192.0.2.1:22: making /proc/vmtax-cannot over an exec channel")

@@ -12,12 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import vmtax, wait_for
-from vmtax import report, targets
-from vmtax.journal import Journal
-from vmtax.store import Store
-from vmtax.targets.base import Job, TargetContext
+
+from vmtax.core import target as targets
+from vmtax.core.target import Job, TargetContext
+from vmtax.host.journal import Journal
+from vmtax.report import terminal as report
+from vmtax.results.store import Store
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = [

@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import start_vmtax, vmtax, wait_for
-from vmtax import journal as journal_mod
-from vmtax import proc, ssh_session, workloads
-from vmtax.targets import TargetContext
-from vmtax.targets import create as create_target
-from vmtax.types import Job
+
+from vmtax.core import workload as workloads
+from vmtax.core.target import TargetContext
+from vmtax.core.target import create as create_target
+from vmtax.core.types import Job
+from vmtax.host import journal as journal_mod
+from vmtax.host import proc, ssh_session
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = [
@@ -41,7 +42,8 @@ def _run(*argv: str) -> None:
 class Sshd:
     """sshd -D in a fresh network namespace, reachable from the host at self.address."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, sftp: bool = True):
+        self.sftp = sftp   # False: no SFTP subsystem, as dropbear or a minimal sshd
         tag = secrets.token_hex(3)
         self.ns, self.veth = f"vmtax-sshd-{tag}", f"vsh{tag}"
         octet = int(tag[:2], 16)
@@ -71,8 +73,7 @@ class Sshd:
             KbdInteractiveAuthentication no
             UsePAM no
             StrictModes no
-            Subsystem sftp internal-sftp
-            """))
+            """) + ("Subsystem sftp internal-sftp\n" if self.sftp else ""))
         # sshd's privilege separation directory (Debian's init script makes it at boot).
         if not os.path.isdir("/run/sshd"):
             os.mkdir("/run/sshd", 0o755)
@@ -330,7 +331,7 @@ def test_next_start_undoes_remote_files_and_jobs_a_dead_vmtax_journaled(sshd, tm
     session.connect()
     left = str(sshd.workdir / ".vmtax-left")
     session.check(["mkdir", left], "mkdir")
-    job = session.job_argv(["sleep", "300"], {}, left, f"{left}/job.pid")
+    job, _ = session.job_argv(["sleep", "300"], {}, left, f"{left}/job.pid")
     session.check(["sh", "-c", '"$@" > /dev/null 2>&1 &', "detach", *job], "start")
     session.close()
     assert wait_for(lambda: any("sleep 300" in c for c in sshd.jobs()), 10, 0.05)
@@ -385,6 +386,90 @@ def test_server_in_the_remote_serves_a_client_on_the_host_and_stops(sshd, tmp_pa
         assert report["end"]["sum_received"]["bytes"] > 0, report.get("error")
         target.stop_server(endpoint)
         assert wait_for(lambda: not any("iperf3" in c for c in sshd.jobs()), 10, 0.05)
+    finally:
+        target.cleanup()
+    assert_remote_clean(sshd)
+
+
+def test_a_server_without_sftp_gets_the_files_over_exec_channels(tmp_path):
+    """dropbear and minimal sshds have no SFTP subsystem ("Session request failed"): the
+    bundle is copied with `cat > PATH` instead, and a workload runs from it."""
+    server = Sshd(tmp_path, sftp=False)
+    try:
+        server.start()
+        ctx = TargetContext(work_dir=tmp_path, journal=journal_mod.Journal(),
+                            binaries=("sysbench",))
+        target = create_target("remote", "ssh", server.options(), ctx)
+        try:
+            target.prepare()
+            # A path with a space and a $: an argument of the copy, never shell syntax.
+            odd = f"{target.scratch}/a dir/$HOME x"
+            local = tmp_path / "local"
+            local.write_bytes(b"\x00binary\xff\n")
+            target.session.put({odd: local})
+            assert Path(odd).read_bytes() == local.read_bytes()
+            done = target.run(Job(["sysbench", "cpu", "--time=1", "run"]))
+            assert done.exit_code == 0 and "events per second" in done.stdout, done
+        finally:
+            target.cleanup()
+        assert_remote_clean(server)
+    finally:
+        server.stop()
+
+
+def _argv_holding(value: str) -> list[str]:
+    """The command lines of every process on this machine (the remote's too: the same
+    kernel) that hold value, as any user of the machine can read them."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid.isdigit() else b""
+        except OSError:   # gone meanwhile
+            continue
+        if value.encode() in cmdline:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def test_a_jobs_environment_is_in_no_command_line_on_the_machine(sshd, tmp_path):
+    """A job's secrets (the oltp workload's password) reach it on the wrapper's stdin, as a
+    job and as a detached server: never in any process's argv, remote or local."""
+    secret = f"hunter2-{secrets.token_hex(8)}"
+    env = {"SECRET": secret, "ODD": f"a\nb'{secret}\"=c", "EMPTY": ""}
+    ctx = TargetContext(work_dir=tmp_path, journal=journal_mod.Journal(),
+                        binaries=("sysbench",))   # an empty bundle fails its checksum check
+    target = create_target("remote", "ssh", sshd.options(), ctx)
+    leaked: list[str] = []
+    try:
+        target.prepare()
+        result = {}
+        runner = threading.Thread(target=lambda: result.update(job=target.run(
+            Job(["sh", "-c", "sleep 2; env"], env=env, timeout=60, secrets=(secret,)))))
+        runner.start()
+        saw_job = False
+        while runner.is_alive():
+            leaked += _argv_holding(secret)
+            saw_job = saw_job or any("sleep 2; env" in c for c in sshd.jobs())
+        runner.join()
+        assert saw_job and not leaked, leaked
+        done = result["job"]
+        assert done.ok, done.stderr
+        for name, value in env.items():
+            assert f"\n{name}={value}\n" in "\n" + done.stdout, done.stdout
+        # A server, started detached: the same, and the values' file is gone once it runs.
+        endpoint = target.start_server(Job(["sh", "-c", "env > server.env; exec sleep 30"],
+                                           env=env, in_scratch=True, secrets=(secret,)), 5299)
+        shown = Path(str(target.scratch), "server.env")
+        # Exec'd once env has written its file.
+        assert wait_for(lambda: any(c.startswith("sleep 30") for c in sshd.jobs()), 30, 0.01)
+        leaked += _argv_holding(secret)
+        assert not leaked, leaked
+        assert all(f"\n{name}={value}\n" in "\n" + shown.read_text()
+                   for name, value in env.items()), shown.read_text()
+        assert not [f for f in os.listdir(str(target.scratch)) if f.endswith(".env")
+                    and f != "server.env"]
+        target.stop_server(endpoint)
+        assert wait_for(lambda: not any("sleep 30" in c for c in sshd.jobs()), 10, 0.05)
     finally:
         target.cleanup()
     assert_remote_clean(sshd)

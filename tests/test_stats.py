@@ -3,14 +3,27 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as sps
 
-from vmtax import stats
-from vmtax.stats import (
-    RatioSummary, Summary, adjust_pvalues, clock_skew, compare, compare_many,
-    faster_than_baseline, interleave, min_p_value, min_runs_to_detect, next_action, noisy,
-    precise_enough, ratio, summarize,
+from vmtax.analysis import stats
+from vmtax.analysis.stats import (
+    RatioSummary,
+    Summary,
+    adjust_pvalues,
+    clock_skew,
+    compare,
+    compare_many,
+    faster_than_baseline,
+    interleave,
+    min_p_value,
+    min_runs_to_detect,
+    next_action,
+    noisy,
+    precise_enough,
+    ratio,
+    summarize,
 )
 
 # Small integer-valued floats: realistic magnitudes and plenty of ties.

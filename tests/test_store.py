@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import analysis, store as store_mod
-from vmtax.errors import VmtaxError
-from vmtax.store import DB_NAME, LATEST, Store
-from vmtax.types import Metric
+from vmtax.analysis import summary as analysis
+from vmtax.core.errors import VmtaxError
+from vmtax.core.types import Metric
+from vmtax.results import store as store_mod
+from vmtax.results.store import DB_NAME, LATEST, Store
 
 V0 = Path(__file__).parent / "fixtures" / "store" / "v0.sqlite"
 NO_DATABASE = ("no results database at {}; run `vmtax run` first "
@@ -82,6 +83,59 @@ def test_unknown_and_ambiguous_ids(tmp_path):
         store.load_run("nope")
     with pytest.raises(VmtaxError, match="ambiguous"):
         store.resolve("2")
+
+
+def _imported(store: Store, label: str) -> str:
+    """A run as `vmtax exits import --label LABEL` stores one."""
+    run_id = store.new_run({"name": f"imported: {label}", store_mod.IMPORTED: "/a.txt"}, {},
+                           "0")
+    store.set_target(run_id, label, store_mod.IMPORTED, {})
+    return run_id
+
+
+def test_one_resolver_for_ids_prefixes_names_labels_and_last(tmp_path):
+    store = Store(tmp_path)
+    first = store.new_run({"name": "nightly"}, {}, "0")
+    latest = store.new_run({"name": "nightly"}, {}, "0")
+    unnamed = store.new_run({}, {}, "0")
+    gp, rt, rt_again = (_imported(store, label) for label in ("gp", "rt", "rt"))
+    assert store.resolve(first) == first    # prefixes: test_reps_and_metrics_round_trip
+    # A name or a label: the latest run that has it.
+    assert store.resolve("nightly") == latest
+    assert store.resolve("gp") == gp and store.resolve("rt") == rt_again != rt
+    assert store.resolve("imported: gp") == gp
+    # `last` leaves imported reports out, but for the commands whose runs they are.
+    assert store.resolve("last") == unnamed
+    assert store.load_run("last", last_may_be_imported=True).id == rt_again
+    assert [r["id"] for r in store.list_runs(imported=False)] == [first, latest, unnamed]
+    assert len(store.list_runs()) == 6
+    assert store.run_names()[gp] == "imported: gp" and unnamed not in store.run_names()
+    # '_' and '%' are no wildcards of a prefix.
+    with pytest.raises(VmtaxError, match="unknown run id '2%'"):
+        store.resolve("2%")
+
+
+def test_a_name_that_is_also_an_id_prefix_is_refused(tmp_path):
+    store = Store(tmp_path)
+    run_id = store.new_run({}, {}, "0")
+    named = store.new_run({"name": "20"}, {}, "0")     # names were not always checked
+    with pytest.raises(VmtaxError, match=f"'20' is both the name of run {named} and a prefix "
+                                         f"of run id {run_id}; give the whole run id"):
+        store.resolve("20")
+
+
+def test_last_of_a_store_of_imports_only_says_so(tmp_path):
+    store = Store(tmp_path)
+    gp = _imported(store, "gp")
+    with pytest.raises(VmtaxError, match="only imported perf kvm stat reports, which `last`"):
+        store.resolve("last")
+    assert store.resolve("last", last_may_be_imported=True) == gp
+
+
+@pytest.mark.parametrize("name", ["last", "2026", "a b", "vm:tcg", "h@1", "x" * 65, ""])
+def test_run_names_read_as_nothing_else(name):
+    with pytest.raises(VmtaxError, match="--label: expected a letter"):
+        store_mod.check_run_name(name, "--label")
 
 
 def test_unwritable_results_dir_under_a_file(tmp_path):

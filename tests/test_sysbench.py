@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from vmtax.errors import ParseError, VmtaxError
-from vmtax import workloads
-from vmtax import planfile
+from vmtax.core import workload as workloads
+from vmtax.core.errors import ParseError, VmtaxError
+from vmtax.helpers.sysbench_report import hugetlb_pages
+from vmtax.studies import planfile
 from vmtax.workloads.sysbench import Cpu, Fileio, Memory, Mutex, Threads, _bytes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysbench"
@@ -229,6 +230,17 @@ def test_parse_errors_are_one_line():
         with pytest.raises(ParseError) as err:
             Cpu.make({}).parse(text)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("block,pages", [
+    (16 << 10, 3), (1 << 20, 3), (3 << 20, 4), (6 << 20, 3), (16 << 20, 8), (64 << 20, 32),
+    (256 << 20, 128), (1 << 30, 512)])
+def test_hugetlb_pages_follow_its_4_mib_rounding(block, pages):
+    assert hugetlb_pages(block) == pages
+
+
+def test_hugetlb_pages_per_thread_buffer():
+    assert hugetlb_pages(16 << 20, buffers=4) == 32
 
 
 # -- commands -----------------------------------------------------------------------------

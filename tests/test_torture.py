@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import planfile, plugin
-from vmtax.errors import ParseError
-from vmtax.types import MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.types import MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.studies import planfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import torture  # noqa: E402
@@ -46,11 +47,11 @@ def test_a_parser_returning_a_metric_outside_its_manifest_is_a_problem(monkeypat
             raise AssertionError("never run")
 
         def parse(self, stdout):
-            from vmtax.types import Metric
+            from vmtax.core.types import Metric
             return [Metric("not in the manifest", 1.0, "u", True)]
 
     monkeypatch.setattr(torture, "seeds_for", lambda cls: ["x"])
-    monkeypatch.setattr("vmtax.workloads.registered", lambda: {Liar.name: Liar})
+    monkeypatch.setattr("vmtax.core.workload.registered", lambda: {Liar.name: Liar})
     env = torture.Env.__new__(torture.Env)
     env.rng = random.Random(1)
     outcome = torture.Outcome("parsers")
@@ -121,6 +122,6 @@ def test_max_runs_none_is_no_adaptive_runs():
 
 
 def test_an_existing_file_option_refuses_a_name_too_long_for_the_filesystem():
-    from vmtax import option_types
+    from vmtax.core import option_types
     with pytest.raises(ValueError, match="missing"):
         option_types._is_file("a" * 5000)

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = [
@@ -24,6 +23,8 @@ def test_the_reduced_torture_finds_nothing(tmp_path):
     assert "no traceback, leak, lost repetition or side effect" in done.stdout
     for attack in ("SIGKILL container:runc", "SIGINT native", "concurrent runs and resumes",
                    "fuzzed plan files", "fuzzed parser outputs", "corrupt databases",
-                   "database deleted mid-run"):
+                   "database deleted mid-run", "planted runtime directory",
+                   "serving client killed", "full runtime directory",
+                   "guardian stopped or killed"):
         assert attack in done.stdout
     assert "Traceback" not in done.stderr

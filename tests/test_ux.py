@@ -10,13 +10,20 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import vmtax
 from rich.console import Console
 from scipy import stats as scipy_stats
 
-from conftest import vmtax
-from vmtax import analysis, cli, cli_report, export, quiet, report, stats, workloads
-from vmtax.store import Store
-from vmtax.types import Metric
+from vmtax.analysis import stats
+from vmtax.analysis import summary as analysis
+from vmtax.cli import main as cli
+from vmtax.core import workload as workloads
+from vmtax.core import paths
+from vmtax.core.types import Metric
+from vmtax.host import quiet
+from vmtax.report import export
+from vmtax.report import terminal as report
+from vmtax.results.store import Store, check_run_name
 
 CLASSIC = ["cpu", "threads", "memory", "fileio", "mutex"]
 TARGETS = {"native": {"kind": "native", "bare_host": True},
@@ -87,7 +94,7 @@ def test_classic_summary_fits_one_80_column_screen(tmp_path):
     geo = {line.split()[1]: line.split()[2:] for line in lines if line.startswith(" index")}
     assert set(geo) >= {"CPU", "memory", "disk", "overall"}, text
     assert geo["CPU"][:2] == ["1", "0.970"] and geo["CPU"][3] == "0.600", text
-    assert "→ CPU: native (the others lose beyond noise)" in text
+    assert "→ CPU: native (the others lose beyond noise; vm keeps 0.600 of native" in text
     assert "more metric rows: vmtax show" in text and "--all" in text
 
 
@@ -138,11 +145,11 @@ def test_secondary_metrics_are_never_noisy_and_flags_fit_one_line(tmp_path):
                                    m.higher_is_better) for m in r.metrics]
     text = _headline(noisy)
     flag_lines = [line for line in text.splitlines() if "noisy" in line]
-    assert flag_lines == ["⚠ 5 cells noisy (CV > 5%)"], text
+    assert flag_lines == ["⚠ primary metrics: 5 cells noisy (CV > 5%)"], text
     assert text.count("⚠") == 6
     summary = analysis.summarize_run(noisy)
     assert report.flags_line(analysis.headline(summary.rows), "host load 1.9 on 2 CPUs") == (
-        "⚠ 5 cells noisy (CV > 5%): host load 1.9 on 2 CPUs")
+        "⚠ primary metrics: 5 cells noisy (CV > 5%): host load 1.9 on 2 CPUs")
 
 
 # -- 9: which database -------------------------------------------------------------------
@@ -176,12 +183,46 @@ def test_benchstat_lines_carry_every_sample_and_direction(tmp_path):
     assert float(pairs[0]) == pytest.approx(100 * 0.996) and pairs[1] == "events/s"
 
 
-def test_benchstat_reads_the_export(tmp_path):
-    """Go's benchstat, where installed (`go install golang.org/x/perf/cmd/benchstat`)."""
-    tool = shutil.which("benchstat") or shutil.which(
-        "benchstat", path=os.path.expanduser("~/go/bin"))
+def _benchstat() -> str:
+    """Go's benchstat: the one `make builds` puts in vmtax's cache (scripts/benchstat.py),
+    else one the user installed."""
+    built = paths.cache_dir() / "bin" / "benchstat"
+    tool = str(built) if built.exists() else shutil.which("benchstat")
     if tool is None:
         pytest.skip("benchstat is not installed")
+    return tool
+
+
+def test_two_runs_exports_share_their_configuration_lines(tmp_path):
+    """benchstat sets files whose configuration lines ("key: value") differ in tables of
+    their own: the run's id and name are comments, so two runs of a host compare."""
+    def configuration(run_id):
+        text = export.to_benchstat(Store(tmp_path).load_run(run_id)).decode()
+        return [line for line in text.splitlines() if re.match(r"[a-z][^\s:]*:", line)]
+    old = store_classic(tmp_path, name="old", workload_names=["cpu"])
+    new = store_classic(tmp_path, name="new", workload_names=["cpu"])
+    assert configuration(old) == configuration(new)
+    text = export.to_benchstat(Store(tmp_path).load_run(new)).decode()
+    assert f"# vmtax-run: {new}" in text and "# vmtax-name: new" in text
+
+
+def test_benchstat_compares_two_runs(tmp_path):
+    tool = _benchstat()
+    for name, keeps in (("old", KEEPS), ("new", {**KEEPS, "vm": 0.5})):
+        run_id = store_classic(tmp_path, name=name, keeps=keeps, workload_names=["cpu"])
+        (tmp_path / f"{name}.txt").write_text(vmtax(
+            "export", run_id, "--format", "benchstat", "--results", str(tmp_path),
+            check=True).stdout)
+    out = subprocess.run([tool, "-filter", ".unit:events/s", "old.txt", "new.txt"],
+                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    # One table, the new run beside the old with a verdict per benchmark.
+    assert out.count("old.txt") == 1 and "vs base" in out, out
+    assert re.search(r"target=vm/.*-16\.67% \(p=", out), out
+    assert re.search(r"target=native/.*~ \(p=", out), out
+
+
+def test_benchstat_reads_the_export(tmp_path):
+    tool = _benchstat()
     run_id = store_classic(tmp_path, workload_names=["cpu"])
     data = vmtax("export", run_id, "--format", "benchstat", "--results", str(tmp_path),
                  check=True).stdout
@@ -236,7 +277,7 @@ def test_a_bad_name_is_refused_before_anything_runs(tmp_path):
     assert res.returncode == 2 and res.stderr.startswith("vmtax: error: --name: expected")
     assert not (tmp_path / "r").exists()
     with pytest.raises(Exception, match="not 'last'"):
-        cli_report.check_name("last")
+        check_run_name("last")
 
 
 # -- 12: --dry-run -------------------------------------------------------------------------
@@ -396,7 +437,7 @@ def test_plans_suggest_the_key_meant_and_warn_of_more_vcpus_than_cpus(tmp_path):
 # -- 13: the report --------------------------------------------------------------------------
 
 def test_report_hides_secondary_metrics_collapses_flags_and_compares_two_runs(tmp_path):
-    from vmtax import htmlreport
+    from vmtax.report import html as htmlreport
 
     before = store_classic(tmp_path, runs=6, workload_names=["cpu", "memory"])
     after = store_classic(tmp_path, runs=6, workload_names=["cpu", "memory"],

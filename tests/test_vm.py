@@ -4,6 +4,7 @@ against canned bytes, guest half run by busybox on the host), and boot-failure h
 import contextlib
 import os
 import pty
+import re
 import shutil
 import socket
 import stat
@@ -14,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-import re
-
-from vmtax import kvm, plugin, targets
-from vmtax.errors import TargetError, VmtaxError
-from vmtax.image import GuestImage, guest_file
-from vmtax.journal import Journal
+from vmtax.core import plugin
+from vmtax.core import target as targets
+from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.core.target import TargetContext
+from vmtax.core.types import Job
+from vmtax.guest.agent import Channel, encode_job, read_result
+from vmtax.guest.image import GuestImage, guest_file
+from vmtax.guest.qemu import VmConfig, kernel_cmdline, parse_size, qemu_argv, resolve_accel
+from vmtax.host import kvm
+from vmtax.host.journal import Journal
 from vmtax.targets import vm
-from vmtax.targets.base import TargetContext
-from vmtax.types import Job
-from vmtax.agent import Channel, encode_job, read_result
-from vmtax.qemu import VmConfig, kernel_cmdline, parse_size, qemu_argv, resolve_accel
 
 
 @pytest.fixture(autouse=True)
@@ -76,6 +77,73 @@ def test_qemu_argv_escapes_commas_in_paths():
 def test_qemu_argv_without_disk():
     argv = qemu_argv(VmConfig(**{**config("tcg", "microvm", "max").__dict__, "disk": None}))
     assert "-drive" not in argv and not any("virtio-blk" in a for a in argv)
+
+
+SCSI_HD = "scsi-hd,drive=scratch,bus=scsi0.0"
+
+
+@pytest.mark.parametrize("machine,bus,devices", [
+    ("microvm", "virtio-scsi", ["virtio-scsi-device,id=scsi0", SCSI_HD]),
+    ("q35", "virtio-scsi", ["virtio-scsi-pci,id=scsi0", SCSI_HD]),
+    ("q35", "nvme", ["nvme,drive=scratch,serial=vmtax-scratch"]),
+    ("microvm", "nvme", ["nvme,drive=scratch,serial=vmtax-scratch"]),
+])
+def test_qemu_argv_scratch_disk_on_its_bus(machine, bus, devices):
+    cfg = VmConfig(**{**config("tcg", machine, "max").__dict__, "disk_bus": bus})
+    argv = qemu_argv(cfg)
+    drive = argv.index("if=none,id=scratch,format=raw,file=/w/scratch.img,cache=none")
+    assert argv[drive + 1:drive + 1 + 2 * len(devices)] == [
+        a for device in devices for a in ("-device", device)]
+    assert not any(a.startswith("virtio-blk") for a in argv)
+
+
+def test_qemu_argv_virtio_scsi_controller_on_the_iothread():
+    cfg = VmConfig(**{**config("kvm", "q35", "host").__dict__, "disk_bus": "virtio-scsi",
+                      "iothread": True})
+    assert "virtio-scsi-pci,id=scsi0,iothread=iothread0" in qemu_argv(cfg)
+
+
+@pytest.mark.parametrize("machine, bus, machine_arg", [
+    ("microvm", "nvme", "microvm,x-option-roms=off,pcie=on"),
+    ("microvm", "virtio-scsi", "microvm,x-option-roms=off"),
+    ("q35", "nvme", "q35"),
+])
+def test_qemu_argv_microvm_gets_a_pcie_bus_for_nvme_alone(machine, bus, machine_arg):
+    argv = qemu_argv(VmConfig(**{**config("tcg", machine, "max").__dict__, "disk_bus": bus}))
+    assert argv[argv.index("-machine") + 1] == machine_arg
+
+
+def test_nvme_on_a_microvm_without_pcie_is_refused(monkeypatch):
+    monkeypatch.setattr(vm, "qemu_properties", lambda qemu, option, name: frozenset({"acpi"}))
+    with pytest.raises(VmtaxError, match='disk_bus: expected "virtio-blk" or "virtio-scsi" on '
+                                         'machine = "microvm" .* has no PCIe bus'):
+        plugin.build(vm.VmOptions, {"disk_bus": "nvme"}, "vm")
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"disk_bus": "virtio-scsi", "kernel": "minimal"},
+     'disk_bus: expected "virtio-blk" with kernel = "minimal"'),
+    ({"disk_bus": "nvme", "machine": "q35", "kernel": "minimal"},
+     'disk_bus: expected "virtio-blk" with kernel = "minimal"'),
+])
+def test_a_disk_bus_the_guest_cannot_have_is_refused(options, problem):
+    with pytest.raises(VmtaxError, match=re.escape(problem)):
+        plugin.build(vm.VmOptions, options, "vm")
+
+
+@pytest.mark.parametrize("options", [{"disk_bus": "virtio-scsi"}, {"disk_bus": "nvme"},
+                                     {"disk_bus": "nvme", "machine": "q35"}])
+def test_a_disk_bus_the_guest_can_have_is_accepted(options):
+    assert plugin.build(vm.VmOptions, options, "vm").disk_bus == options["disk_bus"]
+
+
+def test_nvme_with_an_iothread_needs_a_qemu_whose_nvme_takes_one(monkeypatch):
+    monkeypatch.setattr(vm, "qemu_properties",
+                        lambda qemu, option, name: frozenset({"serial", "pcie"}))
+    monkeypatch.setattr(vm, "resolve_accel", lambda accel: "kvm")
+    with pytest.raises(VmtaxError, match="iothread: expected false with disk_bus = \"nvme\""):
+        plugin.build(vm.VmOptions, {"disk_bus": "nvme", "machine": "q35", "iothread": True},
+                     "vm")
 
 
 def test_kernel_cmdline():
@@ -246,7 +314,13 @@ class PtyEnd:
 
 
 @pytest.fixture
-def agent(tmp_path):
+def slow_setsid():
+    """Whether setsid starts late (a busy guest): the agent's fixture then delays it."""
+    return False
+
+
+@pytest.fixture
+def agent(tmp_path, slow_setsid):
     busybox = shutil.which("busybox")
     if busybox is None:
         pytest.skip("busybox is not installed")
@@ -254,12 +328,21 @@ def agent(tmp_path):
     bindir.mkdir()
     for applet in APPLETS:
         (bindir / applet).symlink_to(busybox)
+    shell = [busybox, "sh"]
+    if slow_setsid:
+        # The watchdog's setsid (of `sh -c`) starts late, the job's does not. busybox's sh
+        # runs its own setsid whatever PATH says, so dash runs the agent here.
+        shell = [shutil.which("dash") or pytest.skip("dash is not installed")]
+        (bindir / "setsid").unlink()
+        (bindir / "setsid").write_text(f'#!{busybox} sh\n[ "$1" = sh ] && sleep 0.3\n'
+                                       f'exec {busybox} setsid "$@"\n')
+        (bindir / "setsid").chmod(0o755)
     script = tmp_path / "agent"
     script.write_bytes(guest_file("agent"))
     master, slave = pty.openpty()
     tty.setraw(slave)
     proc = subprocess.Popen(
-        [busybox, "sh", str(script), os.ttyname(slave)], start_new_session=True,
+        [*shell, str(script), os.ttyname(slave)], start_new_session=True,
         env={"PATH": str(bindir), "HOME": str(tmp_path), "VMTAX_AGENT_TMP": str(tmp_path)},
         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     channel = Channel(PtyEnd(master))
@@ -565,3 +648,45 @@ def _ppid(pid):
 
 def _state(pid):
     return _stat(pid)[0]
+
+
+@pytest.mark.parametrize("console, why", [
+    ("[   17.2] Out of memory: Killed process 312 (sysbench) total-vm:1024kB, anon-rss:5kB\n",
+     "exit status 137: killed by the guest's OOM killer (its memory ran out): Out of memory: "
+     "Killed process 312 (sysbench)"),
+    ("", "exit status 137: killed by SIGKILL inside the guest; its kernel said nothing of it "
+         "on the console"),
+])
+def test_a_job_killed_inside_the_guest_says_by_what(tmp_path, monkeypatch, console, why):
+    """q35's fileio prepare ended "exit status 137" and nothing else."""
+    from types import SimpleNamespace
+
+    from vmtax.guest.agent import AgentResult
+    from vmtax.studies.runner import _failure
+    from vmtax.guest import agent_session
+    from vmtax.targets import vm_instance
+    log = tmp_path / "console.log"
+    log.write_text("[    0.5] an old OOM line: Out of memory: Killed process 1 (init)\n")
+
+    def killed(channel, job_id, deadline):
+        with open(log, "a") as f:    # what the kernel prints while the job runs
+            f.write(console)
+        return AgentResult(137, False, 10**9, b"Creating file test_file.77\n", b"")
+    monkeypatch.setattr(agent_session, "read_result", killed)
+    guest = object.__new__(vm_instance.VmInstance)
+    session = agent_session.AgentSession("vm", SimpleNamespace(send=lambda data: None), log,
+                                         kill=lambda: None, host_margin=1)
+    guest.__dict__.update(_proc=SimpleNamespace(poll=lambda: None), session=session)
+    job = Job(["sysbench", "fileio", "prepare"], timeout=60)
+    assert _failure(guest.run(job), job) == why
+
+
+@pytest.mark.parametrize("slow_setsid", [True])
+def test_a_watchdog_slower_to_start_than_its_job_never_kills_a_later_job(agent):
+    """A job done before its watchdog's setsid left the watchdog alive, and it killed the
+    job running when its timeout came: q35's fileio prepare, exit 137, 30 s after the
+    boot's 30-second jobs."""
+    fast = agent(Job(["true"], timeout=1))
+    assert fast.exit_code == 0
+    later = agent(Job(["sleep", "3"], timeout=10))
+    assert (later.exit_code, later.timed_out) == (0, False)

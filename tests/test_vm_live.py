@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vmtax import targets
-from vmtax.journal import Journal
-from vmtax.targets.base import Job, TargetContext
+from vmtax.core import target as targets
+from vmtax.core.target import Job, TargetContext
+from vmtax.host.journal import Journal
 
 pytestmark = pytest.mark.live
 
@@ -91,7 +91,7 @@ def test_vcpu_threads(guest):
 
 def test_hung_guest_is_stopped_rebooted_and_cleaned_up(guest):
     guest.qmp("stop")   # the guest freezes: the agent can never answer
-    guest.guest.host_margin = 1.0
+    guest.guest.session.host_margin = 1.0
     res = guest.run(Job(["true"], timeout=1))
     assert res.timed_out and res.exit_code is None
     assert 2 <= res.host_elapsed < 10
@@ -109,3 +109,29 @@ def test_hung_guest_is_stopped_rebooted_and_cleaned_up(guest):
     assert not any(p.name.startswith("journal-") for p in guest.ctx.journal.dir.iterdir())
     guest.cleanup()     # idempotent
     assert os.path.exists(guest.ctx.work_dir)
+
+
+@pytest.mark.parametrize("machine, bus, device", [("microvm", "virtio-scsi", "/dev/sda"),
+                                                  ("microvm", "nvme", "/dev/nvme0n1")])
+def test_scratch_disk_on_its_bus_takes_dd(tmp_path, machine, bus, device):
+    """virtio-scsi over MMIO (microvm has no PCI) and NVMe on the PCIe bus microvm gets for
+    it: the guest loads the bus's drivers from the image, mounts the scratch disk at /work
+    and writes to it."""
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "work").mkdir()
+    ctx = TargetContext(work_dir=tmp_path / "work", journal=Journal(tmp_path / "journal"))
+    target = targets.create("vm:tcg", "vm", {
+        "accel": "tcg", "machine": machine, "disk_bus": bus, "vcpus": 1, "memory": "256M",
+        "disk_size": "64M"}, ctx)
+    try:
+        target.prepare()
+        res = target.run(Job(["sh", "-c", "dd if=/dev/zero of=f bs=64k count=64 && sync && "
+                              "ls -l f && grep ' /work ' /proc/mounts"],
+                             in_scratch=True, timeout=120))
+        assert res.ok, res.stderr
+        assert " 4194304 " in res.stdout
+        assert res.stdout.splitlines()[-1].startswith(f"{device} /work ext4 rw")
+        assert target.fingerprint()["disk_bus"] == bus
+    finally:
+        target.cleanup()
+    assert ctx.journal.entries == {}

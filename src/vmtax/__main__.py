@@ -1,6 +1,6 @@
 """`python -m vmtax` and the `vmtax` command. Importing the command line takes a second or
 more; Ctrl-C or SIGTERM in that second exits as interrupted (130, 143), not with a Python
-traceback, until vmtax.cli.main installs its own handlers."""
+traceback, until vmtax.cli.main.main installs its own handlers."""
 
 import signal
 import sys
@@ -15,7 +15,7 @@ def run() -> None:
     signal.signal(signal.SIGTERM, _interrupted)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # kept for background jobs
         signal.signal(signal.SIGINT, _interrupted)
-    from vmtax.cli import main
+    from vmtax.cli.main import main
     main()
 
 

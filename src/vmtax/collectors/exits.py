@@ -3,7 +3,7 @@
 `perf kvm stat record -p QEMU_PID` runs in the collector's scratch directory from start to
 stop (it writes perf.data.guest there); at stop it gets SIGINT, as a user's Ctrl-C, which
 makes it finish the file, and `perf kvm stat report --event=E` per asked event kind is read
-by vmtax.perf_kvm into one metric per reason (with per_vcpu, also `--vcpu=N` for each of
+by vmtax.helpers.perf_kvm into one metric per reason (with per_vcpu, also `--vcpu=N` for each of
 the subject's vCPUs, in vCPU order, as metrics with a "vcpu" dimension). perf prints that
 report on stderr (pr_info), in the classic layout when its output is no terminal.
 
@@ -18,21 +18,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from vmtax import kvm, perf_kvm, plugin, proc
-from vmtax.collectors.base import Collector, CollectorError, Subject
-from vmtax.errors import ParseError
-from vmtax.journal import Journal
-from vmtax.types import Metric, MetricSpec
+from vmtax.core import plugin
+from vmtax.core.collector import Collector, CollectorError, CollectorJournal, Subject
+from vmtax.core.errors import ParseError
+from vmtax.core.types import Metric, MetricSpec
+from vmtax.helpers import perf_kvm
+from vmtax.core.text import first_line
+from vmtax.helpers.perf_tool import PERF, perf_problem, record_message, spawn_record
+from vmtax.host import kvm, proc
 
-PERF = "perf"
-INSTALL = "apt-get install linux-perf"
 # Where the tracepoints perf kvm stat needs show up, by tracefs mount point.
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 # perf writes this header within milliseconds; a slow, shared host gets more.
@@ -47,10 +47,6 @@ class ExitsOptions(plugin.Options):
     per_vcpu: bool = plugin.option(
         False, "also report each vCPU on its own (perf kvm stat report --vcpu N), as "
         "metrics with a \"vcpu\" dimension beside those of all vCPUs together")
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def _is_kvm_guest(pid: int, proc_root: Path) -> bool | None:
@@ -70,15 +66,9 @@ def _is_kvm_guest(pid: int, proc_root: Path) -> bool | None:
 
 def host_problem(tracefs: tuple[Path, ...] = TRACEFS) -> str | None:
     """Why this host cannot record exits with perf, KVM aside; None when it can."""
-    path = shutil.which(PERF)
-    if path is None:
-        return f"perf is not installed: {INSTALL}"
-    # Debian's perf is one binary per kernel series behind a wrapper that says which is
-    # missing; a perf that cannot tell its version cannot record either.
-    out = proc.run([path, "version"], timeout=10.0)
-    if out.exit_code != 0:
-        why = _first_line(out.stderr) or _first_line(out.stdout) or f"exit code {out.exit_code}"
-        return f"{path} does not run: {why} ({INSTALL})"
+    problem = perf_problem()
+    if problem is not None:
+        return problem
     events = [root / "events" / "kvm" for root in tracefs]
     found = next((e for e in events if (e / "kvm_exit").is_dir()), None)
     if found is None:
@@ -111,7 +101,8 @@ class Exits(Collector):
         dataclasses.replace(s, dimensions=(*s.dimensions, "vcpu")) for s in perf_kvm.METRICS)
     tracefs: ClassVar[tuple[Path, ...]] = TRACEFS
 
-    def __init__(self, options: plugin.Options, *, journal: Journal, scratch: Path) -> None:
+    def __init__(self, options: plugin.Options, *, journal: CollectorJournal,
+                 scratch: Path) -> None:
         super().__init__(options, journal=journal, scratch=scratch)
         self._perf: subprocess.Popen | None = None
         self._token: int | None = None
@@ -135,39 +126,34 @@ class Exits(Collector):
             return status.reason
         return host_problem(cls.tracefs)
 
+    @classmethod
+    def doctor(cls) -> tuple[bool, str] | None:
+        status = kvm.probe()
+        if not status.usable:
+            return False, f"cannot record VM exits: no usable KVM ({status.reason})"
+        problem = host_problem(cls.tracefs)
+        if problem is not None:
+            return False, f"cannot record VM exits: {problem}"
+        return True, "perf kvm stat can record the VM exits of KVM guests (--collect exits)"
+
     def start(self, subject: Subject) -> None:
         if not subject.pids:
             raise CollectorError(f"{self.name}: {subject.name} has no QEMU process")
         qemu = subject.pids[0]
         self._vcpus = len(subject.vcpu_threads)
-        log = (self.scratch / "record.log").open("wb")
-        try:
-            self._perf = proc.spawn([PERF, "kvm", "stat", "record", "-p", str(qemu)],
-                                    cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log)
-        except OSError as exc:
-            raise CollectorError(f"{self.name}: cannot run {PERF}: {exc.strerror}") from None
-        finally:
-            log.close()
+        self._perf = spawn_record([PERF, "kvm", "stat", "record", "-p", str(qemu)],
+                                  self.scratch, self.name)
         self._token = self.journal.process(self._perf.pid)
         data = self.scratch / "perf.data.guest"
         deadline = time.monotonic() + START_TIMEOUT
         while not (data.exists() and data.stat().st_size > 0):
             if self._perf.poll() is not None:
                 raise CollectorError(f"{self.name}: perf kvm stat record exited at once: "
-                                     f"{self._log_line()}")
+                                     f"{record_message(self.scratch)}")
             if time.monotonic() > deadline:
                 raise CollectorError(f"{self.name}: perf kvm stat record wrote nothing "
                                      f"within {START_TIMEOUT:g} s")
             time.sleep(0.02)
-
-    def _log_line(self) -> str:
-        try:
-            text = (self.scratch / "record.log").read_text(errors="replace")
-        except OSError:
-            text = ""
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1] if lines else "no message"
 
     def stop(self) -> list[Metric]:
         perf = self._perf
@@ -182,12 +168,12 @@ class Exits(Collector):
                                      f"{STOP_TIMEOUT:g} s of SIGINT") from None
         else:
             self.warnings.append(f"{self.name}: perf kvm stat record ended before stop "
-                                 f"(exit code {perf.returncode}): {self._log_line()}")
+                                 f"(exit code {perf.returncode}): {record_message(self.scratch)}")
         self._forget()
         # perf record re-raises the SIGINT it handled once the file is complete.
         if perf.returncode not in (0, -signal.SIGINT, 128 + signal.SIGINT):
             raise CollectorError(f"{self.name}: perf kvm stat record failed (exit code "
-                                 f"{perf.returncode}): {self._log_line()}")
+                                 f"{perf.returncode}): {record_message(self.scratch)}")
         metrics: list[Metric] = []
         vcpus = range(self._vcpus) if self.options.per_vcpu else range(0)
         for event in self.options.events:
@@ -205,7 +191,7 @@ class Exits(Collector):
         what = " ".join(argv[1:])
         out = proc.run(argv, cwd=str(self.scratch), timeout=STOP_TIMEOUT)
         if out.exit_code != 0:
-            why = _first_line(out.stderr) or f"exit code {out.exit_code}"
+            why = first_line(out.stderr) or f"exit code {out.exit_code}"
             raise CollectorError(f"{self.name}: perf {what} failed: {why}")
         try:
             report = perf_kvm.parse(out.stderr + "\n" + out.stdout, f"perf {what}")
@@ -226,14 +212,3 @@ class Exits(Collector):
         if self._perf is not None and self._perf.poll() is None:
             proc.kill_group(self._perf)
         self._forget()
-
-
-def doctor_line() -> tuple[bool, str]:
-    """Whether VM exits can be recorded on this host, and why not, for `vmtax doctor`."""
-    status = kvm.probe()
-    if not status.usable:
-        return False, f"cannot record VM exits: no usable KVM ({status.reason})"
-    problem = host_problem()
-    if problem is not None:
-        return False, f"cannot record VM exits: {problem}"
-    return True, "perf kvm stat can record the VM exits of KVM guests (--collect exits)"

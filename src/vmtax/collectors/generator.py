@@ -15,10 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from vmtax import plugin
-from vmtax.collectors.base import Collector, CollectorError, HostClient, Subject
-from vmtax.journal import Journal
-from vmtax.types import Metric, MetricSpec
+from vmtax.core import plugin
+from vmtax.core.collector import Collector, CollectorError, CollectorJournal, HostClient, Subject
+from vmtax.core.types import Metric, MetricSpec
 
 
 class Generator(Collector):
@@ -34,7 +33,8 @@ class Generator(Collector):
                    "% of one CPU"),
     )
 
-    def __init__(self, options: plugin.Options, *, journal: Journal, scratch: Path) -> None:
+    def __init__(self, options: plugin.Options, *, journal: CollectorJournal,
+                 scratch: Path) -> None:
         super().__init__(options, journal=journal, scratch=scratch)
         self._client: HostClient | None = None
         self._start = HostClient()

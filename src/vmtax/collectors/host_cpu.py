@@ -25,11 +25,17 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from vmtax import plugin
-from vmtax.collectors.base import (Collector, CollectorError, Subject, proc_stat,
-                                   running_at_start)
-from vmtax.journal import Journal
-from vmtax.types import Metric, MetricSpec
+from vmtax.core import plugin
+from vmtax.core.collector import (
+    Collector,
+    CollectorError,
+    CollectorJournal,
+    Subject,
+    cgroup_dirs,
+    proc_stat,
+    running_at_start,
+)
+from vmtax.core.types import Metric, MetricSpec
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _UTIME, _STIME, _STARTTIME = 11, 12, 19
@@ -45,23 +51,25 @@ class HostCpu(Collector):
                    "host CPU time in user mode (a KVM guest's running time counts here)"),
         MetricSpec("host cpu system", "s", False, "host CPU time in the host kernel"),
     )
-    # Where the cgroup hierarchies are mounted (tests point it at a fake tree).
-    cgroup_root: ClassVar[Path] = Path("/sys/fs/cgroup")
-
-    def __init__(self, options: plugin.Options, *, journal: Journal, scratch: Path) -> None:
+    def __init__(self, options: plugin.Options, *, journal: CollectorJournal,
+                 scratch: Path) -> None:
         super().__init__(options, journal=journal, scratch=scratch)
         self._counter: Path | None = None              # the cgroup's counter file
-        self._cgroup_start = (0.0, 0.0, 0.0)           # its (runtime, user, system) s
         self._procs: dict[int, list[str]] = {}         # pid -> its stat fields at start
+        self._last: dict[int, list[str]] = {}          # pid -> its latest stat fields
+        # The sum over the measured repetitions: (runtime, user, system) s of the cgroup,
+        # or (user, system) clock ticks of the processes; and the reading that opened the
+        # repetition under way (None: paused).
+        self._counted: tuple[float, ...] = ()
+        self._opened: tuple[float, ...] | None = None
+        self._failure: CollectorError | None = None    # in pause() or resume(), for stop()
 
     @classmethod
     def _counters(cls, cgroup: str) -> list[Path]:
         """Where the cgroup's CPU counters may be: in v1's cpuacct hierarchy, in a v2
         hierarchy at the root (unified layout) or beside the v1 ones (hybrid)."""
-        rel = cgroup.strip("/")
-        return [cls.cgroup_root / "cpuacct" / rel / "cpuacct.usage_user",
-                cls.cgroup_root / rel / "cpu.stat",
-                cls.cgroup_root / "unified" / rel / "cpu.stat"]
+        v1, v2, hybrid = cgroup_dirs(cls, cgroup)
+        return [v1 / "cpuacct.usage_user", v2 / "cpu.stat", hybrid / "cpu.stat"]
 
     @classmethod
     def unavailable(cls, subject: Subject) -> str | None:
@@ -71,7 +79,12 @@ class HostCpu(Collector):
             return (f"no CPU accounting for cgroup {subject.cgroup}: none of "
                     + ", ".join(map(str, cls._counters(subject.cgroup))) + " exists")
         if not subject.pids:
-            return f"{subject.name} has no host processes or cgroup to observe"
+            # A container target's jobs each run in a container of their own, counted in
+            # the target's cgroup when its runtime has one (vmtax.helpers.runtime_cgroup).
+            return (f"{subject.name} has no host process or cgroup that lasts the cell"
+                    + (": its runtime puts its jobs in no cgroup of the target's (unshare, "
+                       "or a host without a cgroup v1 cpuacct hierarchy of its own)"
+                       if subject.kind == "container" else ""))
         if all(proc_stat(pid, cls.proc_root) is None for pid in subject.pids):
             return (f"none of {subject.name}'s processes "
                     f"({', '.join(map(str, subject.pids))}) is running")
@@ -83,9 +96,50 @@ class HostCpu(Collector):
             raise CollectorError(f"{self.name}: {why}")
         if subject.cgroup is not None:
             self._counter = next(p for p in self._counters(subject.cgroup) if p.is_file())
-            self._cgroup_start = self._read_counter()
+        else:
+            self._procs.update(running_at_start(self, subject))
+            self._last.update(self._procs)
+        self._opened = self._reading()
+        self._counted = tuple(0.0 for _ in self._opened)
+
+    def _reading(self) -> tuple[float, ...]:
+        """The cgroup's (runtime, user, system) s, or the processes' (user, system) ticks
+        since start (one that exited counts up to its last reading, with a warning)."""
+        if self._counter is not None:
+            return self._read_counter()
+        ticks = [0.0, 0.0]
+        for pid, before in self._procs.items():
+            after = proc_stat(pid, self.proc_root)
+            if after is None or after[_STARTTIME] != before[_STARTTIME]:
+                warning = (f"{self.name}: process {pid} exited before the end of the cell; "
+                           "its CPU time after its last reading is not counted")
+                if warning not in self.warnings:
+                    self.warnings.append(warning)
+                after = self._last[pid]
+            else:   # a zombie's times are its final ones: still a valid reading
+                self._last[pid] = after
+            ticks[0] += int(after[_UTIME]) - int(before[_UTIME])
+            ticks[1] += int(after[_STIME]) - int(before[_STIME])
+        return tuple(ticks)
+
+    def pause(self) -> None:
+        if self._opened is None or self._failure is not None:
             return
-        self._procs.update(running_at_start(self, subject))
+        try:
+            now = self._reading()
+        except CollectorError as exc:
+            self._failure = exc
+            return
+        self._counted = tuple(c + b - a for c, a, b in zip(self._counted, self._opened, now))
+        self._opened = None
+
+    def resume(self) -> None:
+        if self._opened is not None or self._failure is not None:
+            return
+        try:
+            self._opened = self._reading()
+        except CollectorError as exc:
+            self._failure = exc
 
     def _read_counter(self) -> tuple[float, float, float]:
         """(runtime, user, system) seconds the cgroup has used since it was made."""
@@ -103,27 +157,19 @@ class HostCpu(Collector):
             raise CollectorError(f"{self.name}: cannot read {self._counter}: {exc}") from None
 
     def stop(self) -> list[Metric]:
+        self.pause()    # the runner pauses first; a direct caller need not
+        if self._failure is not None:
+            raise self._failure
         if self._counter is not None:
-            total, du, ds = (b - a for a, b in zip(self._cgroup_start, self._read_counter()))
+            total, du, ds = self._counted
             # No tick in user or system mode: all user, as the kernel's cputime_adjust says.
             user = total * du / (du + ds) if du + ds > 0 else total
             system = total - user
         else:
-            ticks = [0, 0]
-            for pid, before in self._procs.items():
-                after = proc_stat(pid, self.proc_root)
-                if after is None or after[_STARTTIME] != before[_STARTTIME]:
-                    self.warnings.append(
-                        f"{self.name}: process {pid} exited before the end of the cell; "
-                        "its CPU time after start is not counted")
-                    continue
-                # A zombie's times are its final ones: still a valid last reading.
-                ticks[0] += int(after[_UTIME]) - int(before[_UTIME])
-                ticks[1] += int(after[_STIME]) - int(before[_STIME])
-            user, system = ticks[0] / _TICKS, ticks[1] / _TICKS
+            user, system = (ticks / _TICKS for ticks in self._counted)
         return [self.metric("host cpu", user + system),
                 self.metric("host cpu user", user),
                 self.metric("host cpu system", system)]
 
     def abort(self) -> None:
-        """Nothing to stop: host-cpu only reads counters at start and stop."""
+        """Nothing to stop: host-cpu only reads counters."""

@@ -1,14 +1,18 @@
 """host-mem: host memory an instance's processes hold, at the end of a cell and at its peak.
 
 RSS and PSS from /proc/PID/smaps_rollup (Linux 4.14 or later), summed over the subject's
-pids. RSS counts every page a process maps, so pages that instances share (one binary, KSM)
+pids or, for a subject with no lasting process but a cgroup (a container target, whose jobs
+each run in a container of their own), over the processes in its cgroup at each reading.
+RSS counts every page a process maps, so pages that instances share (one binary, KSM)
 count in each of them; PSS divides each shared page among its sharers, so PSS adds up over
 many instances to the memory they take together (E4's density). A process's threads share
 its memory, so there is one read per process.
 
-A background thread samples PSS every `interval` seconds for the peak; stop() and abort()
-stop and join it. A process that exits before stop counts in the peak up to its last
-sample but not in the values at stop, and a warning says so.
+A background thread samples PSS every `interval` seconds for the peak, only during the
+measured repetitions (not while paused); stop() and abort() stop and join it. A process
+that exits before stop counts in the peak up to its last sample but not in the values at
+stop, and a warning says so. A cgroup's processes come and go with its jobs: those still
+there at stop give the values at stop; with none left, the peak alone is the result.
 """
 
 from __future__ import annotations
@@ -17,11 +21,19 @@ import threading
 from pathlib import Path
 from typing import ClassVar
 
-from vmtax import plugin
-from vmtax.collectors.base import (Collector, CollectorError, Subject, proc_stat,
-                                   running_at_start)
-from vmtax.journal import Journal
-from vmtax.types import Metric, MetricSpec
+from vmtax.core import plugin
+from vmtax.core.collector import (
+    Collector,
+    CollectorError,
+    CollectorJournal,
+    Subject,
+    cgroup_dirs,
+    cgroup_pids,
+    proc_stat,
+    running_at_start,
+)
+from vmtax.core.types import Metric, MetricSpec
+from vmtax.host.proc import smaps_rollup
 
 _STARTTIME = 19
 
@@ -34,21 +46,10 @@ class HostMemOptions(plugin.Options):
 
 
 def _rollup(path: Path) -> tuple[int, int] | None:
-    """(RSS, PSS) in KiB from a smaps_rollup file; None when unreadable or empty (a
-    process that exited, or a zombie with no memory left)."""
     try:
-        text = path.read_text()
-    except OSError:
-        return None
-    found = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("Rss", "Pss"):
-            value = rest.split()
-            if len(value) != 2 or not value[0].isdigit():
-                raise CollectorError(f"host-mem: unexpected line in {path}: {line!r}")
-            found[key] = int(value[0])
-    return (found["Rss"], found["Pss"]) if len(found) == 2 else None
+        return smaps_rollup(path)
+    except ValueError as exc:
+        raise CollectorError(f"host-mem: {exc}") from None
 
 
 class HostMem(Collector):
@@ -66,17 +67,29 @@ class HostMem(Collector):
         MetricSpec("host pss peak", "MiB", False, "largest PSS sampled during the cell"),
     )
 
-    def __init__(self, options: plugin.Options, *, journal: Journal, scratch: Path) -> None:
+    def __init__(self, options: plugin.Options, *, journal: CollectorJournal,
+                 scratch: Path) -> None:
         super().__init__(options, journal=journal, scratch=scratch)
         self._born: dict[int, str] = {}      # pid -> its start time, to spot a reused pid
+        self._cgroup: Path | None = None      # its processes are read at each sample
         self._gone: set[int] = set()
         self._peak = 0                       # KiB
         self._stopping = threading.Event()
+        self._recording = threading.Event()    # clear while paused
         self._sampler: threading.Thread | None = None
         self._failure: Exception | None = None
 
     @classmethod
+    def _cgroup_dir(cls, cgroup: str) -> Path | None:
+        return next((d for d in cgroup_dirs(cls, cgroup) if d.is_dir()), None)
+
+    @classmethod
     def unavailable(cls, subject: Subject) -> str | None:
+        if not subject.pids and subject.cgroup is not None:
+            if cls._cgroup_dir(subject.cgroup) is None:
+                return (f"no cgroup {subject.cgroup}: none of "
+                        + ", ".join(map(str, cgroup_dirs(cls, subject.cgroup))) + " exists")
+            return None
         if not subject.pids:
             return f"{subject.name} has no host processes to observe"
         pid = next((p for p in subject.pids if proc_stat(p, cls.proc_root) is not None), None)
@@ -95,6 +108,12 @@ class HostMem(Collector):
     def _read(self) -> tuple[int, int, int]:
         """(RSS, PSS) in KiB summed over the processes still running, and how many are."""
         rss = pss = alive = 0
+        if self._cgroup is not None:
+            for pid in cgroup_pids(self._cgroup):
+                value = _rollup(self.proc_root / str(pid) / "smaps_rollup")
+                if value is not None:   # else it exited since the cgroup was read
+                    rss, pss, alive = rss + value[0], pss + value[1], alive + 1
+            return rss, pss, alive
         for pid, born in self._born.items():
             if pid in self._gone:
                 continue
@@ -110,7 +129,8 @@ class HostMem(Collector):
     def _sample(self) -> None:
         try:
             while not self._stopping.wait(self.options.interval):
-                self._peak = max(self._peak, self._read()[1])
+                if self._recording.is_set():
+                    self._peak = max(self._peak, self._read()[1])
         except Exception as exc:   # stop() reports it; the thread must not die silently
             self._failure = exc
 
@@ -118,14 +138,24 @@ class HostMem(Collector):
         why = self.unavailable(subject)
         if why is not None:
             raise CollectorError(f"{self.name}: {why}")
+        if not subject.pids and subject.cgroup is not None:
+            self._cgroup = self._cgroup_dir(subject.cgroup)
         self._born.update((pid, fields[_STARTTIME])
                           for pid, fields in running_at_start(self, subject).items())
         _, self._peak, alive = self._read()
-        if not alive:
+        if not alive and self._cgroup is None:   # a cgroup's jobs have not started yet
             raise CollectorError(f"{self.name}: no process of {subject.name} left to observe")
+        self._recording.set()
         self._sampler = threading.Thread(target=self._sample, name=f"vmtax {self.name}",
                                          daemon=True)
         self._sampler.start()
+
+    def pause(self) -> None:
+        # The peak is of the measured repetitions: no samples while other targets run.
+        self._recording.clear()
+
+    def resume(self) -> None:
+        self._recording.set()
 
     def _join(self) -> None:
         self._stopping.set()
@@ -143,6 +173,9 @@ class HostMem(Collector):
         for pid in sorted(self._gone):
             self.warnings.append(f"{self.name}: process {pid} exited before the end of the "
                                  "cell; counted in the peak up to its last sample only")
+        if self._cgroup is not None and not self._peak:
+            raise CollectorError(f"{self.name}: no process seen in cgroup {self._cgroup} "
+                                 f"while it was sampled (every {self.options.interval:g} s)")
         metrics = [self.metric("host pss peak", self._peak / 1024)]
         if alive:   # with every process gone, 0 MiB would be no measurement
             metrics += [self.metric("host rss", rss / 1024), self.metric("host pss", pss / 1024)]

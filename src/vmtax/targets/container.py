@@ -3,9 +3,9 @@
 Every target gets a private writable copy of the cached rootfs (the cache is never
 modified), so `/work` inside the container is a directory on the host's disk. Each job
 runs in a fresh container with its own pid, mount, network (loopback only), uts and ipc
-namespaces. A runtime is a plugin of its own (group "container-runtime"): the built-in ones
-are below, others live in their own modules; `auto_rank` says which one plain `container`
-picks first.
+namespaces. A runtime is a plugin of its own (vmtax.core.runtime): the built-in ones are
+below, others live in their own modules; `auto_rank` says which one plain `container` picks
+first.
 
 `cpus` confines a container to host CPUs: an OCI runtime gets them as its cgroup cpuset
 (linux.resources.cpu.cpus); where there is no cgroup to put them in (unshare, crun with its
@@ -15,10 +15,8 @@ of the container inherits.
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import stat
@@ -26,27 +24,33 @@ import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import AfterValidator
 
-from vmtax import host, network, plugin, proc, rootfs, trees
-from vmtax.container_instance import ContainerInstance
-from vmtax.errors import TargetError, VmtaxError
-from vmtax.instance import Instance
-from vmtax.option_types import HostCpus, Programs
-from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Endpoint, Job, JobResult
+from vmtax.core import plugin
+from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.core.instance import Instance
+from vmtax.core.option_types import HostCpus, Programs, Size
+from vmtax.core.runtime import (
+    NAMESPACES,
+    Launch,
+    Runtime,
+    auto_order,
+    chain,
+    container_env,
+    job_cwd,
+    runtimes,
+)
+from vmtax.core.target import Feature, Target, TargetContext
+from vmtax.core.types import Endpoint, Job, JobResult
+from vmtax.guest import rootfs
+from vmtax.helpers.oci_runtime import OciRuntime
+from vmtax.host import machine as host
+from vmtax.host import network, proc, trees
+from vmtax.targets.container_instance import ContainerInstance
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-NAMESPACES = ("pid", "mount", "net", "uts", "ipc")
-HOSTNAME = "vmtax"
-# Docker's default set: what a typical container keeps of root's capabilities.
-CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-                "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-                "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"]
 # Device nodes a rootfs without a /dev mount needs (the OCI runtimes create these themselves).
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
            "urandom": (1, 9), "tty": (5, 0)}
@@ -56,177 +60,6 @@ PROBE = Job(["true"], timeout=30.0)
 HOLD = Job(["sleep", "2147483647"], timeout=30.0)
 # How long killed containers may take to release their output pipes.
 KILL_GRACE = 10.0
-
-
-def container_env(job: Job) -> dict[str, str]:
-    return {"PATH": DEFAULT_PATH, **job.env}
-
-
-def job_cwd(job: Job) -> str:
-    return "/work" if job.in_scratch else "/"
-
-
-# Real-time budget of a container's cgroup where the kernel schedules real-time tasks per
-# cgroup (CONFIG_RT_GROUP_SCHED, cgroup v1): a new cgroup gets none, so SCHED_FIFO fails
-# ("Unable to change scheduling policy") even with CAP_SYS_NICE. Half of every second, as
-# the host's default leaves 95% to its own real-time tasks.
-RT_GROUP_FILE = "/sys/fs/cgroup/cpu/cpu.rt_runtime_us"
-RT_RUNTIME_US, RT_PERIOD_US = 500_000, 1_000_000
-
-
-def oci_config(job: Job, root: Path, cpus: list[int] | None = None,
-               netns: str | None = None) -> dict[str, Any]:
-    """The OCI runtime spec of one job: its process in the rootfs copy, no network but lo
-    (or the network namespace at `netns`, made by vmtax.network), on the host CPUs `cpus`
-    (a cpuset) when given, with the capabilities it asks for."""
-    caps = [*CAPABILITIES, *(c for c in job.capabilities if c not in CAPABILITIES)]
-    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
-    cpu: dict[str, Any] = {}
-    if cpus:
-        cpu["cpus"] = ",".join(map(str, sorted(cpus)))
-    if "CAP_SYS_NICE" in job.capabilities and os.path.exists(RT_GROUP_FILE):
-        cpu.update(realtimeRuntime=RT_RUNTIME_US, realtimePeriod=RT_PERIOD_US)
-    if cpu:
-        resources["cpu"] = cpu
-    return {
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": False,
-            "user": {"uid": 0, "gid": 0},
-            "args": list(job.argv),
-            "env": [f"{k}={v}" for k, v in container_env(job).items()],
-            "cwd": job_cwd(job),
-            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-            "noNewPrivileges": True,
-        },
-        "root": {"path": str(root), "readonly": False},
-        "hostname": HOSTNAME,
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            # A tmpfs /dev: the runtime adds null, zero, full, random, urandom, tty.
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-             "options": ["nosuid", "noexec", "nodev", "ro"]},
-            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "nodev", "mode=1777"]},
-        ],
-        "linux": {
-            # OCI calls the network namespace "network".
-            "namespaces": [{"type": "network", "path": netns} if ns == "net" and netns
-                           else {"type": "network" if ns == "net" else ns}
-                           for ns in NAMESPACES],
-            "resources": resources,
-        },
-    }
-
-
-def _pin_to(cpus: list[int]) -> Callable[[], None]:
-    """In the child before exec: it and everything it starts run only on cpus."""
-    def pin() -> None:
-        os.sched_setaffinity(0, cpus)
-    return pin
-
-
-def _chain(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
-    """One preexec running the given ones in order (None when none is given)."""
-    given = tuple(s for s in steps if s is not None)
-    if len(given) <= 1:
-        return given[0] if given else None
-
-    def run() -> None:
-        for step in given:
-            step()
-    return run
-
-
-@dataclass
-class Launch:
-    """How to start one job: the host command, its environment and the container it makes."""
-    argv: list[str]
-    env: dict[str, str] | None = None
-    preexec: Callable[[], None] | None = None
-    container: str | None = None    # id of the container the runtime makes
-    undo: list[str] | None = None   # command that kills and removes it (journaled first)
-    # Cgroup directories the runtime may make for it, removed by vmtax too: a runtime that
-    # was killed while creating the container, or whose rmdir met a task still exiting,
-    # leaves them behind (CI once found /sys/fs/cgroup/cpuset/vmtax-<id>).
-    cgroups: list[str] | None = None
-
-
-class Runtime(plugin.Plugin, abc.ABC):
-    """One way of starting a container; `home` holds the rootfs copy and runtime state."""
-    group = "container-runtime"
-    install: ClassVar[str]          # how to get it, for the "not installed" error
-    # Order in which `runtime = "auto"` tries runtimes (lowest first); None: never picked.
-    auto_rank: ClassVar[int | None] = None
-    # Can put a container into a network namespace vmtax made (`netns`), so that it can
-    # serve a client on the host.
-    joins_netns: ClassVar[bool] = False
-    # The container's sockets are the host kernel's (its socket table shows a server
-    # listen); gVisor's are in its own user-space network stack.
-    kernel_sockets: ClassVar[bool] = True
-
-    @classmethod
-    def locate(cls) -> str:
-        """The runtime's executable; raises VmtaxError saying how to get it."""
-        found = shutil.which(cls.name)
-        if found is None:
-            raise VmtaxError(f"{cls.name} is not installed ({cls.install})")
-        return found
-
-    @classmethod
-    def host_note(cls) -> str:
-        """A remark for `vmtax doctor` on how the runtime fares on this host ("; ...")."""
-        return ""
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        """Why this host cannot use the runtime (None: it may; the probe has the last word)."""
-        try:
-            cls.locate()
-        except VmtaxError as exc:
-            return str(exc)
-        return None
-
-    def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
-        self.binary = binary
-        self.root = home / "rootfs"
-        self.cgroup_workaround = False
-        self.cpus = cpus
-        # The network namespace the next launch joins (None: a fresh one, loopback only).
-        self.netns: str | None = None
-        # Held from a long-lived container's launch until it runs (vmtax.container_instance).
-        self.launch_lock = threading.Lock()
-
-    def placement(self) -> str | None:
-        """How `cpus` is enforced: "cpuset" (the runtime's cgroup) or "affinity"."""
-        return "affinity" if self.cpus else None
-
-    def affinity(self) -> Callable[[], None] | None:
-        return _pin_to(self.cpus) if self.cpus and self.placement() == "affinity" else None
-
-    def version(self) -> str:
-        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
-        lines = (out.stdout or out.stderr).splitlines()
-        return lines[0].strip() if lines else ""
-
-    def setup_root(self) -> None:
-        """Adapt the rootfs copy to this runtime before the first job."""
-
-    def adapt(self, failure: str) -> bool:
-        """A probe failed with this stderr: switch on a workaround; True to probe again."""
-        return False
-
-    @abc.abstractmethod
-    def launch(self, job: Job) -> Launch:
-        """The host command that runs job in a fresh container."""
-
-    def finish(self, launch: Launch) -> bool:
-        """Kill and remove what launch left outside its process group; True once nothing is."""
-        return True
 
 
 class Unshare(Runtime):
@@ -254,53 +87,7 @@ class Unshare(Runtime):
     def launch(self, job: Job) -> Launch:
         enter = network.enter_netns(self.netns) if self.netns else None
         return Launch(self.command(job), env=container_env(job),
-                      preexec=_chain(enter, self.affinity()))
-
-
-class OciRuntime(Runtime):
-    """A runc-compatible CLI: `BIN --root STATE run --bundle B ID` with a generated config."""
-
-    def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
-        super().__init__(binary, home, cpus)
-        self.bundle = home / "bundle"
-        # Private state instead of /run/<runtime>: nothing of ours lands in host-wide dirs.
-        self.state = home / "state"
-        self.cgroup_roots = [point for point, _ in host.cgroup_mounts()]
-
-    def global_flags(self) -> list[str]:
-        return []
-
-    def preexec(self) -> Callable[[], None] | None:
-        return None
-
-    def base(self) -> list[str]:
-        return [self.binary, "--root", str(self.state), *self.global_flags()]
-
-    def placement(self) -> str | None:
-        # Without a cgroup manager the runtime ignores linux.resources.
-        if self.cpus and not self.cgroup_workaround:
-            return "cpuset"
-        return super().placement()
-
-    def launch(self, job: Job) -> Launch:
-        self.bundle.mkdir(parents=True, exist_ok=True)
-        self.state.mkdir(parents=True, exist_ok=True)
-        cpuset = self.cpus if self.placement() == "cpuset" else None
-        (self.bundle / "config.json").write_text(
-            json.dumps(oci_config(job, self.root, cpuset, self.netns), indent=1))
-        container = f"vmtax-{uuid.uuid4().hex[:12]}"
-        return Launch([*self.base(), "run", "--bundle", str(self.bundle), container],
-                      preexec=_chain(self.preexec(), self.affinity()), container=container,
-                      undo=[*self.base(), "delete", "-f", container],
-                      cgroups=[f"{root}/{container}" for root in self.cgroup_roots])
-
-    def finish(self, launch: Launch) -> bool:
-        # `run` deletes its container when the process exits; state left means it did not.
-        assert launch.container is not None and launch.undo is not None   # launch() set them
-        state = self.state / launch.container
-        if state.exists():
-            subprocess.run(launch.undo, capture_output=True, timeout=30)
-        return not state.exists()
+                      preexec=chain(enter, self.affinity()))
 
 
 class Runc(OciRuntime):
@@ -353,22 +140,17 @@ class Crun(OciRuntime):
             return True
         return False
 
+    def cgroup(self) -> str | None:
+        # crun's cgroup manager puts a container's cgroup at each hierarchy's root, whatever
+        # cgroupsPath says, out of the target's: only without it are the jobs counted there.
+        return super().cgroup() if self.cgroup_workaround else None
+
     def global_flags(self) -> list[str]:
         # Without cgroups crun makes no cgroup directories; delete works from the host's view.
         return ["--cgroup-manager=disabled"] if self.cgroup_workaround else []
 
     def preexec(self) -> Callable[[], None] | None:
         return _hide_cgroup2 if self.cgroup_workaround else None
-
-
-def runtimes() -> dict[str, type[Runtime]]:
-    return plugin.plugins(Runtime.group)  # type: ignore[return-value]
-
-
-def auto_order() -> list[str]:
-    ranked = [(cls.auto_rank, name) for name, cls in runtimes().items()
-              if cls.auto_rank is not None]
-    return [name for _, name in sorted(ranked)]
 
 
 def _known_runtime(value: str) -> str:
@@ -383,11 +165,49 @@ Runtime_ = Annotated[str, AfterValidator(_known_runtime), plugin.Expect(
 
 class ContainerOptions(plugin.Options):
     runtime: Runtime_ = plugin.option(
-        "auto", "How containers start: auto takes the first usable of runc, crun, unshare")
+        "auto", "How containers start: auto takes the first usable of runc, crun, unshare",
+        tune=("runc", "crun", "unshare"))
     binaries: Programs = plugin.option(
         [], "Host programs to carry into the rootfs beside those the workloads need")
     cpus: HostCpus | None = plugin.option(
-        None, "Host CPUs the container may run on (a cpuset); none: all")
+        None, "Host CPUs the container may run on (a cpuset); none: all",
+        tune=(str(min(os.sched_getaffinity(0))),))
+    # Only for runtimes that honour them (Runtime.honours); unset, a runtime does as its
+    # users get it.
+    network: Literal["bridge", "host"] | None = plugin.option(
+        None, "docker: the container's network: bridge (a Docker bridge network vmtax "
+        "makes, Docker's default) or host (the host's own network stack); none: bridge",
+        tune=("host",), safety={"host": "the container shares the host's network stack"})
+    storage: Literal["overlay", "volume"] | None = plugin.option(
+        None, "docker: where the workloads' data directory (/work) is: overlay (the "
+        "container's root filesystem, Docker's default) or volume (a bind-mounted host "
+        "directory); none: overlay", tune=("volume",))
+    seccomp: Literal["default", "unconfined"] | None = plugin.option(
+        None, "docker: the system-call filter: default (Docker's profile) or unconfined; "
+        "none: default", tune=("unconfined",),
+        safety={"unconfined": "no system-call filter between the container and the kernel"})
+    cpu_limit: float | None = plugin.option(
+        None, "docker: CPU time the container may use (docker run --cpus); none: no limit",
+        unit="CPUs", gt=0, le=1024)
+    memory_limit: Size | None = plugin.option(
+        None, "docker: memory the container may use (docker run --memory, at least 6M); "
+        "none: no limit")
+
+    def problems(self) -> list[tuple[str, str]]:
+        # Every runtime here makes namespaces, device nodes or cgroups as root: refused in
+        # one line before anything runs, not with a PermissionError once the rootfs is built.
+        if os.geteuid() != 0:
+            return [("runtime", "vmtax run as root (sudo): its containers need root for "
+                                "namespaces, device nodes and cgroups")]
+        honoured = runtimes()[self.runtime].honours if self.runtime in runtimes() else set()
+        return [(key, f"nothing for runtime {self.runtime!r} (set only for " + ", ".join(
+                    name for name, cls in runtimes().items() if key in cls.honours) + ")")
+                for key in RUNTIME_OWN if getattr(self, key) is not None
+                and key not in honoured]
+
+
+# ContainerOptions that only the runtimes honouring them take.
+RUNTIME_OWN = ("network", "storage", "seccomp", "cpu_limit", "memory_limit")
 
 
 class ContainerTarget(Target):
@@ -397,6 +217,7 @@ class ContainerTarget(Target):
     Options = ContainerOptions
     variant_option = "runtime"
     startup_seconds = 0.5
+    shares_host_page_cache = True    # its processes' files are cached by the host's kernel
     packages = ("busybox-static",)   # every container's rootfs is built on it
 
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
@@ -407,17 +228,27 @@ class ContainerTarget(Target):
         self._fingerprint: dict[str, Any] | None = None
         self._dir_token: int | None = None
         self._tree_tokens: list[int] = []   # read-only bind mounts in the rootfs copy
+        self._cgroup_tokens: list[int] = []   # the runtimes' cgroups for all their jobs
         # container id -> journal tokens: remove its cgroups, then (undone first) delete it
         self._undo: dict[str, list[int]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._alive = True
         self._prepare_lock = threading.Lock()
-        # Servers running for host-side clients, by network namespace path.
-        self._serving: dict[str, ContainerInstance] = {}
+        # Servers running for host-side clients, by their endpoints' handles.
+        self._serving: dict[str, Instance] = {}
 
     @classmethod
     def variants(cls) -> dict[str, str | None]:
         return {name: runtime.unavailable() for name, runtime in runtimes().items()}
+
+    @classmethod
+    def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
+        """What its runtime refuses; with "auto", what every runtime it may pick refuses."""
+        assert isinstance(options, ContainerOptions)
+        names = auto_order() if options.runtime == "auto" else [options.runtime]
+        first, *others = [runtimes()[name].refuses for name in names] or [{}]
+        return {feature: why for feature, why in first.items()
+                if all(feature in other for other in others)}
 
     def candidates(self) -> list[tuple[type[Runtime], str]]:
         """(runtime, binary) pairs to try in order; raises if an explicit one is missing."""
@@ -441,9 +272,20 @@ class ContainerTarget(Target):
                              f"(apt-get install runc)")
         return found
 
+    def attach(self, runtime: Runtime, source: Path) -> str | None:
+        """Let the runtime make what it keeps of its own; None if it could, else why not."""
+        try:
+            runtime.attach(self.ctx, self.opts, source)
+        except (OSError, VmtaxError) as exc:   # Docker's daemon did not start
+            return str(exc)
+        return None
+
     def probe(self, runtime: Runtime) -> str | None:
         """Run a trivial container; None if it worked, else why not (one line)."""
-        runtime.setup_root()
+        try:
+            runtime.setup_root()
+        except OSError as exc:     # mknod refused, as in a user namespace
+            return str(exc)
         while True:
             try:
                 result = self._run_on(runtime, PROBE)
@@ -470,10 +312,14 @@ class ContainerTarget(Target):
                                  for tree in self.ctx.trees]
             for cls, binary in candidates:
                 runtime = cls(binary, self.dir, self.opts.cpus)
-                error = self.probe(runtime)
+                if runtime.cgroup_dirs():
+                    self._cgroup_tokens.append(
+                        self.ctx.journal.add(type="rmdir", paths=runtime.cgroup_dirs()))
+                error = self.attach(runtime, source) or self.probe(runtime)
                 if error is None:
                     self.runtime = runtime
                     break
+                runtime.detach()
                 failures.append(f"{cls.name}: {error}")
         except BaseException:
             self.cleanup()
@@ -544,28 +390,33 @@ class ContainerTarget(Target):
 
     # -- long-lived containers: servers for host-side clients, a factory's instances --
 
-    def _instance(self, name: str, job: Job, net: Any, log: str) -> ContainerInstance:
+    def _instance(self, name: str, job: Job, net: Any, log: str, server: bool) -> Instance:
         with self._prepare_lock:   # a factory's threads: one rootfs copy, one probe
             self.prepare()
         runtime = self.runtime
         assert runtime is not None and self.dir is not None   # prepared
-        if not runtime.joins_netns:
-            raise TargetError(f"{self.name}: the {runtime.name} runtime cannot join a network "
-                              "namespace vmtax made, so it cannot serve a client on the host "
-                              "or be one of many instances yet")
-        instance = ContainerInstance(name, runtime, job, self.ctx.journal, net, self.dir / log)
+        instance = runtime.instance(name, job, self.dir / log, server)   # its own network
+        if instance is None:
+            if not runtime.joins_netns:
+                raise TargetError(f"{self.name}: the {runtime.name} runtime cannot join a "
+                                  "network namespace vmtax made, so it cannot serve a client "
+                                  "on the host or be one of many instances yet")
+            instance = ContainerInstance(name, runtime, job, self.ctx.journal, net,
+                                         self.dir / log)
         instance.start()
         return instance
 
     def start_server(self, job: Job, port: int) -> Endpoint:
         """The server in a container of its own in a network namespace vmtax made, joined
-        to the invocation's network by a veth pair."""
+        to the invocation's network by a veth pair; or where its runtime puts it, on a
+        network of the runtime's own (Runtime.instance)."""
         server = self._instance(f"{self.name} server", job, self.ctx.shared_network(),
-                                f"server-{port}.log")
-        assert server.netns is not None and server.address is not None   # started
-        self._serving[server.netns] = server
-        seen = server.runtime.kernel_sockets   # else the runner probes with a connection
-        endpoint = Endpoint(server.address, port, [], handle=server.netns,
+                                f"server-{port}.log", server=True)
+        assert server.address is not None and self.runtime is not None   # started
+        key = f"{port}-{uuid.uuid4().hex[:8]}"
+        self._serving[key] = server
+        seen = self.runtime.kernel_sockets   # else the runner probes with a connection
+        endpoint = Endpoint(server.address, port, [], handle=key,
                             client_preexec=server.client_preexec, listening=seen)
         if seen and not network.wait_tcp_listening(server.host_pids, port, job.timeout,
                                                    server.alive):
@@ -583,10 +434,13 @@ class ContainerTarget(Target):
         """A container of this configuration on `network` running job (or idling) until
         stopped."""
         return self._instance(f"{self.name}#{index}", job or HOLD, network,
-                              f"instance-{index}.log")
+                              f"instance-{index}.log", server=False)
 
     def cpus(self) -> set[int] | None:
         return set(self.opts.cpus) if self.opts.cpus else None
+
+    def cgroup(self) -> str | None:
+        return self.runtime.cgroup() if self.runtime is not None else None
 
     def host_pids(self) -> list[int]:
         """The processes of the containers that serve: those in their network namespaces."""
@@ -611,6 +465,12 @@ class ContainerTarget(Target):
             self.stop_server(Endpoint("", 0, handle=path))
         for container in list(self._undo):
             self._remove(container, delete=True)
+        if self.runtime is not None:   # its containers go before their cgroups
+            self.runtime.detach()
+        for token in self._cgroup_tokens:
+            with contextlib.suppress(OSError):   # still busy: stays journaled, retried later
+                self.ctx.journal.undo(token)
+        self._cgroup_tokens = []
         for token in self._tree_tokens:   # before the copy is removed
             self.ctx.journal.undo(token)
         self._tree_tokens = []

@@ -9,16 +9,18 @@ import subprocess
 import tempfile
 from typing import Any, cast
 
-from vmtax import network, plugin, proc
-from vmtax.errors import TargetError
-from vmtax.targets.base import LISTEN_ENV, Target, TargetContext
-from vmtax.types import Endpoint, Job, JobResult
+from vmtax.core import plugin
+from vmtax.core.errors import TargetError
+from vmtax.core.target import LISTEN_ENV, Target, TargetContext
+from vmtax.core.types import Endpoint, Job, JobResult
+from vmtax.host import network, proc
 
 
 class NativeTarget(Target):
     name = "native"
     description = "The bare host: the baseline every other target is compared with"
     bare_host = True
+    shares_host_page_cache = True
 
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)

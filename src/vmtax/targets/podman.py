@@ -28,8 +28,9 @@ hybrid cgroup host without CAP_SYS_RESOURCE:
 Left outside HOME: runc's state sits in runc's default /run/runc/<podman id> while the
 container exists (podman passes `--runtime-flag root=…` to its own runc calls, but not to
 the `podman container cleanup` conmon runs at exit, whose `runc delete` then misses it).
-If vmtax is killed mid-job, the journaled `podman rm` (through the link) removes the
-container, but the link stays, dangling: a runtime cannot journal anything else. Killed
+So the runroot link, and /run/runc when the first job makes it, are journaled when the
+target attaches, before any job: undone after every container's journaled `podman rm`
+(which goes through the link), /run/runc only once it is empty. Killed
 within the ~0.1 s in which runc creates the container, podman has not yet recorded it,
 and the runc container (runc init, waiting) outlives `podman rm`; `finish` deletes such
 orphans through runc, the journal cannot.
@@ -48,16 +49,20 @@ import time
 import uuid
 from pathlib import Path
 
-from vmtax import host
-from vmtax.errors import VmtaxError
-from vmtax.targets.container import (CAPABILITIES, Launch, Runtime, container_env,
-                                     job_cwd)
-from vmtax.types import Job
+from vmtax.core import plugin
+from vmtax.core.errors import VmtaxError
+from vmtax.core.runtime import Launch, Runtime, container_env, job_capabilities, job_cwd
+from vmtax.core.target import TargetContext
+from vmtax.core.types import Job
+from vmtax.host import machine as host
+from vmtax.host.journal import Journal, undone_by
 
 # How long conmon and the cleanup command it starts may take to exit after the container.
 SETTLE_SECONDS = 10.0
 # Where the runroot links go: a short path, cleared at boot.
 LINKS = Path("/run")
+# runc's default state directory, which podman's cleanup path uses (see above).
+RUNC_ROOT = Path("/run/runc")
 # Replaces the host's containers.conf files, so they cannot change what is measured. Its
 # one setting has no flag: file locks under --tmpdir instead of the SHM segment
 # /dev/shm/libpod_lock that every rootful podman on the host shares.
@@ -66,6 +71,28 @@ CONTAINERS_CONF = """\
 [engine]
 lock_type = "file"
 """
+
+
+def remove_host_state(journal: Journal, entry: dict) -> None:
+    """Undo what podman's jobs leave outside the target's directory: the runroot link, and
+    runc's /run/runc if a job of ours made it and nothing else is in it."""
+    link = Path(str(entry.get("link")))
+    if link.parent == LINKS and link.name.startswith("vmtax-podman-") and link.is_symlink():
+        link.unlink()
+    if entry.get("runc_root") == str(RUNC_ROOT):
+        # After a kill, the `podman rm` undone just before removes runc's state of the
+        # container a moment later; still not empty after that: another's containers.
+        deadline = time.monotonic() + SETTLE_SECONDS / 2
+        while True:
+            try:
+                RUNC_ROOT.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
 
 
 def pid_max() -> int:
@@ -138,6 +165,20 @@ class Podman(Runtime):
         self.cgroup_roots = [point for point, _ in host.cgroup_mounts()]
         # Containers launched and not yet finished: the link stays while there are any.
         self.unfinished: set[str] = set()
+        # The journal of the target attached, and the entry of what jobs leave outside HOME.
+        self.journal: Journal | None = None
+        self._state_token: int | None = None
+
+    def attach(self, ctx: TargetContext, options: plugin.Options, source: Path) -> None:
+        self.journal = ctx.journal
+        self._state_token = ctx.journal.add(
+            type="podman-state", undo=undone_by(remove_host_state), link=str(self.runroot),
+            runc_root=None if RUNC_ROOT.exists() else str(RUNC_ROOT))
+
+    def detach(self) -> None:
+        token, self._state_token = self._state_token, None
+        if token is not None and self.journal is not None and not self.unfinished:
+            self.journal.undo(token)
 
     def base(self) -> list[str]:
         # env(1): the journaled undo runs with vmtax's environment, not one of ours.
@@ -166,13 +207,18 @@ class Podman(Runtime):
 
     def launch(self, job: Job) -> Launch:
         container = f"vmtax-{uuid.uuid4().hex[:12]}"
-        caps = [*CAPABILITIES, *(c for c in job.capabilities if c not in CAPABILITIES)]
+        caps = job_capabilities(job)
+        env = container_env(job)
+        secret = {k: v for k, v in env.items() if v in job.secrets}
         # A namespace vmtax made (a server's) is joined as it is: podman configures nothing.
         network = f"--network=ns:{self.netns}" if self.netns else "--network=none"
         argv = [*self.base(), "run", "--rm", f"--name={container}", network,
                 "--hostname=vmtax", f"--workdir={job_cwd(job)}",
                 # Exactly the environment and capabilities the other runtimes give.
-                "--unsetenv-all", *(f"--env={k}={v}" for k, v in container_env(job).items()),
+                # A secret's value reaches podman through its own environment, never its
+                # argv, which any user's ps shows.
+                "--unsetenv-all", *(f"--env={k}" if v in job.secrets else f"--env={k}={v}"
+                                    for k, v in env.items()),
                 "--cap-drop=all", f"--cap-add={','.join(caps)}",
                 # Unasked, podman loads an AppArmor profile into the host's kernel, where it
                 # stays; the other runtimes use no LSM profile either. Seccomp stays podman's.
@@ -188,7 +234,8 @@ class Podman(Runtime):
         argv += ["--rootfs", str(self.root), *job.argv]
         self.link()
         self.unfinished.add(container)
-        return Launch(argv, container=container,
+        return Launch(argv, env={**os.environ, **secret} if secret else None,
+                      container=container,
                       undo=[*self.base(), "rm", "--force", "--time=0", "--ignore", container],
                       cgroups=[f"{root}/{container}" for root in self.cgroup_roots])
 

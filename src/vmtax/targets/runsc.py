@@ -1,9 +1,8 @@
 """gVisor's runsc as a container runtime, built from source on first use.
 
-Debian packages no runsc, and gVisor's Go module needs a newer Go than Debian 12's (1.19).
-Debian's go only fetches a pinned Go toolchain from the Go module proxy (the route
-GOTOOLCHAIN takes), and that toolchain builds runsc at a pinned gVisor version. The
-toolchain, Go's module and build caches and the binary all live under vmtax's cache, so
+Debian packages no runsc, and gVisor's Go module needs a newer Go than Debian 12's (1.19):
+the pinned Go toolchain (vmtax.helpers.go_toolchain) builds runsc at a pinned gVisor
+version. Go's module and build caches and the binary all live under vmtax's cache, so
 every host measures the same runsc, built by the same Go, whatever Go it has itself.
 
 Two runtimes share the binary: `runsc` (the systrap platform, gVisor's default) and
@@ -13,29 +12,23 @@ Two runtimes share the binary: `runsc` (the systrap platform, gVisor's default) 
 from __future__ import annotations
 
 import fcntl
-import glob
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import ClassVar
 
-from vmtax import paths, proc
-from vmtax.errors import VmtaxError
-from vmtax.targets.container import Launch, OciRuntime
-from vmtax.types import Job
+from vmtax.core import paths
+from vmtax.core.errors import VmtaxError
+from vmtax.core.runtime import Launch
+from vmtax.core.target import REALTIME, Feature
+from vmtax.core.types import Job
+from vmtax.helpers import go_toolchain
+from vmtax.helpers.oci_runtime import OciRuntime
+from vmtax.host import build_progress, proc
 
 # gVisor publishes its Go module only as pseudo-versions of its `go` branch.
 GVISOR_VERSION = "v0.0.0-20260905035102-160fafc42237"
-# gVisor's go.mod asks for Go >= 1.26.3; the newest patch release of that line.
-GO_VERSION = "1.26.11"
-GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-BUILD_TIMEOUT = 1800.0
-# How users reach the module proxy (a company mirror); the other GO* variables (GOROOT,
-# GOFLAGS, GOOS, ...) would change which Go runs or what it builds, so they are dropped.
-GO_NETWORK_VARS = ("GOPROXY", "GONOPROXY", "GOPRIVATE", "GOSUMDB", "GONOSUMDB", "GOINSECURE")
-INSTALL = "apt-get install golang-go"
 
 
 def home() -> Path:
@@ -48,38 +41,6 @@ def binary_path() -> Path:
     return home() / GVISOR_VERSION / "runsc"
 
 
-def go_arch() -> str | None:
-    return GO_ARCH.get(os.uname().machine)
-
-
-def toolchain_module() -> str:
-    return f"golang.org/toolchain@v0.0.1-go{GO_VERSION}.linux-{go_arch()}"
-
-
-def bootstrap_go() -> str | None:
-    """A Go that can fetch the toolchain: Debian's golang-go, else whatever is on PATH."""
-    for candidate in ("/usr/bin/go", *sorted(glob.glob("/usr/lib/go-*/bin/go"))):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return shutil.which("go")
-
-
-def go_env(gopath: Path) -> dict[str, str]:
-    """The environment of every go command: private caches (never ~/go), no toolchain
-    switching, no cgo (a cgo-built runsc fails at run time)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("GO") or k in GO_NETWORK_VARS}
-    env.update(GOPATH=str(gopath), GOMODCACHE=str(gopath / "pkg" / "mod"),
-               GOCACHE=str(gopath / "cache"), GOTOOLCHAIN="local", CGO_ENABLED="0",
-               # -modcacherw: the module cache stays deletable with the rest of the cache.
-               GOFLAGS="-mod=mod -modcacherw")
-    return env
-
-
-def download_command(go: str) -> list[str]:
-    return [go, "mod", "download", "-json", toolchain_module()]
-
-
 def build_command(go: str) -> list[str]:
     # `go install` leaves runsc's version variable unset ("VERSION_MISSING").
     return [go, "install",
@@ -87,39 +48,12 @@ def build_command(go: str) -> list[str]:
             f"gvisor.dev/gvisor/runsc@{GVISOR_VERSION}"]
 
 
-def run_go(argv: list[str], env: dict[str, str], cwd: Path, what: str,
-           owner: str = "runsc") -> str:
-    """Run a go command; its stdout, or VmtaxError ("OWNER: WHAT failed") with the end of
-    its stderr. Also builds the serving workload's tools (vmtax.serving_tools)."""
-    done = proc.run(argv, env=env, cwd=str(cwd), timeout=BUILD_TIMEOUT)
-    if done.exit_code != 0:
-        why = "timed out" if done.timed_out else f"exit code {done.exit_code}"
-        tail = " | ".join(done.stderr.strip().splitlines()[-5:])
-        raise VmtaxError(f"{owner}: {what} failed ({why}): {tail}")
-    return done.stdout
-
-
-def fetch_toolchain(gopath: Path, scratch: Path) -> str:
-    """The pinned Go toolchain's go command, downloaded by the bootstrap Go if needed."""
-    go = bootstrap_go()
-    if go is None:
-        raise VmtaxError(f"runsc: needs Go to build runsc ({INSTALL})")
-    info = json.loads(run_go(download_command(go), go_env(gopath), scratch,
-                          f"downloading Go {GO_VERSION}"))
-    root = Path(info["Dir"])
-    # Module zips carry no file modes: make the toolchain's programs executable again.
-    for path in [*(root / "bin").iterdir(), *(root / "pkg" / "tool").rglob("*")]:
-        if path.is_file():
-            path.chmod(path.stat().st_mode | 0o111)
-    return str(root / "bin" / "go")
-
-
 def build() -> Path:
     """The pinned runsc, built into the cache the first time (2-3 minutes)."""
     target = binary_path()
     if target.exists():
         return target
-    if go_arch() is None:
+    if go_toolchain.go_arch() is None:
         raise VmtaxError(f"runsc: no Go toolchain for {os.uname().machine}")
     with open(home() / ".lock", "w") as lock:
         # A second vmtax waits for the first one's build instead of doing it again.
@@ -131,9 +65,14 @@ def build() -> Path:
         gopath = home() / "go"
         scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=home()))
         try:
-            go = fetch_toolchain(gopath, scratch)
-            run_go(build_command(go), {**go_env(gopath), "GOBIN": str(scratch)}, scratch,
-                f"building gVisor {GVISOR_VERSION} with Go {GO_VERSION}")
+            with build_progress.Build("gVisor's runsc", "runsc", logged=False) as progress:
+                progress.describe(f"downloading Go {go_toolchain.GO_VERSION}")
+                go = go_toolchain.fetch_toolchain(gopath, scratch, "runsc", "runsc")
+                what = f"building gVisor {GVISOR_VERSION} with Go {go_toolchain.GO_VERSION}"
+                progress.describe(what)
+                go_toolchain.run_go(
+                    build_command(go), {**go_toolchain.go_env(gopath), "GOBIN": str(scratch)},
+                    scratch, what, "runsc")
             # Publish whole: a runsc in the cache is always a complete one.
             scratch.chmod(0o755)
             scratch.rename(target.parent)
@@ -149,10 +88,13 @@ class Runsc(OciRuntime):
     name = "runsc"
     description = ("gVisor's runsc: a user-space kernel between the job and the host, "
                    "systrap platform")
-    install = f"built from gVisor's source on first use; needs {INSTALL}"
+    install = f"built from gVisor's source on first use; needs {go_toolchain.INSTALL}"
     packages = ("golang-go",)
     joins_netns = True
     kernel_sockets = False
+    # gVisor schedules its tasks itself, with SCHED_NORMAL only: sched_setscheduler(2)
+    # refuses a real-time policy, which cyclictest reports as "run as root".
+    refuses: ClassVar[dict[Feature, str]] = {REALTIME: "gVisor"}
     platform: ClassVar[str] = "systrap"     # gVisor's way of intercepting system calls
 
     @classmethod
@@ -170,10 +112,10 @@ class Runsc(OciRuntime):
         # Cheap: only whether a build could run; locate() builds (about 3 minutes, once).
         if binary_path().exists():
             return None
-        if go_arch() is None:
+        if go_toolchain.go_arch() is None:
             return f"no Go toolchain for {os.uname().machine}"
-        if bootstrap_go() is None:
-            return f"needs Debian's golang-go to build runsc: {INSTALL}"
+        if go_toolchain.bootstrap_go() is None:
+            return f"needs Debian's golang-go to build runsc: {go_toolchain.INSTALL}"
         return None
 
     def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):

@@ -1,7 +1,7 @@
 """An existing machine reached over SSH: a guest of any hypervisor (Xen, VirtualBox,
 Hyper-V, a cloud), or a physical server to be the baseline (E3).
 
-The workloads run the host's own programs there (vmtax.remote_bundle), each job in the
+The workloads run the host's own programs there (vmtax.guest.remote_bundle), each job in the
 target's scratch directory under `workdir`, which vmtax makes and removes (journaled:
 also after Ctrl-C, and after a crash by the guardian or the next start). A lost connection
 fails the repetition it interrupts; the next job reconnects, with growing waits, and kills
@@ -25,13 +25,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import StringConstraints
 
-from vmtax import plugin, remote_bundle, ssh_session
-from vmtax.errors import TargetError
-from vmtax.option_types import NonEmpty
-from vmtax.plugin import Expect
-from vmtax.ssh_session import ConnectionLost, Session, SshConfig, parse_spec
-from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Endpoint, Job, JobResult
+from vmtax.core import plugin
+from vmtax.core.errors import TargetError
+from vmtax.core.option_types import NonEmpty
+from vmtax.core.plugin import Expect
+from vmtax.core.target import Target, TargetContext
+from vmtax.core.types import Endpoint, Job, JobResult
+from vmtax.guest import remote_bundle
+from vmtax.host import ssh_session
+from vmtax.host.ssh_session import ConnectionLost, Session, SshConfig, parse_spec
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 HOST_SPEC = re.compile(rf"(?:{_NAME}@)?{_NAME}(?::[0-9]{{1,5}})?")
@@ -40,6 +42,10 @@ HostSpec = Annotated[str, StringConstraints(pattern=rf"^{HOST_SPEC.pattern}$"),
 AbsPath = Annotated[str, StringConstraints(pattern=r"^/\S*$"),
                     Expect('an absolute remote path like "/var/tmp"')]
 
+# $0 the server's log, then its job argv, whose stdin is this one's: kept in LOG.env (0600)
+# only until the detached job has it open, on fd 3 (a detached job's stdin is /dev/null).
+DETACH = ('(umask 077 && cat > "$0.env") && exec 3< "$0.env" && rm -f -- "$0.env" '
+          '&& { "$@" <&3 3<&- > "$0" 2>&1 & }')
 # The fingerprint script: one "@section" line before each part of the answer.
 FINGERPRINT = """
 echo @machine; uname -m
@@ -235,11 +241,11 @@ class SshTarget(Target):
         if self._dead is not None or self.scratch is None or self.bundle is None:
             return JobResult(None, "", f"{self.name}: {self._dead or 'not prepared'}", 0.0)
         cwd = self.scratch if job.in_scratch else "/"
-        argv = self.session.job_argv(self.bundle.argv(str(self.bundle_dir), job.argv),
-                                     job.env, cwd, posixpath.join(self.scratch, "job.pid"))
+        argv, stdin = self.session.job_argv(self.bundle.argv(str(self.bundle_dir), job.argv),
+                                            job.env, cwd, posixpath.join(self.scratch, "job.pid"))
         try:
             done = self.session.run(argv, timeout=job.timeout,
-                                    on_timeout=self.session.kill_argv(self.scratch))
+                                    on_timeout=self.session.kill_argv(self.scratch), stdin=stdin)
         except ConnectionLost as exc:
             self._lost = True
             return JobResult(None, "", str(exc), 0.0)
@@ -254,12 +260,14 @@ class SshTarget(Target):
             raise TargetError(f"{self.name}: not prepared")
         cwd = self.scratch if job.in_scratch else "/"
         pid_file = posixpath.join(self.scratch, f"server-{port}.pid")
-        argv = self.session.job_argv(self.bundle.argv(str(self.bundle_dir), job.argv),
-                                     job.env, cwd, pid_file)
-        # Detached: nohup-like, its output to a log in the scratch directory.
+        argv, stdin = self.session.job_argv(self.bundle.argv(str(self.bundle_dir), job.argv),
+                                            job.env, cwd, pid_file)
+        # Detached: nohup-like, its output to a log in the scratch directory. The values
+        # (the wrapper's stdin) are read whole first, into a file only the user can read,
+        # removed once it is open: the channel may close before a detached reader is done.
         log = posixpath.join(self.scratch, f"server-{port}.log")
-        self.session.check(["sh", "-c", '"$@" > "$0" 2>&1 < /dev/null &', log, *argv],
-                           f"starting the server on port {port}")
+        self.session.check(["sh", "-c", DETACH, log, *argv],
+                           f"starting the server on port {port}", stdin=stdin)
         return Endpoint(self.config.host, port, [], handle=pid_file)
 
     def stop_server(self, endpoint: Endpoint) -> None:

@@ -1,10 +1,11 @@
-"""A QEMU guest as a target: the plan's jobs run in one guest (a vmtax.vm_instance.VmInstance)
-booted from these options; the target chooses the guest's configuration, schedules jobs and
-servers on it, and describes it. The factory (vmtax.factory) makes more guests of the same
-configuration through `make_instance`, each on a tap of a vmtax network.
+"""A QEMU guest as a target: the plan's jobs run in one guest (a
+vmtax.targets.vm_instance.VmInstance) booted from these options; the target chooses the
+guest's configuration, schedules jobs and servers on it, and describes it. The factory
+(vmtax.studies.factory) makes more guests of the same configuration through
+`make_instance`, each on a tap of a vmtax network.
 
 Huge pages, E5's two sides: `hugepages` backs guest RAM with host huge pages (a hugetlbfs
-file, reserved by vmtax.hugepages before QEMU starts), `guest_hugepages` has the guest kernel
+file, reserved by vmtax.host.hugepages before QEMU starts), `guest_hugepages` has the guest kernel
 reserve 2 MiB pages at boot for the workload (sysbench --memory-hugetlb allocates them with
 shmget(SHM_HUGETLB), which needs no hugetlbfs mount in the guest). What was granted on
 each side is in the fingerprint.
@@ -16,23 +17,42 @@ import os
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from vmtax import hugepages, plugin, proc, trees
-from vmtax.errors import TargetError, VmtaxError
-from vmtax.image import GuestImage
-from vmtax.instance import Instance
-from vmtax.option_types import (GuestKernel, HostCpus, NonEmpty, Program, Programs, Seconds,
-                                Size)
-from vmtax.qemu import (VmConfig, find_qemu, host_tsc_khz, kernel_cmdline, parse_size,
-                        resolve_accel)
-from vmtax.targets.base import Target, TargetContext
-from vmtax.types import Endpoint, Job, JobResult
-from vmtax.vm_instance import VmInstance
+from vmtax.core import plugin
+from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.core.instance import Instance
+from vmtax.core.option_types import (
+    GuestKernel,
+    HostCpus,
+    NonEmpty,
+    Program,
+    Programs,
+    Seconds,
+    Size,
+    cpulist,
+)
+from vmtax.core.target import Target, TargetContext
+from vmtax.core.types import Endpoint, Job, JobResult
+from vmtax.guest.image import GuestImage
+from vmtax.guest.qemu import (
+    VmConfig,
+    find_qemu,
+    host_tsc_khz,
+    io_uring_problem,
+    kernel_cmdline,
+    parse_size,
+    qemu_properties,
+    resolve_accel,
+)
+from vmtax.host import hugepages, proc, trees
+from vmtax.targets.vm_instance import VmInstance
 
 # --- options that depend on each other ----------------------------------------------------
 
 # What a guest needs beside the huge pages it reserves: kernel, the initramfs rootfs (held
 # in RAM), sysbench's own buffers when it does not use huge pages.
 GUEST_MIN_FREE = 256 << 20
+# A pin for the default two vCPUs, the knob `vmtax tune` tries: the first two usable CPUs.
+PIN_CANDIDATE = cpulist(sorted(os.sched_getaffinity(0))[:2])
 
 
 class VmOptions(plugin.Options):
@@ -41,17 +61,18 @@ class VmOptions(plugin.Options):
         "measures several builds side by side as vm@LABEL", cli=True)
     accel: Literal["auto", "kvm", "tcg"] = plugin.option(
         "auto", "Acceleration; auto uses KVM only where it really runs a vCPU", cli=True)
-    machine: Literal["microvm", "q35"] = plugin.option("microvm", "QEMU machine type", cli=True)
-    vcpus: int = plugin.option(2, "Virtual CPUs", unit="vCPUs", ge=1, cli=True)
+    machine: Literal["microvm", "q35"] = plugin.option("microvm", "QEMU machine type", cli=True,
+                                                      tune=("q35", "microvm"))
+    vcpus: int = plugin.option(2, "Virtual CPUs", unit="vCPUs", ge=1, cli=True, tune=(1, 2, 4))
     memory: Size = plugin.option("1G", "Guest memory", unit="bytes", cli=True)
     cpu: NonEmpty | None = plugin.option(None, "QEMU CPU model; none: host under KVM, "
-                                         "max under TCG")
+                                         "max under TCG", tune=("qemu64", "max"))
     kernel: GuestKernel = plugin.option(
         "debian", 'Guest kernel: "debian" (Debian\'s linux-image-amd64), "debian-rt" '
         '(linux-image-rt-amd64, PREEMPT_RT), "minimal" (built from linux-source with '
         "only what vmtax's guests use, all built in: the fastest boot) or a vmlinux/bzImage "
         "path", cli=True)
-    disk_size: Size = plugin.option("4G", "Scratch disk (ext4 on virtio-blk) for "
+    disk_size: Size = plugin.option("4G", "Scratch disk (ext4, on disk_bus) for "
                                     "workloads that write files", unit="bytes")
     boot_timeout: Seconds = plugin.option(60.0, "Give up on a boot after this long",
                                           unit="s")
@@ -62,21 +83,50 @@ class VmOptions(plugin.Options):
     icount: NonEmpty | None = plugin.option(None, "TCG only: QEMU -icount (guest time "
                                             "from the instruction count)")
     hugepages: Literal["2M", "1G"] | None = plugin.option(
-        None, "Back guest RAM with host huge pages of this size (reserved for the run)")
+        None, "Back guest RAM with host huge pages of this size (reserved for the run)",
+        tune=("2M",))
     guest_hugepages: int = plugin.option(0, "2 MiB huge pages the guest kernel reserves at "
                                          "boot", unit="pages", ge=0)
     pin: HostCpus | None = plugin.option(None, "Host CPU of each vCPU's thread, in vCPU "
-                                         "order; none: the host scheduler decides")
+                                         "order; none: the host scheduler decides",
+                                         tune=(PIN_CANDIDATE,))
     # After vmtax's own, so one of them given again wins (e.g. "mitigations=off", or a
     # wrong tsc_early_khz for a deliberately skewed clock).
     kernel_args: NonEmpty | None = plugin.option(
-        None, "Extra guest kernel arguments, after vmtax's own", cli=True)
+        None, "Extra guest kernel arguments, after vmtax's own", cli=True,
+        tune=("mitigations=off", "clocksource=tsc"),
+        safety={"mitigations=off": "removes the guest kernel's protections against CPU "
+                                   "side channels (Spectre, Meltdown, ...)"})
     network: Literal["auto", "none", "bridge", "user"] = plugin.option(
         "auto", "The guest's network for servers a host-side client reaches: bridge is a "
         "tap on a bridge in a namespace vmtax owns (needs root); user is QEMU's user-mode "
         "network (slirp: no root, but several times the CPU per byte, ~0.8 against "
         "~2.6 Gbit/s here); auto: bridge where it can be made, else user, and only for "
-        "plans with client-server workloads")
+        "plans with client-server workloads", tune=("bridge", "user"))
+    vhost: bool = plugin.option(False, "bridge network: vhost-net moves the NIC's data path "
+                                "into the host kernel (needs /dev/vhost-net)", tune=(True,))
+    disk_cache: Literal["auto", "none", "writeback", "writethrough", "directsync",
+                        "unsafe"] = plugin.option(
+        "auto", "The scratch disk's host cache mode; auto: none (O_DIRECT) where the work "
+        "directory's filesystem allows it, else writeback", tune=("writeback", "unsafe"),
+        safety={"unsafe": "ignores the guest's flushes: a host crash loses what it wrote"})
+    disk_aio: Literal["threads", "native", "io_uring"] = plugin.option(
+        "threads", "How QEMU does the scratch disk's I/O: a thread pool, Linux AIO (needs "
+        "O_DIRECT: disk_cache none or directsync) or io_uring", tune=("native", "io_uring"))
+    iothread: bool = plugin.option(False, "The scratch disk served by an I/O thread of its "
+                                   "own, not QEMU's main loop", tune=(True,))
+    disk_bus: Literal["virtio-blk", "virtio-scsi", "nvme"] = plugin.option(
+        "virtio-blk", "The scratch disk's bus: virtio-blk (/dev/vda), a disk on a virtio-scsi "
+        "controller (/dev/sda, as many clouds give) or an emulated NVMe controller "
+        "(/dev/nvme0n1; on microvm, on a PCIe bus added for it); not with the minimal "
+        "kernel",
+        tune=("virtio-scsi", "nvme"))
+    tcg_thread: Literal["multi", "single"] = plugin.option(
+        "multi", "TCG only: one host thread per vCPU (multi) or all vCPUs in one",
+        tune=("single",))
+    tb_size: int | None = plugin.option(None, "TCG only: translation cache size; none: "
+                                        "QEMU's default (1 GiB)", unit="MiB", ge=1,
+                                        tune=(64, 256))
 
     def problems(self) -> list[tuple[str, str]]:
         problems = []
@@ -94,12 +144,45 @@ class VmOptions(plugin.Options):
             problems.append(("guest_hugepages", f"at most {most} 2 MiB pages, which leaves the "
                              f"guest {GUEST_MIN_FREE >> 20} MiB of its memory "
                              f"({self.memory}); or more memory"))
+        problems += self._tuning_problems()
         if self.pin is not None:
             if len(self.pin) != self.vcpus:
                 problems.append(("pin", f"one host CPU per vCPU (vcpus = {self.vcpus})"))
             elif self.icount and self.vcpus > 1:
                 problems.append(("pin", "no pinning of several vCPUs with icount (TCG then "
                                         "runs them all in one thread)"))
+        return problems
+
+    def _tuning_problems(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.vhost and not os.path.exists("/dev/vhost-net"):
+            problems.append(("vhost", "false: this host has no /dev/vhost-net (modprobe "
+                                      "vhost_net)"))
+        if self.vhost and self.network not in ("bridge", "auto"):
+            problems.append(("vhost", "false with network = \"" + self.network + "\" "
+                                      "(vhost-net serves a tap)"))
+        if self.iothread and resolve_accel(self.accel) == "tcg":
+            problems.append(("iothread", "false under TCG (an I/O thread needs ioeventfd, "
+                                         "which only KVM gives)"))
+        if self.disk_aio == "native" and self.disk_cache not in ("auto", "none", "directsync"):
+            problems.append(("disk_aio", f'"threads" or "io_uring" with disk_cache = '
+                                         f'"{self.disk_cache}" (Linux AIO needs O_DIRECT)'))
+        if self.disk_bus != "virtio-blk" and self.kernel == "minimal":
+            problems.append(("disk_bus", '"virtio-blk" with kernel = "minimal" (built '
+                                         "without SCSI and NVMe drivers)"))
+        if (self.disk_bus == "nvme" and self.machine == "microvm"
+                and "pcie" not in qemu_properties(self.qemu, "-machine", "microvm")):
+            problems.append(("disk_bus", f'"virtio-blk" or "virtio-scsi" on machine = '
+                                         f'"microvm" ({self.qemu}\'s microvm has no PCIe bus '
+                                         "for an NVMe controller; or machine = \"q35\")"))
+        if (self.disk_bus == "nvme" and self.iothread
+                and "iothread" not in qemu_properties(self.qemu, "-device", "nvme")):
+            problems.append(("iothread", f"false with disk_bus = \"nvme\" ({self.qemu}'s "
+                                         "NVMe controller takes no I/O thread)"))
+        if self.disk_aio == "io_uring":
+            why = io_uring_problem(self.qemu)
+            if why:
+                problems.append(("disk_aio", f'"threads" or "native": {why}'))
         return problems
 
 
@@ -125,6 +208,10 @@ class VmTarget(Target):
     packages = ("qemu-system-x86", "qemu-utils", "e2fsprogs", "kmod", "cpio", "xz-utils")
     # Boot to agent ready under TCG, then calibration (measured: 2-5 s here).
     startup_seconds = 5.0
+    # QEMU marks guest RAM mergeable; the agent times each job by the guest's clock.
+    ksm_mergeable = True
+    guest_clock = True
+    small_options = {"vcpus": 1, "memory": "256M", "disk_size": "64M"}
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -136,7 +223,7 @@ class VmTarget(Target):
 
     @classmethod
     def variants(cls) -> dict[str, str | None]:
-        from vmtax import kvm   # probing runs a tiny vCPU: only when asked
+        from vmtax.host import kvm  # probing runs a tiny vCPU: only when asked
         status = kvm.probe()
         return {"kvm": None if status.usable else status.reason, "tcg": None, "auto": None}
 
@@ -187,7 +274,11 @@ class VmTarget(Target):
             kernel=image.kernel(), initramfs=image.initramfs(),
             append=self._cmdline(image),
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
-            console_log=run_dir / "console.log", disk=disk, disk_cache=disk_cache,
+            console_log=run_dir / "console.log", disk=disk,
+            disk_cache=disk_cache if self.opts.disk_cache == "auto" else self.opts.disk_cache,
+            disk_aio=None if self.opts.disk_aio == "threads" else self.opts.disk_aio,
+            iothread=self.opts.iothread, disk_bus=self.opts.disk_bus,
+            tcg_thread=self.opts.tcg_thread, tb_size=self.opts.tb_size, vhost=self.opts.vhost,
             icount=self.opts.icount if accel == "tcg" else None,
             hugepages=self.opts.hugepages, mem_path=mem_path, network=network, tap=tap,
             trees=tuple((trees.ext4_image(tree), str(tree)) for tree in self.ctx.trees))
@@ -230,15 +321,7 @@ class VmTarget(Target):
     def make_instance(self, index: int, network: Any, job: Job | None = None) -> Instance:
         """Another guest of this configuration, on a tap of `network`, running job in the
         background."""
-        guest = self._new_guest(f"{self.name}#{index}", "bridge", network)
-        guest.start()
-        if job is not None:
-            try:
-                guest.spawn(job)
-            except BaseException:
-                guest.stop()
-                raise
-        return guest
+        return self._new_guest(f"{self.name}#{index}", "bridge", network).start_with(job)
 
     def _need_guest(self) -> VmInstance:
         if self.guest is None:
@@ -340,6 +423,10 @@ class VmTarget(Target):
             "guest_boot_seconds": guest.guest_boot_seconds if guest else None,
             "boots_seconds": list(self.boot_history),
             "disk_cache": cfg.disk_cache if cfg else None,
+            "disk_aio": self.opts.disk_aio, "iothread": self.opts.iothread,
+            "disk_bus": self.opts.disk_bus,
+            "tcg_thread": self.opts.tcg_thread if accel == "tcg" else None,
+            "tb_size": self.opts.tb_size if accel == "tcg" else None, "vhost": self.opts.vhost,
             "append": cfg.append if cfg else self._cmdline(image),
             # Requested and granted on each side: E5's precondition, kept with the results.
             "host_hugepages": host_pages,

@@ -1,18 +1,5 @@
-"""Workloads: every module of this package may define some (see vmtax.plugin)."""
+"""Workloads, one plugin module each (see vmtax.core.workload), found by the registry.
 
-from __future__ import annotations
-
-from vmtax import plugin
-from vmtax.workloads.base import Workload
-
-
-def registered() -> dict[str, type[Workload]]:
-    """Workload name -> class, built-in and third-party."""
-    return plugin.plugins(Workload.group)  # type: ignore[return-value]
-
-
-def get(name: str) -> type[Workload]:
-    return plugin.get(Workload.group, name)  # type: ignore[return-value]
-
-
-__all__ = ["Workload", "get", "registered"]
+May import: `vmtax.core`, `vmtax.host`, `vmtax.guest`, `vmtax.helpers`; never another
+plugin package, nor another workload's module (shared code lives in vmtax.helpers).
+"""

@@ -1,6 +1,6 @@
 """bzip2: compress one large file and a tarred tree of many small files (E3's bzip2 test).
 
-A prepare job generates the data once per target (vmtax.workloads.macro_util: text that
+A prepare job generates the data once per target (vmtax.helpers.macro_data: text that
 compresses like real text, the same bytes in every target): a file of `size` bytes and a
 tree of `files` small files, which GNU tar packs into one archive with fixed names, order,
 owners and times, so the archive too is byte-identical everywhere. Each repetition runs
@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import re
 
-from vmtax import plugin
-from vmtax.errors import ParseError
-from vmtax.option_types import Size
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, DataOptions,
-                                        DataWorkload, script_job, times)
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.option_types import Size
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.helpers.macro_data import (
+    MAKE_DATA,
+    TIME_RESOLUTION,
+    DataOptions,
+    DataWorkload,
+    script_job,
+    times,
+)
 
 INPUTS = ("file", "tree")
 # Rates for estimates and timeouts: bzip2 -9 compressed 2-10 MiB/s natively on this

@@ -10,11 +10,11 @@ order (for a short run). What is measured is compiling those objects, C and asse
 with Debian's gcc (driver, compiler proper cc1) and binutils' as; kbuild itself (Kconfig,
 fixdep, host tools) and linking vmlinux are not.
 
-The code base and the toolchain (vmtax.kernel_tree: tens of MB, built once on the host at
-set-up) reach every target as a read-only tree at the same path (vmtax.trees): natively the
-cached directory, in containers a read-only bind mount, in guests a read-only ext4 disk.
-Objects go to the scratch directory. Each repetition deletes them untimed and times the
-build.
+The code base and the toolchain (vmtax.helpers.kernel_tree: tens of MB, built on the host
+when a run first needs it) reach every target as a read-only tree at the same path
+(vmtax.host.trees): natively the cached directory, in containers a read-only bind mount,
+in guests a read-only ext4 disk. Objects go to the scratch directory. Each repetition
+deletes them untimed and times the build.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from vmtax import kernel_tree, plugin
-from vmtax.errors import VmtaxError
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import TIME_RESOLUTION, programs, script_job, times
+from vmtax.core import plugin
+from vmtax.core.errors import VmtaxError
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.helpers import kernel_tree
+from vmtax.helpers.macro_data import TIME_RESOLUTION, programs, script_job, times
 
 # For estimates before the tree is built: CPU seconds to compile an average tinyconfig
 # object natively on this (shared) host; the manifest's measured figure replaces it.
@@ -71,7 +72,7 @@ class Compile(Workload):
                    "command lines, from a read-only tree (seconds)")
     Options = CompileOptions
     options: CompileOptions
-    # gcc, cc1 and as come with the tree (vmtax.kernel_tree); make in the root file system
+    # gcc, cc1 and as come with the tree (vmtax.helpers.kernel_tree); make in the root file system
     # brings the C library and dynamic loader they run with.
     binaries = ("make",)
     packages = kernel_tree.PACKAGES
@@ -84,7 +85,8 @@ class Compile(Workload):
         try:
             kernel_tree.tarball()
         except VmtaxError as exc:
-            return [("objects", str(exc))]
+            # Said as what the plan check expects: "expected a Linux source ... , got 20".
+            return [("objects", f"a Linux source tarball to build the tree from ({exc})")]
         return []
 
     def trees(self) -> tuple[Path, ...]:

@@ -26,10 +26,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import model_validator
 
-from vmtax import plugin
-from vmtax.errors import ParseError
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.target import REALTIME, Need
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
 
 # Without a histogram, cyclictest's thread N wakes every interval + N * this (its -d
 # default); with one, every thread uses the interval itself.
@@ -58,9 +59,10 @@ class CyclictestOptions(plugin.Options):
         1, "measuring threads (-t); without a histogram thread N wakes every "
         f"interval + N*{DISTANCE} µs (cyclictest's default distance)", ge=1)
     priority: int | None = plugin.option(
-        99, "real-time priority of the threads (-p); none: normal scheduling, for "
-        "sandboxes that refuse real-time scheduling (gVisor). 0 is refused because "
-        "cyclictest silently replaces it with threads+1", ge=1, le=99)
+        99, "real-time priority of the threads (-p); none: normal scheduling (rt-tests "
+        "still checks at start that it may use SCHED_FIFO, so a sandbox without real-time "
+        "scheduling, gVisor, cannot run it either way). 0 is refused because cyclictest "
+        "silently replaces it with threads+1", ge=1, le=99)
     policy: Literal["fifo", "rr"] = plugin.option(
         "fifo", "real-time scheduling policy (--policy, given only for rr)")
     interval: int = plugin.option(10000, "wake-up interval of thread 0 (-i)", unit="µs",
@@ -150,6 +152,12 @@ class Cyclictest(Workload):
         o = self.options
         return o.loops * self.thread_interval(o.threads - 1) / 1_000_000
 
+    def needs(self) -> list[Need]:
+        # Even at priority "none": rt-tests 2.4 exits at start ("Unable to change scheduling
+        # policy!") unless it may switch to SCHED_FIFO (measured under gVisor).
+        return [Need(REALTIME, "at any priority: rt-tests checks that it may use SCHED_FIFO "
+                               "before it measures")]
+
     def run_job(self) -> Job:
         o = self.options
         argv = ["cyclictest", "-q", f"-t{o.threads}",
@@ -161,8 +169,8 @@ class Cyclictest(Workload):
             argv += ["-h", str(o.histogram)]
         if o.mlockall:
             argv.append("-m")
-        capabilities = (("CAP_SYS_NICE",) if o.priority is not None else ()) + (
-            ("CAP_IPC_LOCK",) if o.mlockall else ())
+        # CAP_SYS_NICE at priority "none" too: rt-tests checks SCHED_FIFO before it measures.
+        capabilities = ("CAP_SYS_NICE",) + (("CAP_IPC_LOCK",) if o.mlockall else ())
         # Wake-ups run on the wall clock even under TCG; the slack covers start-up there.
         return Job(argv=argv, timeout=self.run_seconds() * 3 + 60, capabilities=capabilities)
 

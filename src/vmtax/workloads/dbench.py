@@ -3,7 +3,7 @@ dbench test), throughput and the worst latency.
 
 dbench replays Debian's loadfile, /usr/share/dbench/client.txt (26 MB of NetBench
 operations). Target root file systems carry programs, not data, so prepare jobs carry the
-file in (vmtax.workloads.macro_util.carry_jobs: 1.9 MB compressed, in 6 jobs). Each
+file in (vmtax.helpers.macro_data.carry_jobs: 1.9 MB compressed, in 6 jobs). Each
 repetition is one `dbench -t TIME N` run; the parser reads its closing line ("Throughput
 X MB/sec  N clients  N procs  max_latency=Y ms").
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vmtax import plugin
-from vmtax.errors import ParseError
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import carry_jobs, script_job
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.helpers.macro_data import carry_jobs, script_job
 
 LOADFILE = Path("/usr/share/dbench/client.txt")
 _RESULT = re.compile(r"Throughput ([0-9.]+) MB/sec\s+([0-9]+) clients\s+([0-9]+) procs\s+"

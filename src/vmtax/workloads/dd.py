@@ -15,13 +15,14 @@ rate from bytes and seconds rather than taking dd's rounded one.
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
-from vmtax import plugin
-from vmtax.errors import ParseError
-from vmtax.option_types import Size
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import programs, script_job, size_bytes
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.option_types import Size
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.core.workload import Outcome, Workload
+from vmtax.helpers.macro_data import programs, script_job, size_bytes
 
 MODES = ("buffered", "direct")
 # For estimates: both copies at this rate (this host's buffered copies: 300-400 MB/s).
@@ -121,3 +122,19 @@ class Dd(Workload):
         if missing:
             raise ParseError(f"no dd summary for the {', '.join(missing)} copy")
         return [found[m] for m in MODES]
+
+    @classmethod
+    def explain_win(cls, win: Outcome, others: Sequence[Outcome], baseline: str) -> str | None:
+        """A buffered copy beating the bare host: the host's page cache when the direct copy
+        does not win, else a host that caches even direct writes (or a faster disk). A
+        direct copy's win is left to the generic explanation of disk I/O."""
+        if win.dimensions.get("mode") != "buffered":
+            return None
+        direct = next((o for o in others if o.metric == "throughput"
+                       and o.dimensions.get("mode") == "direct"), None)
+        if direct is not None and direct.ratio is not None and not direct.beats_baseline:
+            return (f"host page cache: the buffered copy beats {baseline} but the "
+                    f"oflag=direct copy does not (×{direct.ratio:.3g}); the target's disk is "
+                    "a host file, and its buffered writes end in the host's memory")
+        return ("its O_DIRECT copy wins too: the host caches the target's disk even for "
+                "direct writes (a VM disk without cache=none), or the disk is faster")

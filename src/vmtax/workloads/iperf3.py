@@ -13,10 +13,10 @@ import json
 import math
 from typing import Any
 
-from vmtax import plugin
-from vmtax.errors import ParseError
-from vmtax.types import Endpoint, Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.types import Endpoint, Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
 
 PORT = 5201   # iperf3's own default
 

@@ -9,10 +9,12 @@ vmtax initialises the data directory itself, as mariadb-install-db does: MariaDB
 tables from Debian's SQL scripts, fed to `mariadbd --bootstrap`, then one account with a
 random password made for this run (`sbtest`, all rights on the `sbtest` database and
 nothing else: no root account is left), so only vmtax's client can use the server while
-it listens on the target's network (natively: on loopback only). The password is
-in the stored command lines of the run, and dies with the data directory, which a cleanup
+it listens on the target's network (natively: on loopback only). The password is in no
+command line (`ps` would show it) and never stored: the bootstrap and the client get it in
+their environment (PASSWORD_ENV), sysbench reads it from a config file on a pipe, and the
+store keeps `***` for it (Job.secrets). It dies with the data directory, which a cleanup
 job deletes. Root file systems carry programs, not data, so prepare jobs bring in the SQL
-scripts and MariaDB's error messages file (vmtax.workloads.macro_util.carry_jobs).
+scripts and MariaDB's error messages file (vmtax.helpers.macro_data.carry_jobs).
 
 sysbench's tables are prepared once per target and cell: the first client run against a
 server (a new server after a target restart included) first drops and creates them
@@ -22,19 +24,19 @@ sysbench's own, from its `run` report alone.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 from pathlib import Path
 from typing import Literal
 
-from vmtax import plugin
-from vmtax.errors import ParseError
-from vmtax.option_types import Size
-from vmtax.types import Endpoint, Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-from vmtax.workloads.macro_util import carry_jobs, programs, script_job
-from vmtax.workloads.sysbench import (FAIRNESS, LATENCY_RESOLUTION, _find, _number,
-                                      _Report)
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.option_types import Size
+from vmtax.core.types import Endpoint, Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.helpers.macro_data import carry_jobs, programs, script_job
+from vmtax.helpers.sysbench_report import FAIRNESS, LATENCY_RESOLUTION, Report, find, number
 
 PORT = 3306
 SHARE = Path("/usr/share/mysql")
@@ -62,9 +64,12 @@ _MARIADBD = """mariadbd() {
         --innodb-log-file-size=48M --skip-name-resolve "$@"
 }
 """
-# $2: the password of the one account. The bootstrap thread may write every table, but
-# CREATE USER needs the grant tables loaded (FLUSH PRIVILEGES) first. A pipeline's last
-# command runs in a subshell of its own, which mariadbd replaces.
+# Where the bootstrap and the client find the password (the scripts below name it): their
+# environment, which only their user (and root) can read, where a command line is everyone's.
+PASSWORD_ENV = "VMTAX_DB_PASSWORD"
+# The password of the one account is in $VMTAX_DB_PASSWORD. The bootstrap thread may write
+# every table, but CREATE USER needs the grant tables loaded (FLUSH PRIVILEGES) first. A
+# pipeline's last command runs in a subshell of its own, which mariadbd replaces.
 _BOOTSTRAP = _MARIADBD + """busybox rm -rf mariadb
 busybox mkdir mariadb
 {
@@ -76,7 +81,7 @@ busybox mkdir mariadb
     echo "DELETE FROM proxies_priv;"
     echo "FLUSH PRIVILEGES;"
     echo "CREATE DATABASE sbtest;"
-    echo "CREATE USER 'sbtest'@'%' IDENTIFIED BY '$2';"
+    echo "CREATE USER 'sbtest'@'%' IDENTIFIED BY '$VMTAX_DB_PASSWORD';"
     echo "GRANT ALL ON sbtest.* TO 'sbtest'@'%';"
 } | mariadbd "$1" --bootstrap --log-warnings=0 --enforce-storage-engine= \\
     --max_allowed_packet=8M --net_buffer_length=16K > mariadb-bootstrap.log 2>&1 || {
@@ -89,12 +94,18 @@ _SERVER = _MARIADBD + """mariadbd "$1" --bind-address="${VMTAX_LISTEN:-0.0.0.0}"
     --socket=mariadb.sock \\
     --pid-file="$PWD/mariadb.pid"
 """
-# On the host: sysbench's own commands, its arguments passed through.
-_PREPARE_AND_RUN = """set -e
-sysbench "$@" cleanup >&2
-sysbench "$@" prepare >&2
-exec sysbench "$@" run
-"""
+
+
+def _sysbench(command: str, redirect: str = "") -> str:
+    """A line of a script on the host: sysbench's command, its arguments passed through,
+    the password read from a config file on a pipe (fd 3), in no command line or file."""
+    return (f'sysbench --config-file=/dev/fd/3 "$@" {command}{redirect} 3<<EOF\n'
+            f"mysql-password=${PASSWORD_ENV}\nEOF\n")
+
+
+_PREPARE_AND_RUN = ("set -e\n" + _sysbench("cleanup", " >&2") + _sysbench("prepare", " >&2")
+                    + "exec " + _sysbench("run"))
+_RUN = "exec " + _sysbench("run")
 _TRANSACTIONS = re.compile(r"transactions:\s+([0-9]+)\s+\((\S+) per sec\.\)")
 _QUERIES = re.compile(r"queries:\s+([0-9]+)\s+\((\S+) per sec\.\)")
 _ERRORS = re.compile(r"ignored errors:\s+([0-9]+)\s+\((\S+) per sec\.\)")
@@ -155,11 +166,13 @@ class Oltp(Workload):
         return 5.0 + self.options.tables * self.options.table_size / 10_000
 
     def prepare_jobs(self) -> list[Job]:
+        bootstrap = script_job(_BOOTSTRAP, self.options.buffer_pool,
+                               env={**programs("mariadbd"), PASSWORD_ENV: self._password},
+                               timeout=BOOTSTRAP_TIMEOUT)
         return [*carry_jobs(ERRMSG, "mariadb-messages/english/errmsg.sys"),
                 *(job for sql in SYSTEM_SQL
                   for job in carry_jobs(sql, f"mariadb-sql/{sql.name}")),
-                script_job(_BOOTSTRAP, self.options.buffer_pool, self._password,
-                           env=programs("mariadbd"), timeout=BOOTSTRAP_TIMEOUT)]
+                dataclasses.replace(bootstrap, secrets=(self._password,))]
 
     def server_job(self) -> Job:
         return script_job(_SERVER, self.options.buffer_pool, PORT, env=programs("mariadbd"),
@@ -168,30 +181,32 @@ class Oltp(Workload):
     def client_job(self, endpoint: Endpoint) -> Job:
         o = self.options
         args = [o.test, "--db-driver=mysql", f"--mysql-host={endpoint.address}",
-                f"--mysql-port={endpoint.port}", "--mysql-user=sbtest",
-                f"--mysql-password={self._password}", "--mysql-db=sbtest",
+                f"--mysql-port={endpoint.port}", "--mysql-user=sbtest", "--mysql-db=sbtest",
                 f"--tables={o.tables}", f"--table-size={o.table_size}",
                 f"--threads={o.threads}", f"--time={o.time}", "--percentile=95"]
         # Connecting and the last transactions in flight take seconds under TCG.
         timeout = o.time * 3 + 60
+        env, secret = {PASSWORD_ENV: self._password}, (self._password,)
         if any(e is endpoint for e in self._prepared):
-            return Job(["sysbench", *args, "run"], timeout=timeout)
+            return Job(["busybox", "sh", "-c", _RUN, "sysbench", *args], env=env,
+                       timeout=timeout, secrets=secret)
         self._prepared.append(endpoint)
-        return Job(["busybox", "sh", "-c", _PREPARE_AND_RUN, "sysbench", *args],
-                   timeout=timeout + o.tables * o.table_size / SLOWEST_ROWS_S + 60)
+        return Job(["busybox", "sh", "-c", _PREPARE_AND_RUN, "sysbench", *args], env=env,
+                   timeout=timeout + o.tables * o.table_size / SLOWEST_ROWS_S + 60,
+                   secrets=secret)
 
     def cleanup_jobs(self) -> list[Job]:
         return [script_job("busybox rm -rf mariadb mariadb-messages mariadb-sql mariadb.pid "
                            "mariadb-bootstrap.log\n", timeout=120)]
 
     def parse(self, stdout: str) -> list[Metric]:
-        report = _Report(stdout, self.metric)
+        report = Report(stdout, self.metric)
         lines = report.lines
         values = {}
         for name, regex in (("transactions", _TRANSACTIONS), ("queries", _QUERIES)):
-            m = _find(lines, regex, name)
-            values[name] = _number(m[2], f"{name} per sec.")
-        errors = _find(lines, _ERRORS, "ignored errors", required=False)
+            m = find(lines, regex, name)
+            values[name] = number(m[2], f"{name} per sec.")
+        errors = find(lines, _ERRORS, "ignored errors", required=False)
         if errors and int(errors[1]):
             raise ParseError(f"sysbench ignored {errors[1]} errors of the server")
         if values["transactions"] <= 0:

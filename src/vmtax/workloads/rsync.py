@@ -1,7 +1,7 @@
 """rsync: copy a tree of many small files and one large file into another directory of the
 target's scratch disk (E3's rsync test).
 
-A prepare job generates the data once per target (vmtax.workloads.macro_util, the same
+A prepare job generates the data once per target (vmtax.helpers.macro_data, the same
 bytes in every target); each repetition copies the tree and then the large file with
 Debian's rsync (`-a`, a local copy: rsync's sender and receiver processes talk over a
 pipe), each timed by the target's clock, and deletes the copies untimed.
@@ -9,11 +9,17 @@ pipe), each timed by the target's clock, and deletes the copies untimed.
 
 from __future__ import annotations
 
-from vmtax import plugin
-from vmtax.option_types import Size
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.macro_util import (MAKE_DATA, TIME_RESOLUTION, DataOptions,
-                                        DataWorkload, script_job, times)
+from vmtax.core import plugin
+from vmtax.core.option_types import Size
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.helpers.macro_data import (
+    MAKE_DATA,
+    TIME_RESOLUTION,
+    DataOptions,
+    DataWorkload,
+    script_job,
+    times,
+)
 
 PARTS = ("tree", "file")
 # For estimates and timeouts: a local rsync of the tree moved 2-20 MiB/s on this (shared)

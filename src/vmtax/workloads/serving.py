@@ -1,10 +1,10 @@
 """serving: E4's HTTP server in the target, driven from the host by vegeta.
 
-The server (tools/httpd, built at set-up with vegeta: vmtax.serving_tools) has three
+The server (tools/httpd, built on first use with vegeta: vmtax.helpers.serving_tools) has three
 endpoints: `download` (GET SIZE deterministic bytes), `upload` (POST a body stored on the
 target's disk, in its tmpfs, or discarded) and `transcode` (POST a 640x360 H.264 clip that
 ffmpeg, carried into the target, scales down). It stays up for the cell; each repetition is
-one run of vmtax.serving_client on the host, pinned apart from the target's CPUs:
+one run of vmtax.helpers.serving_client on the host, pinned apart from the target's CPUs:
 
 - `rate`: per endpoint, constant-rate steps (an open model: a slow server cannot slow the
   arrivals), each held `duration` seconds, up to the first step that fails (success below
@@ -14,7 +14,7 @@ one run of vmtax.serving_client on the host, pinned apart from the target's CPUs
 - `workers`: per endpoint, `workers` workers send `requests` requests as fast as the
   server answers; requests/s is what they achieved.
 
-Latencies are exact percentiles of every request vegeta timed (vmtax.serving_client says
+Latencies are exact percentiles of every request vegeta timed (vmtax.helpers.serving_client says
 why not vegeta's own estimates), per endpoint and offered rate. In rate mode `cross_check`
 requests per endpoint are first timed with curl, one at a time; vegeta's p50 at the lowest rate
 more than 10% away from curl's median raises a flag on the endpoint's capacity naming what
@@ -26,6 +26,10 @@ left in the target, which must be none.
 Each step's "generator cpu" is the driver's own measure, for its "generator bound" flag;
 the `generator` collector (plans/serving.toml enables it) records the client's CPU time
 over the cell's measured repetitions.
+
+Its figures replace the report's generic ones, which would scatter the latencies' endpoint
+and rate over dozens of charts: p99 latency against the offered rate, a panel per endpoint,
+each target's capacity ringed on its line; and requests/s per endpoint.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from vmtax import plugin, serving_client, serving_tools
-from vmtax.errors import ParseError, VmtaxError
-from vmtax.option_types import Size
-from vmtax.types import Endpoint, Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
+from vmtax.core import paths, plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.figures import Bars, Lines, Mark
+from vmtax.core.option_types import Size
+from vmtax.core.types import Endpoint, Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.helpers import go_toolchain, serving_client, serving_tools
 
 PORT = 18080
 EndpointName = Literal["download", "upload", "transcode"]
@@ -51,8 +57,6 @@ Rates = Annotated[list[Annotated[float, Field(gt=0, le=1e6)]], Field(min_length=
 _SHIFT = {"K": 10, "M": 20, "G": 30, "T": 40}
 # What the server waits for before it listens; a guest under TCG starts it slowly.
 SERVER_START_TIMEOUT = 60
-NOT_BUILT = ("its server and vegeta built, which `make deps` does (python -m "
-             "vmtax.serving_tools)")
 
 
 def size_bytes(size: str) -> int:
@@ -216,19 +220,41 @@ class Serving(Workload):
         MetricSpec("files left", "files", False, "Files uploads and transcodes left in the "
                    "target after the run (must be 0)", secondary=True),
     )
+    figures = (
+        Lines("p99-vs-rate", "p99 latency vs offered rate",
+              "p99 latency of each rate step (exact, of every request vegeta timed), median "
+              "over the measured runs with its confidence interval; a sweep ends at its "
+              "first failing step. The ringed point is the capacity, the last rate sustained "
+              "before a step failed; a point marked ▷ ≥ is only a lower bound: no step "
+              "failed, so the server sustained the highest offered rate and its capacity is "
+              "that or more.",
+              metric="p99 latency", x="rate", x_label="offered rate (requests/s)",
+              panels="endpoint", log_x=True, log_y=True,
+              mark=Mark("requests/s", "capacity", bound="capacity found",
+                        bound_label="capacity ≥\n(no step failed)")),
+        Bars("requests", "requests/s per endpoint",
+             "Median requests/s over the measured runs, whiskers its confidence interval: in "
+             "rate mode the capacity (the last offered rate the server sustained), in "
+             "workers mode what the workers achieved. ↑ higher is better.",
+             metric="requests/s", groups="endpoint"),
+    )
 
     # -- what it needs from the host -------------------------------------------------------
 
     def host_problems(self) -> list[tuple[str, str]]:
         problems = []
-        if not serving_tools.built():
-            problems.append(("endpoints", NOT_BUILT))
+        if not serving_tools.built() and go_toolchain.bootstrap_go() is None:
+            problems.append(("endpoints", "Go to build its server and vegeta on first use "
+                             f"({go_toolchain.INSTALL})"))
         if shutil.which("ffmpeg") is None:
             problems.append(("endpoints", "ffmpeg installed (apt-get install ffmpeg)"))
         if (self.options.mode == "rate" and self.options.cross_check
                 and shutil.which("curl") is None):
             problems.append(("cross_check", "curl installed (apt-get install curl), or 0"))
         return problems
+
+    def build_on_host(self) -> None:
+        serving_tools.build()   # the server and vegeta, a minute or two the first time
 
     # -- cost ------------------------------------------------------------------------------
 
@@ -245,8 +271,6 @@ class Serving(Workload):
     # -- the jobs --------------------------------------------------------------------------
 
     def server_job(self) -> Job:
-        if not serving_tools.built():   # a run without a plan file: no host check before
-            raise VmtaxError(f"workload serving needs {NOT_BUILT}")
         o = self.options
         # Every address of the target, unless the target names one (the bare host: loopback).
         argv = ["busybox", "sh", "-c", f'exec "$@" -listen "${{VMTAX_LISTEN:-}}:{PORT}"',
@@ -294,8 +318,10 @@ class Serving(Workload):
         else:
             timeout = len(o.endpoints) * (
                 math.ceil(o.requests / o.workers) * o.request_timeout + 90)
-        return Job([sys.executable, "-m", "vmtax.serving_client",
-                    json.dumps(self.client_spec(endpoint))], timeout=timeout)
+        # The client journals its scratch directory: in vmtax's own runtime directory.
+        return Job([sys.executable, "-m", "vmtax.helpers.serving_client",
+                    json.dumps(self.client_spec(endpoint))], timeout=timeout,
+                   env=paths.runtime_env())
 
     # -- the parser ------------------------------------------------------------------------
 

@@ -3,16 +3,10 @@
 Every workload parameter is a sysbench option and becomes `--key=value` in sorted order,
 so a plan can sweep any of them and equal parameters always give the same command line.
 
-The parsers read the end-of-run report of sysbench 1.0.20 (Debian, Ubuntu >= 22.04),
-1.0.18 (Ubuntu 20.04) and 1.0.11 (Ubuntu 18.04). For these tests the three releases
-differ only in padding (1.0.11 right-aligns latency values at column 51, later releases
-at 53) and in fileio's "Extra file open flags: 0" becoming "(none)", so lines are matched
-by label with free whitespace. A value must be a plain decimal, optionally with the unit
-suffix sysbench puts on that line: "inf", "nan" or "12abc" are reported, never parsed.
-Older releases' spellings that carry the same numbers are accepted too: latency blocks
-headed "response time:" / "per-request statistics:" with "ms"-suffixed values and an
-"approx. 95 percentile" line, and memory's "Operations performed: N (X ops/sec)" and
-"MB transferred (X MB/sec)" lines.
+The parsers read the end-of-run report every test prints (vmtax.helpers.sysbench_report
+says which releases and spellings) and each test's own lines, matched alike; memory's
+older "Operations performed: N (X ops/sec)" and "MB transferred (X MB/sec)" lines are
+accepted too.
 """
 
 from __future__ import annotations
@@ -21,16 +15,22 @@ import functools
 import re
 import shutil
 import subprocess
-from typing import Annotated, Any, Callable, ClassVar, Literal, overload
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator
 
-from vmtax import hugepages, plugin
-from vmtax.errors import ParseError
-from vmtax.types import Job, Metric, MetricSpec
-from vmtax.workloads.base import Workload
-
-MetricOf = Callable[[str, float], Metric]
+from vmtax.core import plugin
+from vmtax.core.errors import ParseError
+from vmtax.core.types import Job, Metric, MetricSpec
+from vmtax.core.workload import Workload
+from vmtax.helpers.sysbench_report import (
+    LATENCY_RESOLUTION,
+    Report,
+    find,
+    hugetlb_pages,
+    number,
+    stripped_lines,
+)
 
 # sysbench's own --time default, in force when a plan sets no time.
 SYSBENCH_DEFAULT_TIME = 10
@@ -45,29 +45,16 @@ MUTEX_LOCK_LOOPS = 50
 CLEANUP_TIMEOUT = 120.0
 # Rate at which fileio's prepare step writes its files, for plan estimates (90-280 here).
 PREPARE_MIB_S = 150.0
-# sysbench prints every latency in ms with two decimals.
-LATENCY_RESOLUTION = 0.01
 # memory's default data volume: beyond what any --time moves, so that time bounds the run
 # (E1's fixed 1 GiB lasts ~50 ms natively here, too short to time). 1 TiB takes ~2 min at
 # 8 GiB/s; at 8 KiB blocks it is 2^27 operations, well inside the int sysbench counts
 # them in (a much larger total could wrap it and print a wrong ops/s).
 MEMORY_TOTAL_SIZE = "1T"
 
-_OPTION_NAME = re.compile(r"[a-z][a-z0-9-]*")
-_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-_COUNT = re.compile(r"[0-9]+")
 _SIZE = re.compile(r"([0-9]+)([bkmgt]?)", re.IGNORECASE)
 _SIZE_SHIFT = {"": 0, "b": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
-# Report lines, matched against each stripped line as a whole.
-_TOTAL_TIME = re.compile(r"total time:\s+(\S+?)(?:\s+s)?")
-_TOTAL_EVENTS = re.compile(r"total number of events:\s+(\S+)")
-_LATENCY_HEADER = re.compile(r"Latency \(ms\):|response time:|per-request statistics:")
-_LATENCY_VALUE = re.compile(r"(min|avg|max|sum):\s+(\S+?)(?:\s+ms)?")
-_LATENCY_PCT = re.compile(r"(?:approx\.\s+)?([0-9]+)(?:th)? percentile:\s+(\S+?)(?:\s+ms)?")
-_LATENCY_NO_PCT = re.compile(r"percentile stats:\s+disabled")
-_FAIR_EVENTS = re.compile(r"events \(avg/stddev\):\s+(\S+)/(\S+)")
-_FAIR_TIME = re.compile(r"execution time \(avg/stddev\):\s+(\S+)/(\S+)")
+# Each test's own report lines, matched against each stripped line as a whole.
 _CPU_EPS = re.compile(r"events per second:\s+(\S+)")
 _MEM_OPS = re.compile(r"(?:Total operations|Operations performed):\s+(\S+)\s+"
                       r"\(\s*(\S+)\s+(?:per second|ops/sec)\)")
@@ -83,98 +70,6 @@ _PREPARE_NOTHING = re.compile(r"No bytes written\.")
 _FILE_MODE_RATES = {"seqwr": ("writes/s",), "seqrewr": ("writes/s",), "rndwr": ("writes/s",),
                     "seqrd": ("reads/s",), "rndrd": ("reads/s",),
                     "rndrw": ("reads/s", "writes/s")}
-
-
-def _number(token: str, what: str, suffix: str = "") -> float:
-    """A plain decimal, optionally glued to the unit sysbench prints after it."""
-    if suffix and token.endswith(suffix):
-        token = token[:-len(suffix)]
-    if not _DECIMAL.fullmatch(token):
-        raise ParseError(f"{what}: {token!r} is not a number")
-    return float(token)
-
-
-def _lines(stdout: str) -> list[str]:
-    return [line.strip() for line in stdout.splitlines()]
-
-
-@overload
-def _find(lines: list[str], regex: re.Pattern[str], what: str,
-          required: Literal[True] = True) -> re.Match[str]: ...
-
-
-@overload
-def _find(lines: list[str], regex: re.Pattern[str], what: str,
-          required: bool) -> re.Match[str] | None: ...
-
-
-def _find(lines: list[str], regex: re.Pattern[str], what: str,
-          required: bool = True) -> re.Match[str] | None:
-    """The one line matching regex. Two of them mean several reports in one output
-    (--report-checkpoints), where picking one would be a guess."""
-    found = [m for m in map(regex.fullmatch, lines) if m]
-    if len(found) > 1:
-        raise ParseError(f"{len(found)} {what} lines: more than one report in the output")
-    if not found and required:
-        raise ParseError(f"no {what} line in the output")
-    return found[0] if found else None
-
-
-def _latency(lines: list[str], metric: MetricOf) -> list[Metric]:
-    header = _find(lines, _LATENCY_HEADER, "latency header")
-    values: dict[str, Metric] = {}
-    for line in lines[lines.index(header.string) + 1:]:
-        if not line:
-            break
-        if m := _LATENCY_VALUE.fullmatch(line):
-            name = f"latency {m[1]}"
-            value = _number(m[2], name, "ms")
-            if m[1] != "sum":   # the sum of all latencies is not a latency itself
-                values[name] = metric(name, value)
-        elif m := _LATENCY_PCT.fullmatch(line):
-            name = f"latency p{m[1]}"
-            values[name] = metric(name, _number(m[2], name, "ms"))
-        elif not _LATENCY_NO_PCT.fullmatch(line):
-            raise ParseError(f"unexpected line in the latency block: {line!r}")
-    missing = [k for k in ("min", "avg", "max") if f"latency {k}" not in values]
-    if missing:
-        raise ParseError(f"latency block lacks {', '.join(missing)}")
-    return list(values.values())
-
-
-FAIRNESS = ("fairness events stddev", "fairness time stddev")
-
-
-class _Report:
-    """The report every sysbench test ends with: general statistics, latency, fairness."""
-
-    def __init__(self, stdout: str, metric: MetricOf):
-        self.metric = metric
-        self.lines = _lines(stdout)
-        lines = self.lines
-        self.total_time = _number(_find(lines, _TOTAL_TIME, "total time")[1], "total time", "s")
-        events = _find(lines, _TOTAL_EVENTS, "total number of events")[1]
-        # 4300 digits is Python's limit for int(); no real count comes near 20.
-        if not _COUNT.fullmatch(events) or len(events) > 20:
-            raise ParseError(f"total number of events: {events[:40]!r} is not a whole number "
-                             "of events")
-        self.total_events = int(events)
-        if self.total_events == 0:
-            raise ParseError("sysbench ran no events (total number of events: 0)")
-        self.latency = _latency(lines, metric)
-        events_sd, time_sd = FAIRNESS
-        self.fairness = [self._stddev(_FAIR_EVENTS, "events (avg/stddev)", events_sd),
-                         self._stddev(_FAIR_TIME, "execution time (avg/stddev)", time_sd)]
-
-    def _stddev(self, regex: re.Pattern[str], what: str, name: str) -> Metric:
-        m = _find(self.lines, regex, what)
-        _number(m[1], f"{what} average")
-        return self.metric(name, _number(m[2], f"{what} stddev"))
-
-    def metrics(self) -> list[Metric]:
-        return [self.metric("total events", float(self.total_events)),
-                self.metric("total time", self.total_time),
-                *self.latency, *self.fairness]
 
 
 def _positive(value: float, name: str) -> float:
@@ -306,10 +201,10 @@ class _Sysbench(Workload):
         return Job(argv=self._argv(self._run_options(), "run"), timeout=self._run_timeout())
 
     def parse(self, stdout: str) -> list[Metric]:
-        report = _Report(stdout, self.metric)
+        report = Report(stdout, self.metric)
         return [*self._throughput(report), *report.metrics()]
 
-    def _throughput(self, report: _Report) -> list[Metric]:
+    def _throughput(self, report: Report) -> list[Metric]:
         return []
 
     def host_problems(self) -> list[tuple[str, str]]:
@@ -341,9 +236,9 @@ class Cpu(_Sysbench):
     metrics = (MetricSpec("events/s", "events/s", True, "Prime searches per second",
                           group="CPU", primary=True), *_Sysbench.common_metrics)
 
-    def _throughput(self, report: _Report) -> list[Metric]:
-        eps = _find(report.lines, _CPU_EPS, "events per second")[1]
-        return [self.metric("events/s", _positive(_number(eps, "events per second"),
+    def _throughput(self, report: Report) -> list[Metric]:
+        eps = find(report.lines, _CPU_EPS, "events per second")[1]
+        return [self.metric("events/s", _positive(number(eps, "events per second"),
                                                   "events/s"))]
 
 
@@ -361,7 +256,7 @@ class Threads(_Sysbench):
                           "total events and time)", group="threads/scheduling", primary=True),
                *_Sysbench.common_metrics)
 
-    def _throughput(self, report: _Report) -> list[Metric]:
+    def _throughput(self, report: Report) -> list[Metric]:
         # sysbench prints no rate for this test; the study compared events in a fixed time.
         if report.total_time <= 0:
             raise ParseError("total time is 0 s: no events/s can be derived")
@@ -404,22 +299,22 @@ class Memory(_Sysbench):
         local = self.params.get("memory-scope") == "local"
         buffers = int(self.params.get("threads") or 1) if local else 1
         block = self.params["memory-block-size"]
-        pages = hugepages.sysbench_pages(_bytes(block), buffers)
+        pages = hugetlb_pages(_bytes(block), buffers)
         each = f"{buffers} threads' buffers of" if local else "a buffer of"
         return pages, (f'memory-hugetlb = "on" with {each} "{block}" takes {pages} 2 MiB huge '
                        "pages (sysbench rounds each up by up to 4 MiB)")
 
-    def _throughput(self, report: _Report) -> list[Metric]:
-        ops = _find(report.lines, _MEM_OPS, "total operations")
-        _number(ops[1], "total operations")
-        metrics = [self.metric("ops/s", _positive(_number(ops[2], "operations per second"),
+    def _throughput(self, report: Report) -> list[Metric]:
+        ops = find(report.lines, _MEM_OPS, "total operations")
+        number(ops[1], "total operations")
+        metrics = [self.metric("ops/s", _positive(number(ops[2], "operations per second"),
                                                   "ops/s"))]
         # With --memory-oper=none sysbench moves no data and prints no transfer line.
         moves_data = self.params.get("memory-oper", "write") != "none"
-        transfer = _find(report.lines, _MEM_TRANSFER, "MiB transferred", required=moves_data)
+        transfer = find(report.lines, _MEM_TRANSFER, "MiB transferred", required=moves_data)
         if transfer:
-            _number(transfer[1], "MiB transferred")
-            metrics.insert(0, self.metric("MiB/s", _positive(_number(transfer[2], "MiB/sec"),
+            number(transfer[1], "MiB transferred")
+            metrics.insert(0, self.metric("MiB/s", _positive(number(transfer[2], "MiB/sec"),
                                                              "MiB/s")))
         return metrics
 
@@ -508,17 +403,17 @@ class Fileio(_Sysbench):
         return [self._files_job("cleanup", CLEANUP_TIMEOUT)]
 
     def parse_prepare(self, stdout: str) -> list[Metric]:
-        lines = _lines(stdout)
-        if _find(lines, _PREPARE_NOTHING, "no bytes written", required=False):
+        lines = stripped_lines(stdout)
+        if find(lines, _PREPARE_NOTHING, "no bytes written", required=False):
             raise ParseError("prepare wrote no bytes: the test files already existed")
-        m = _find(lines, _PREPARE, "bytes written")
-        _number(m[1], "bytes written")
-        _number(m[2], "seconds")
-        return [self.metric("prepare MiB/s", _positive(_number(m[3], "prepare MiB/sec"),
+        m = find(lines, _PREPARE, "bytes written")
+        number(m[1], "bytes written")
+        number(m[2], "seconds")
+        return [self.metric("prepare MiB/s", _positive(number(m[3], "prepare MiB/sec"),
                                                        "prepare MiB/s"))]
 
-    def _throughput(self, report: _Report) -> list[Metric]:
-        values = {name: _number(_find(report.lines, regex, name)[1], name)
+    def _throughput(self, report: Report) -> list[Metric]:
+        values = {name: number(find(report.lines, regex, name)[1], name)
                   for name, regex in _FILE_RATES.items()}
         mode = str(self.params.get("file-test-mode"))
         for name in _FILE_MODE_RATES.get(mode, ("reads/s", "writes/s")):

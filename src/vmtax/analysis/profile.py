@@ -1,0 +1,283 @@
+"""Host-side CPU profiles of stored cells: where each cell's CPU time went, which functions
+grew from one cell to another per unit of work, and what the symbols suggest.
+
+A profile is what a collector that declares folded stacks stored with a cell (phase
+"collect"): a collector is one when its manifest has STACKS with a "stack" dimension,
+found in the collector registry. Its metrics are samples: of folded stacks ("comm;outer;
+...;leaf", per thread class), of leaf functions and DSOs, of thread classes; and the CPU
+time they stand for, the unresolved share and the profiler's overhead.
+
+Time per unit of work: a function's share of the samples times the CPU time sampled,
+divided by the work the cell did in its measured repetitions, from the workload's primary
+metric: a rate (events/s, MB/s) times each repetition's duration, else one unit per
+repetition. So cells of different lengths compare, and a diff ranks functions by the CPU
+time they add to each event, MB or repetition.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmtax.core import collector, workload
+from vmtax.core.errors import VmtaxError
+from vmtax.results.store import Rep, Run, Store
+
+# The stored format of a profile: its metrics' names (the collector's manifest).
+STACKS = "stack samples"
+FUNCTIONS = "function samples"
+DSOS = "dso samples"
+CLASSES = "class samples"
+OTHER = "[other]"
+
+
+def profile_collectors() -> list[str]:
+    """Names of the installed collectors that store folded stacks."""
+    return [name for name, cls in collector.registered().items()
+            if any(s.name == STACKS and "stack" in s.dimensions for s in cls.metrics)]
+
+
+@dataclass
+class Share:
+    name: str                    # function, DSO or thread class
+    samples: float
+    share: float                 # % of the cell's samples
+    dso: str = ""
+    cls: str = ""                # thread class ("" for all together)
+
+
+@dataclass
+class CellProfile:
+    run_id: str
+    target: str
+    workload: str
+    params: dict[str, Any]
+    samples: float
+    classes: list[Share]
+    functions: list[Share]       # by leaf samples, each class apart
+    dsos: list[Share]
+    stacks: dict[str, float]     # "[class;]comm;...;leaf" -> samples ([other] summed)
+    sampled_cpu: float | None    # s
+    unresolved: float | None     # % of samples
+    overhead: float | None       # % of the sampled CPU time, perf's own
+    work: float | None           # units of work in the measured repetitions
+    work_unit: str
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        params = ",".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.target} · {self.workload}" + (f" ({params})" if params else "")
+
+    def seconds_per_unit(self, samples: float) -> float | None:
+        """CPU seconds per unit of work that `samples` of this cell stand for."""
+        if not self.samples or self.sampled_cpu is None or not self.work:
+            return None
+        return samples / self.samples * self.sampled_cpu / self.work
+
+
+def _work(run: Run, rep: Rep) -> tuple[float | None, str]:
+    """Units of work of the cell's measured repetitions, and the unit's name."""
+    cls = workload.registered().get(rep.workload)
+    measured = [r for r in run.reps if r.phase == "measure" and r.status == "ok"
+                and r.target == rep.target and r.workload == rep.workload
+                and r.params == rep.params]
+    if not measured:
+        return None, ""
+    if cls is None:
+        return float(len(measured)), "repetition"
+    primary = cls.primary_metric()
+    total, unit = 0.0, ""
+    for r in measured:
+        metric = next((m for m in r.metrics if m.name == primary and not m.dimensions), None)
+        seconds = r.guest_elapsed or r.host_elapsed
+        if metric is None or not metric.unit.endswith("/s") or not seconds:
+            return float(len(measured)), "repetition"
+        total += metric.value * seconds
+        unit = metric.unit.removesuffix("/s")
+    return total, unit
+
+
+def cell_profile(run: Run, rep: Rep) -> CellProfile:
+    classes: dict[str, float] = {}
+    functions: list[Share] = []
+    dsos: list[Share] = []
+    stacks: dict[str, float] = {}
+    plain: dict[str, float] = {}
+    for m in rep.metrics:
+        d = m.dimensions
+        if m.name == CLASSES:
+            classes[d["class"]] = classes.get(d["class"], 0.0) + m.value
+        elif m.name == STACKS:
+            # The class as the root frame, unless it is the command name already there.
+            if d["stack"] == OTHER or d["stack"].startswith(f"{d['class']};"):
+                key = d["stack"]
+            else:
+                key = f"{d['class']};{d['stack']}"
+            stacks[key] = stacks.get(key, 0.0) + m.value
+        elif m.name == FUNCTIONS:
+            functions.append(Share(d["function"], m.value, 0.0, d.get("dso", ""),
+                                   d.get("class", "")))
+        elif m.name == DSOS:
+            dsos.append(Share(d["dso"], m.value, 0.0, d["dso"], d.get("class", "")))
+        elif not d:
+            plain[m.name] = m.value
+    total = sum(classes.values())
+    for share in (*functions, *dsos):
+        share.share = 100 * share.samples / total if total else 0.0
+    work, unit = _work(run, rep)
+    profile = CellProfile(
+        run.id, rep.target, rep.workload, rep.params, total,
+        [Share(c, n, 100 * n / total if total else 0.0, cls=c)
+         for c, n in sorted(classes.items(), key=lambda item: -item[1])],
+        sorted(functions, key=lambda s: -s.samples), sorted(dsos, key=lambda s: -s.samples),
+        stacks, plain.get("sampled cpu"), plain.get("unresolved share"),
+        plain.get("profile overhead"), work, unit)
+    profile.hints = hints(profile)
+    return profile
+
+
+def run_cells(run: Run, target: str = "") -> tuple[list[CellProfile], list[str]]:
+    """The run's profiled cells (of one target, if given), and why each other cell asked
+    to be profiled has none ("vm:tcg · fileio: profile: unavailable — ...")."""
+    names = profile_collectors()
+    found, missing = [], []
+    for rep in run.reps:
+        if (rep.phase != "collect" or len(rep.argv) != 1 or rep.argv[0] not in names
+                or target not in ("", rep.target)):
+            continue
+        if any(m.name == STACKS for m in rep.metrics):
+            found.append(cell_profile(run, rep))
+        else:
+            missing.append(f"{rep.target} · {rep.workload}: {rep.error or 'no samples'}")
+    return found, missing
+
+
+def cells(store: Store, spec: str) -> tuple[list[CellProfile], list[str]]:
+    """The profiles of RUN or RUN:TARGET (a spec as `compare` takes), and why each other
+    cell asked to be profiled has none; VmtaxError when there is no profile."""
+    run_id, _, target = spec.partition(":")
+    run = store.load_run(run_id)
+    if target and target not in run.targets:
+        raise VmtaxError(f"run {run.id} has no target {target!r}; it has: "
+                         + ", ".join(run.targets))
+    found, missing = run_cells(run, target)
+    if not found:
+        names = profile_collectors()
+        why = "; ".join(missing) if missing else (
+            "it was not run with --collect " + " or ".join(names) if names
+            else "no collector of profiles is installed")
+        raise VmtaxError(f"{spec}: no profile stored ({why})")
+    return found, missing
+
+
+# -- A against B -------------------------------------------------------------------------------
+
+@dataclass
+class Change:
+    function: str
+    dso: str
+    share_a: float               # % of A's samples (0: not among A's kept functions)
+    share_b: float
+    per_unit_a: float | None     # CPU µs per unit of work
+    per_unit_b: float | None
+    added: float | None          # µs per unit of work, B - A
+
+
+def _by_function(cell: CellProfile) -> dict[tuple[str, str], float]:
+    """Leaf samples per (function, DSO), thread classes together."""
+    found: dict[tuple[str, str], float] = {}
+    for share in cell.functions:
+        found[(share.name, share.dso)] = found.get((share.name, share.dso), 0.0) + share.samples
+    return found
+
+
+def diff(a: CellProfile, b: CellProfile) -> list[Change]:
+    """Functions whose CPU time per unit of work rose from A to B, the most first (by
+    share where either side lacks its work or CPU time)."""
+    fa, fb = _by_function(a), _by_function(b)
+    changes = []
+    for key in fa.keys() | fb.keys():
+        na, nb = fa.get(key, 0.0), fb.get(key, 0.0)
+        ua, ub = a.seconds_per_unit(na), b.seconds_per_unit(nb)
+        added = (ub - ua) * 1e6 if ua is not None and ub is not None else None
+        changes.append(Change(key[0], key[1], 100 * na / a.samples if a.samples else 0.0,
+                              100 * nb / b.samples if b.samples else 0.0,
+                              None if ua is None else ua * 1e6,
+                              None if ub is None else ub * 1e6, added))
+    if all(c.added is not None for c in changes):
+        changes.sort(key=lambda c: -(c.added or 0.0))
+        return [c for c in changes if (c.added or 0.0) > 0]
+    changes.sort(key=lambda c: -(c.share_b - c.share_a))
+    return [c for c in changes if c.share_b > c.share_a]
+
+
+def pair(a: list[CellProfile], b: list[CellProfile]) -> list[tuple[CellProfile, CellProfile]]:
+    """Cells of A and B of the same workload and parameters; VmtaxError when none pair or
+    one side has several targets of one workload (name one as RUN:TARGET)."""
+    def key(cell: CellProfile) -> tuple[str, str]:
+        return cell.workload, repr(sorted(cell.params.items()))
+    for side in (a, b):
+        keys = [key(c) for c in side]
+        if len(keys) != len(set(keys)):
+            raise VmtaxError("several targets profiled one workload: name one as RUN:TARGET")
+    others = {key(c): c for c in b}
+    pairs = [(c, others[key(c)]) for c in a if key(c) in others]
+    if not pairs:
+        raise VmtaxError("A and B have no profiled workload in common")
+    return pairs
+
+
+# -- interpretation hints ----------------------------------------------------------------------
+
+# What a frame's name suggests, as (hypothesis, pattern over a stack's frames).
+HINTS = (
+    ("TCG translating guest code (translation blocks being generated)",
+     re.compile(r"^(tb_gen_code|tcg_gen_code|translator_loop|gen_intermediate_code|"
+                r"tcg_optimize|tcg_reg_alloc\w*|disas_insn)$")),
+    ("code in anonymous executable memory, without symbols (perf-PID.map): TCG's generated "
+     "code in QEMU, the sandboxed program in gVisor",
+     re.compile(r"^\[perf-(\d+|PID)\.map\]$")),
+    ("QEMU's block layer and asynchronous I/O (its thread pool, io_uring or Linux AIO)",
+     re.compile(r"^(bdrv_\w+|blk_aio_\w+|blk_co_\w+|aio_dispatch\w*|thread_pool_\w+|"
+                r"worker_thread|luring_\w+|laio_\w+|raw_co_\w+)$")),
+    ("gVisor's sentry handling the workload's system calls",
+     re.compile(r"pkg/sentry/(syscalls|kernel\.\(\*Task\)\.doSyscall)")),
+    ("gVisor's gofer doing file I/O for the sandbox",
+     re.compile(r"(fsgofer|pkg/lisafs)")),
+    ("the overlay filesystem (a container's layered root)",
+     re.compile(r"^ovl_\w+")),
+    ("seccomp filtering of system calls",
+     re.compile(r"(seccomp|^bpf_prog_run)")),
+)
+
+
+def hint_shares(cell: CellProfile) -> list[tuple[str, float]]:
+    """Per hypothesis, the % of the cell's samples whose stack has a frame that suggests
+    it (of the stacks kept: those summed as [other] are not read)."""
+    found: dict[str, float] = {}
+    for stack, samples in cell.stacks.items():
+        frames = stack.split(";")
+        for text, pattern in HINTS:
+            if any(pattern.search(frame) for frame in frames):
+                found[text] = found.get(text, 0.0) + samples
+    return [(text, 100 * n / cell.samples)
+            for text, n in sorted(found.items(), key=lambda item: -item[1]) if cell.samples]
+
+
+def hints(cell: CellProfile, least: float = 2.0) -> list[str]:
+    """Hypotheses (never facts) of where the cell's time goes, with the share that
+    supports each; those under `least` % are left out."""
+    return [f"perhaps {text}: {share:.1f}% of samples have such frames"
+            for text, share in hint_shares(cell) if share >= least]
+
+
+def as_json(cell: CellProfile, top: int) -> dict[str, Any]:
+    return {"run": cell.run_id, "target": cell.target, "workload": cell.workload,
+            "params": cell.params, "samples": cell.samples, "sampled_cpu_s": cell.sampled_cpu,
+            "unresolved_percent": cell.unresolved, "overhead_percent": cell.overhead,
+            "work": cell.work, "work_unit": cell.work_unit,
+            "classes": [vars(s) for s in cell.classes],
+            "functions": [vars(s) for s in cell.functions[:top]],
+            "dsos": [vars(s) for s in cell.dsos[:top]], "hints": cell.hints}

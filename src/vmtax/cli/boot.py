@@ -1,0 +1,127 @@
+"""`vmtax boot`: N cold starts of each target configuration, side by side (E4 start-up).
+
+    vmtax boot --target vm:tcg --count 20
+    vmtax boot --target container,vm:tcg --count 10
+    vmtax boot --target vm:tcg --count 10 --kernel minimal
+
+Each start is stored as a repetition of the workload "boot" with the metrics "ready" and
+"first http" (seconds), and for a guest "guest ready" (its uptime at READY), so `vmtax
+show` lists them and the report draws their ECDF.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from vmtax.cli.density import err, out, results_option, session
+from vmtax.core import plugin
+from vmtax.core import target as targets
+from vmtax.core.errors import VmtaxError
+from vmtax.core.types import Metric
+from vmtax.studies import boot as boottime
+from vmtax.studies.density import instance_specs, stored_plan
+from vmtax.studies.plan import TargetSpec
+from vmtax.studies.session import check_target
+
+
+# The target option --kernel sets.
+KERNEL = "kernel"
+
+
+def _cell(values: dict[str, float], key: str) -> str:
+    return f"{values[key]:.3f}" if key in values else "–"
+
+
+def with_kernel(specs: dict[str, TargetSpec], kernel: str,
+                target_names: str) -> dict[str, TargetSpec]:
+    """The guests among specs booting kernel, named NAME@KERNEL as `vmtax run` names a
+    target an option made (vm:tcg@minimal; a path's file name: vm:tcg@vmlinuz-6.1.0)."""
+    # Kinds whose options choose a kernel of their own: guests.
+    kinds = [kind for kind, cls in sorted(targets.kinds().items())
+             if KERNEL in plugin.option_infos(cls.Options)]
+    if not any(spec.kind in kinds for spec in specs.values()):
+        raise VmtaxError(f"boot: --kernel {kernel} is a guest's kernel, and --target "
+                         f"{target_names} names no {' or '.join(kinds)} target")
+    label = os.path.basename(kernel.rstrip("/")) or kernel
+    renamed = {}
+    for spec in specs.values():
+        if spec.kind in kinds:
+            spec = TargetSpec(f"{spec.name}@{label}", spec.kind, {**spec.options, KERNEL: kernel})
+        renamed[spec.name] = spec
+    return renamed
+
+
+@click.command("boot")
+@click.option("--target", "target_names", required=True, metavar="NAME[,NAME...]",
+              help="Target(s) to start, e.g. vm:tcg or container,vm:tcg.")
+@click.option("--count", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Measured cold starts per target.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Unrecorded starts first (builds the image and rootfs caches).")
+@click.option("--http-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds an instance may take to answer HTTP.")
+@click.option("--kernel", metavar="KERNEL", help='Guest kernel of the vm targets: "debian", '
+              '"debian-rt", "minimal" or a path. [default: the target\'s, "debian"]')
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def boot_command(target_names, count, warmup, http_timeout, kernel, results, as_json) -> None:
+    """Cold-start each target COUNT times, one at a time: time to ready and to the first
+    HTTP answer, p50/p90/p99/max."""
+    specs = instance_specs([n.strip() for n in target_names.split(",") if n.strip()])
+    if kernel is not None:
+        specs = with_kernel(specs, kernel, target_names)
+    for spec in specs.values():   # a bad option says so before a run is made
+        check_target(spec)
+    found: dict[str, dict[str, dict[str, float]]] = {}
+    with session(results) as s:
+        run_id = s.new_run(stored_plan(boottime.WORKLOAD, specs, runs=count, warmup=warmup))
+        err.print(f"boot run {run_id} on network {s.network.name}")
+        for name, spec in specs.items():
+            target = s.create(spec)
+
+            def store(i: int, start: boottime.Start, name: str = name) -> None:
+                metrics = [Metric("ready", start.ready, "s", False)]
+                if start.http is not None:
+                    metrics.append(Metric("first http", start.http, "s", False))
+                if start.guest is not None:
+                    metrics.append(Metric("guest ready", start.guest, "s", False))
+                err.print(f"{escape(name)} start {i + 1}/{count}: ready {start.ready:.3f} s"
+                          + ("" if start.guest is None
+                             else f" (guest's uptime then {start.guest:.3f} s)") + ", "
+                          + ("no HTTP answer" if start.http is None
+                             else f"first HTTP answer {start.http:.3f} s"))
+                s.store.add_rep(run_id, target=name, workload=boottime.WORKLOAD, params={},
+                                phase="measure", idx=i,
+                                status="ok" if start.http is not None else "failed",
+                                error=None if start.http is not None else "no HTTP answer",
+                                argv=["boot"], started=time.time(), metrics=metrics)
+
+            starts = boottime.run(target, s.network, count, warmup, http_timeout, store)
+            s.store_fingerprint(name)
+            target.cleanup()
+            found[name] = {
+                "ready": boottime.distribution([x.ready for x in starts]),
+                "first http": boottime.distribution([x.http for x in starts
+                                                     if x.http is not None])}
+            if any(x.guest is not None for x in starts):
+                found[name]["guest ready"] = boottime.distribution(
+                    [x.guest for x in starts if x.guest is not None])
+    if as_json:
+        click.echo(json.dumps({"run": run_id, "targets": found}, indent=1))
+        return
+    table = Table(title=f"Cold starts (s), {count} per target", title_justify="left")
+    for column in ("target", "time to", "p50", "p90", "p99", "max", "n"):
+        table.add_column(column, justify="left" if column in ("target", "time to") else "right")
+    for name, kinds in found.items():
+        for what, values in kinds.items():
+            table.add_row(escape(name), what, *(_cell(values, k) for k in
+                                                ("p50", "p90", "p99", "max")),
+                          str(int(values.get("n", 0))))
+    out.print(table)
+    out.print(f"stored as run {run_id}")

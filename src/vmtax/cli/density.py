@@ -1,0 +1,324 @@
+"""`vmtax density` (E4): instances of each target started until memory or `--max` says
+stop, memory per instance with KSM off and on; and the session both it and `vmtax boot`
+run in (journal and guardian, results store, network, targets carrying nginx).
+
+    vmtax density --targets container,vm:tcg --max 32
+    vmtax density plans/density.toml [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import time
+import tomllib
+from typing import Any, Iterable, Iterator
+
+import click
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from vmtax.core import plugin
+from vmtax.core import target as targets
+from vmtax.core.errors import VmtaxError
+from vmtax.host import ksm, proc
+from vmtax.results.store import Store
+from vmtax.studies import density, planfile
+from vmtax.studies import session as sessions
+from vmtax.studies.plan import TargetSpec
+from vmtax.studies.session import Session, check_target
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+results_option = click.option(
+    "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
+    show_default=True, type=click.Path(file_okay=False), metavar="DIR",
+    help="Results directory (one SQLite database in it).")
+@contextlib.contextmanager
+def session(results: str) -> Iterator[Session]:
+    """The session density and boot run in (vmtax.studies.session): journal and guardian,
+    the results store, the network every instance joins, targets carrying nginx; all of it
+    undone, and the run finished with its status, as the block ends."""
+    def recovered(line: str) -> None:
+        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
+
+    with sessions.guarded_journal(recovered) as own, sessions.session(
+            Store(results), own, binaries=(density.SERVER,), serves=True,
+            undo_first=True) as current:
+        current.ctx.shared_network()   # made up front: runs name it before they start
+        yield current
+
+
+# --- the plan file -----------------------------------------------------------------------
+
+def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
+    """(settings values, targets) of a density plan file; errors name the file and key."""
+    try:
+        data = tomllib.loads(planfile.read_text(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise VmtaxError(f"{path}: not valid TOML: {exc}") from None
+    if "workloads" in data:
+        raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
+                         f"run it with `vmtax run {path}`")
+    tables = data.pop("targets", None)
+    quick_values = data.pop("quick", None)
+    if not isinstance(tables, dict) or not tables:
+        raise VmtaxError(f"{path}: targets: expected [targets.NAME] tables, got "
+                         f"{tables!r}")
+    if quick and quick_values is not None:
+        if not isinstance(quick_values, dict):
+            raise VmtaxError(f"{path}: quick: expected a table, got {quick_values!r}")
+        data.update(quick_values)
+    specs = {}
+    for name, table in tables.items():
+        if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
+            kinds = " or ".join(f'"{kind}"' for kind in density.instance_kinds())
+            raise VmtaxError(f"{path}: targets.{name}: expected a table with kind = "
+                             f"{kinds}, got {table!r}")
+        if table["kind"] not in targets.kinds():
+            raise VmtaxError(f"{path}: targets.{name}.kind: expected one of "
+                             f"{', '.join(sorted(targets.kinds()))}, got {table['kind']!r}")
+        specs[name] = TargetSpec(name, table["kind"],
+                                 {k: v for k, v in table.items() if k != "kind"})
+        check_target(specs[name], f"{path}: targets.{name}")
+    plugin.build(density.Settings, data, path, strict=False, kind="density")
+    return data, specs
+
+
+# --- the command -------------------------------------------------------------------------
+
+def _step_line(name: str, with_ksm: bool, step: density.Step) -> str:
+    ksm = f"  KSM sharing {step.ksm.get('pages_sharing', 0)} pages" if with_ksm else ""
+    return (f"{name} (KSM {'on' if with_ksm else 'off'}): {step.instances} instances, "
+            f"used +{step.used_delta:.0f} MiB, PSS {step.pss / step.instances:.1f} "
+            f"MiB/instance, {step.answering}/{step.instances} answer HTTP"
+            + ("" if step.settled else ", memory not settled") + ksm)
+
+
+def ksm_note(summaries: list[density.Summary], kinds: dict[str, str],
+             kernel: str) -> str | None:
+    """Why KSM on did nothing for containers, when containers were measured with it on."""
+    return ksm.unmarked_note([kinds.get(s.target, "") for s in summaries
+                              if s.ksm and s.instances], kernel)
+
+
+def print_summaries(summaries: list[density.Summary], notes: Iterable[str] = (),
+                    runs: list[str] | None = None) -> None:
+    """The table of memory per instance; runs: the run of each summary (across runs)."""
+    ratio = density.ratios(summaries)
+    title = "Memory per instance (MiB)" + (", across runs" if runs else "")
+    # Spaces between columns, not rules: the room goes to the numbers and names.
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1), collapse_padding=True, show_edge=False)
+    for column in ("run",) * bool(runs) + ("target", "KSM", "n", "ended by", "raw",
+                                           "adjusted", "PSS", "marginal", "ratio", "HTTP"):
+        words = column in ("run", "target", "ended by")
+        # Names fold; a number is never broken across lines (-253./7).
+        table.add_column(column, justify="left" if words else "right", overflow="fold",
+                         no_wrap=not words)
+
+    def num(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f}"
+    for i, s in enumerate(summaries):
+        r = ratio.get((s.target, s.ksm))
+        table.add_row(*([runs[i]] if runs else []), escape(s.target), "on" if s.ksm else "off",
+                      str(s.instances), escape(s.stopped), num(s.raw), num(s.adjusted),
+                      num(s.pss), num(s.marginal), "–" if r is None else f"{r:.2f}",
+                      "all" if s.all_answered else "NOT ALL")
+    out.print(table)
+    for line in density.ratio_lines(summaries):
+        out.print(f"density ratio, {escape(line)}")
+    out.print("raw = host used memory delta / instances; adjusted = the same minus the "
+              "growth of Slab, PageTables and KernelStack (kernel memory the instances "
+              "made); PSS = the instances' processes, shared pages divided; marginal = the "
+              "last batch's delta per instance; ratio = adjusted cost / the cheapest "
+              "target's with the same KSM setting; HTTP = instances answering at every "
+              "step.")
+    for s in summaries:
+        if s.not_results:
+            out.print(f"[yellow]not a result:[/yellow] {escape(s.target)} (KSM "
+                      f"{'on' if s.ksm else 'off'}): {escape(s.not_results)}")
+    if not all(s.settled for s in summaries if s.instances):
+        out.print("[yellow]warning:[/yellow] host memory did not settle after the last step "
+                  "(something else on the host allocates or frees memory): raw, adjusted "
+                  "and marginal include that; PSS does not.")
+    for note in notes:
+        out.print(f"note: {escape(note)}")
+
+
+def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:
+    """Stored density runs by id (a prefix, or 'last'); one-line errors otherwise."""
+    store = Store(results, readonly=True)
+    try:
+        return [density.stored_study(store.load_run(run_id, with_output=True))
+                for run_id in run_ids]
+    finally:
+        store.close()
+
+
+def print_comparison(studies: list[density.StoredStudy]) -> None:
+    """Memory per instance of several density runs side by side, with the ratios."""
+    rows, kinds = density.combine(studies)
+    print_summaries([s for _, s in rows], comparison_notes(studies, rows, kinds),
+                    runs=[run for run, _ in rows])
+
+
+def comparison_notes(studies: list[density.StoredStudy], rows: list[tuple[str, density.Summary]],
+                     kinds: dict[str, str]) -> list[str]:
+    """The KSM note of each run that measured containers with KSM on, for its kernel."""
+    return sorted({note for study in studies
+                   if (note := ksm_note([s for run, s in rows if run == study.run_id], kinds,
+                                        study.kernel or platform.release()))})
+
+
+def comparison_json(studies: list[density.StoredStudy]) -> dict[str, Any]:
+    rows, kinds = density.combine(studies)
+    summaries = [s for _, s in rows]
+    ratio = density.ratios(summaries)
+    return {"runs": [study.run_id for study in studies],
+            "summaries": [{"run": run, **s.__dict__, "kind": kinds.get(s.target),
+                           "ratio": ratio.get((s.target, s.ksm))} for run, s in rows],
+            "ratios": density.ratio_lines(summaries),
+            "notes": comparison_notes(studies, rows, kinds)}
+
+
+@click.command("density")
+@click.argument("args", metavar="[PLAN.toml | show RUN...]", nargs=-1)
+@click.option("--targets", "target_names", metavar="NAME,...",
+              help="Targets to fill the host with, e.g. container,vm:tcg. [default: those "
+                   "of the plan, else container]")
+@click.option("--max", "max_", type=click.IntRange(min=1), help="Start up to N instances. "
+              "[default: 100]")
+@click.option("--batch", type=click.IntRange(min=1), help="Instances per step after the "
+              "first ones, started singly. [default: 10]")
+@click.option("--singles", type=click.IntRange(min=1), help="Instances started one at a "
+              "time first. [default: 10]")
+@click.option("--budget", metavar="PCT%|SIZE", help="Memory the instances may take. "
+              "[default: 75%]")
+@click.option("--ksm", type=click.Choice(["off", "on", "both"]),
+              help="KSM off, on, or each in turn. [default: off]")
+@click.option("--quick", is_flag=True, help="With PLAN.toml: its short [quick] form.")
+@click.option("--compare", "compare", metavar="RUN", multiple=True,
+              help="Also set this run's memory per instance beside that of stored density "
+                   "run RUN (repeatable), with the density ratio across runs.")
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def density_command(args, target_names, max_, batch, singles, budget, ksm, quick, compare,
+                    results, as_json) -> None:
+    """Fill the host with instances of each target serving nginx, step by step, and report
+    memory per instance (E4 density).
+
+    `vmtax density show RUN [RUN...]` runs nothing: it sets stored density runs (ids, unique
+    prefixes or 'last') side by side, e.g. a container run and a vm:tcg run, with memory per
+    instance of each, KSM off and on where measured, and the container-to-VM ratio."""
+    import json
+
+    if args and args[0] == "show":
+        extra = [name for name, value in (("--targets", target_names), ("--max", max_),
+                                          ("--batch", batch), ("--singles", singles),
+                                          ("--budget", budget), ("--ksm", ksm),
+                                          ("--quick", quick)) if value]
+        if len(args) < 2 or extra:
+            raise VmtaxError("density show RUN [RUN...]: name stored density runs"
+                             + (f" (it runs nothing: {', '.join(extra)} do not apply)"
+                                if extra else ""))
+        studies = load_studies(results, [*args[1:], *compare])
+        if as_json:
+            click.echo(json.dumps(comparison_json(studies), indent=1))
+        else:
+            print_comparison(studies)
+        return
+    if len(args) > 1:
+        raise VmtaxError(f"density: one plan file, got {len(args)} arguments "
+                         f"({' '.join(args)}); `vmtax density show RUN...` compares runs")
+    plan_file = args[0] if args else None
+    # Named runs are checked before minutes of measuring, not after.
+    others = load_studies(results, list(compare)) if compare else []
+    values: dict[str, Any] = {}
+    specs: dict[str, TargetSpec] = {}
+    if plan_file:
+        values, specs = load_plan(plan_file, quick)
+    elif quick:
+        raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
+    if target_names:
+        specs = density.instance_specs([n.strip() for n in target_names.split(",")
+                                        if n.strip()])
+    if not specs:
+        specs = density.instance_specs([density.default_kind()])
+    given = {"max": max_, "batch": batch, "singles": singles, "budget": budget,
+             "ksm": {"off": [False], "on": [True], "both": [False, True]}.get(ksm or "")}
+    values.update({k: v for k, v in given.items() if v is not None})
+    settings: density.Settings = plugin.build(  # type: ignore[assignment]
+        density.Settings, values, "density", strict=False)
+    run_id, outcomes = run_density(settings, specs, results)
+    summaries = [density.summarize(o) for o in outcomes]
+    kinds = {name: spec.kind for name, spec in specs.items()}
+    this = density.StoredStudy(run_id, summaries, kinds, platform.release())
+    if as_json:
+        # What `density show RUN --json` prints for this run, with the steps of each outcome.
+        found: dict[str, Any] = {"run": run_id, **comparison_json([this]),
+                                 "outcomes": [o.to_json() for o in outcomes]}
+        if others:
+            found["across runs"] = comparison_json([this, *others])
+        click.echo(json.dumps(found, indent=1))
+    else:
+        print_summaries(summaries, comparison_notes([this], [(run_id, s) for s in summaries],
+                                                    kinds))
+        if others:
+            print_comparison([this, *others])
+
+
+def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
+                results: str) -> tuple[str, list[density.Outcome]]:
+    outcomes: list[density.Outcome] = []
+    if True in settings.ksm:
+        from vmtax.host import ksm
+        if (why := ksm.unavailable()) is not None:
+            raise VmtaxError(f"density: ksm = true: {why}")
+    with session(results) as s:
+        run_id = s.new_run(density.stored_plan(density.WORKLOAD, specs,
+                                               settings=settings.values()))
+        err.print(f"density run {run_id} on network {s.network.name}")
+        for name, spec in specs.items():
+            target = s.create(spec)
+            for with_ksm in settings.ksm:
+                proc.check_stop()
+                idx = [0]
+
+                def store_step(step: density.Step, name=name, with_ksm=with_ksm,
+                               idx=idx) -> None:
+                    err.print(escape(_step_line(name, with_ksm, step)))
+                    s.store.add_rep(run_id, target=name, workload=density.WORKLOAD,
+                                    params=density.params(with_ksm), phase="step",
+                                    idx=idx[0], status="ok", argv=["density"],
+                                    started=time.time(), stdout=density.json_step(step),
+                                    metrics=density.step_metrics(step))
+                    idx[0] += 1
+
+                outcome = density.study(target, s.network, settings, with_ksm, s.ctx.journal,
+                                        store_step, lambda text: err.print(escape(text)))
+                outcomes.append(outcome)
+                if outcome.stopped not in ("max", "budget"):
+                    err.print(f"[yellow]{escape(name)}: stopped early: "
+                              f"{escape(outcome.stopped)}[/yellow]")
+            s.store_fingerprint(name)
+            target.cleanup()
+        summaries = [density.summarize(o) for o in outcomes]
+        ratio = density.ratios(summaries)
+        for outcome, summary in zip(outcomes, summaries):
+            s.store.add_rep(run_id, target=outcome.target, workload=density.WORKLOAD,
+                            params=density.params(outcome.ksm), phase="measure", idx=0,
+                            status="ok" if summary.instances else "failed",
+                            error=None if summary.instances else outcome.stopped,
+                            argv=["density"], started=time.time(),
+                            stdout=density.json_summary(outcome),
+                            metrics=density.summary_metrics(
+                                summary, ratio.get((outcome.target, outcome.ksm))))
+    if sys.stderr.isatty():
+        err.print(f"stored as run {run_id}: vmtax show {run_id}")
+    return run_id, outcomes

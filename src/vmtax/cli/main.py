@@ -1,0 +1,676 @@
+"""The `vmtax` command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from vmtax import __version__
+from vmtax.core.errors import VmtaxError
+from vmtax.core.text import printable
+from vmtax.host import build_progress, guardian, journal, proc
+from vmtax.results.store import Store
+
+DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _csv(value: str | None, flag: str) -> list[str] | None:
+    """A comma-separated list; None when the flag was not given. An empty one is an error:
+    running everything instead would be a surprise (and a long one)."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise VmtaxError(f"{flag}: expected a comma-separated list of names, got {value!r}")
+    return items
+
+
+def _target_flags() -> list[click.Option]:
+    """A flag for every target option a plugin marks cli=True (--vcpus, --qemu, ...): it
+    applies to every target whose kind has that option; repeated, or as LABEL=VALUE, it
+    makes one target per value (NAME@LABEL)."""
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+
+    found: dict[str, plugin.OptionInfo] = {}
+    for kind in targets.kinds().values():
+        for info in plugin.option_infos(kind.Options).values():
+            if info.cli:
+                found.setdefault(info.field, info)
+    flags = []
+    for field, info in sorted(found.items()):
+        unit = f" [{info.unit}]" if info.unit and info.unit != "bytes" else ""
+        default = "" if info.default in (None, [], "") else f" [default: {info.default}]"
+        flags.append(click.Option([f"--{field.replace('_', '-')}", field], multiple=True,
+                                  metavar="[LABEL=]VALUE", help=f"{info.doc}{unit}.{default}"))
+    return flags
+
+
+class _RunCommand(click.Command):
+    """`vmtax run`, whose target flags and plan defaults are made when its options are
+    first needed (parsing, --help): they import every target plugin and pydantic, which
+    `vmtax --help`, `runs` and `show` must not wait for."""
+
+    _complete = False
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self._complete:
+            self._complete = True
+            from vmtax.studies import plan as plan_mod
+
+            defaults = {"runs": str(plan_mod.DEFAULT_RUNS), "time_": plan_mod.DEFAULT_TIME}
+            for param in self.params:
+                if param.name in defaults:
+                    param.default = defaults[param.name]
+            at = next(i for i, p in enumerate(self.params) if p.name == "time_") + 1
+            self.params[at:at] = _target_flags()
+        return super().get_params(ctx)
+
+
+# Commands that undo what killed vmtax processes left (and say so) rather than warn of it.
+RECOVERING = {"run", "cleanup", "density", "boot"}
+
+
+def warn_left_behind(refuse: bool = True) -> None:
+    """One line on stderr when killed vmtax processes left host changes in place. A runtime
+    directory that is not to be trusted is refused (VmtaxError), or only warned of."""
+    try:
+        line = journal.left_behind_warning()
+    except VmtaxError as exc:
+        if refuse:
+            raise
+        line = str(exc)
+    if line:
+        click.echo(f"vmtax: warning: {line}", err=True)
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _eta_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    from vmtax.studies.estimate import duration
+
+    return f"~{duration(max(seconds, 0))} left"
+
+
+class _StepTime(ProgressColumn):
+    """How long the current step has run, so a long one (a 2 GiB prepare under TCG) shows
+    it is moving while the bar stands still."""
+
+    def __init__(self, reporter: "ProgressReporter") -> None:
+        super().__init__()
+        self.reporter = reporter
+
+    def render(self, task: Task) -> Text:
+        seconds = time.monotonic() - self.reporter.step_started
+        return Text(f"({seconds:.0f} s)" if seconds >= 5 else "", style="dim")
+
+
+class ProgressReporter:
+    """Progress on stderr, so stdout stays clean for tables and --json: a bar with the
+    time left at a terminal; elsewhere (a log, CI) one line per finished cell.
+
+    The time left starts as the plan's estimate and moves to the pace measured so far as
+    the run advances (weighted by the share done), so a slow host corrects it early and a
+    slow VM start-up does not dominate it."""
+
+    def __init__(self, estimate: float | None = None, per_cell: int | None = None) -> None:
+        self.step_started = time.monotonic()
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                                 _StepTime(self), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
+                                 console=err,
+                                 transient=True, disable=not err.is_terminal)
+        self.task: TaskID | None = None
+        self.estimate = estimate
+        self.per_cell = per_cell          # repetitions of one target × workload configuration
+        self.total = self.done = 0
+        self.started = time.monotonic()
+        self.cell: tuple[str, str] | None = None
+        self.cells: dict[tuple[str, str], int] = {}
+        # Warnings for when measuring starts: once the targets are up, not before an error
+        # that stops the run from starting at all.
+        self.before_first: list[str] = []
+
+    def __enter__(self):
+        self.progress.__enter__()
+        # What a plan first needs built (a guest kernel, the compile tree) shows its own
+        # bar here: a terminal has room for one live display.
+        self.builds = build_progress.shown_in(self.progress)
+        self.builds.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.builds.__exit__(*exc)
+        self.progress.__exit__(*exc)
+
+    def eta(self) -> float | None:
+        """Seconds left: the estimate's share not done, blended into the measured pace."""
+        elapsed = time.monotonic() - self.started
+        share = self.done / self.total if self.total else 0.0
+        measured = elapsed * (1 - share) / share if share else None
+        if self.estimate is None:
+            return measured
+        planned = self.estimate * (1 - share)
+        return planned if measured is None else (1 - share) * planned + share * measured
+
+    def start(self, total: int) -> None:
+        self.total = total
+        self.started = time.monotonic()
+        self.task = self.progress.add_task("starting", total=total, eta=_eta_text(self.eta()))
+
+    def step(self, text: str) -> None:
+        self.step_started = time.monotonic()
+        parts = text.split(" · ")
+        self.cell = (parts[0], parts[1]) if len(parts) == 3 else None
+        if self.cell is not None:
+            for warning in self.before_first:
+                self.warn(warning)
+            self.before_first = []
+        if self.task is not None:
+            # Names come from plans and stores: their control characters are shown escaped.
+            self.progress.update(self.task, description=printable(text))
+            if text.endswith("(adaptive)"):   # a repetition beyond the plan's: grow the bar
+                self.total += 1
+                self.progress.update(self.task, total=self.total)
+                self.advance()
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, eta=_eta_text(self.eta()))
+        if self.cell is None or self.per_cell is None or not self.progress.disable:
+            return
+        self.cells[self.cell] = self.cells.get(self.cell, 0) + 1
+        if self.cells[self.cell] == self.per_cell:
+            from vmtax.studies.estimate import duration
+
+            err.print(f"[{self.done}/{self.total}] {escape(printable(' · '.join(self.cell)))} "
+                      "done, "
+                      f"{duration(time.monotonic() - self.started)} in, "
+                      f"{_eta_text(self.eta())}", highlight=False, soft_wrap=True)
+
+    def warn(self, text: str) -> None:
+        self.progress.console.print("[yellow]warning:[/yellow] "
+                                    + escape(printable(text, newlines=True)))
+
+
+results_option = click.option(
+    "--results", "results", default=DEFAULT_RESULTS, show_default=True,
+    type=click.Path(file_okay=False), help="Results directory (one SQLite database in it).")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print machine-readable JSON instead of a table.")
+all_option = click.option("--all", "--metrics", "show_all", is_flag=True,
+                          help="Every metric with every flag spelt out, not only the summary "
+                               "of primary metrics.")
+
+
+class _Commands(click.Group):
+    """vmtax's commands. Those in modules of their own are imported only when one of them
+    runs: they pull in Ray, asyncssh, numpy or pydantic, which `vmtax --help`, `runs` and
+    `show` must not wait for. Their one-line help is kept here for `vmtax --help`
+    (tests/test_cli.py checks it against each command's own)."""
+
+    LAZY: dict[str, tuple[str, str]] = {
+        "report": ("vmtax.cli.report:report", "Write an HTML report of stored runs: findings, "
+                   "figures, every metric, fingerprints; of two runs, also the second "
+                   "against the first (change, CI, verdict per metric)."),
+        "export": ("vmtax.cli.report:export", "Write a run's tidy data: one row per "
+                   "repetition × metric, with every parameter and the host and target "
+                   "fingerprints as columns (for pandas, R, spreadsheets); or its samples "
+                   "for benchstat."),
+        "plan": ("vmtax.cli.plan:plan_command", "Check a plan file and show what it would "
+                 "run; nothing is run."),
+        "list": ("vmtax.cli.list:list_command", "Every target kind or workload: options "
+                 "(type, unit, default, range), metrics, and whether this host can run each "
+                 "target; or (packages) the Debian packages all plugins need, one per line, "
+                 "which the set-up script installs."),
+        "exits": ("vmtax.cli.exits:exits_command", "VM exits per reason (`--collect exits`, "
+                  "or imported perf kvm stat reports)."),
+        "profile": ("vmtax.cli.profile:profile_command", "Where profiled cells' host CPU "
+                    "time went (`--collect profile`): top functions per thread class; which "
+                    "rose from A to B per unit of work."),
+        "composite": ("vmtax.cli.composite:composite_command", "The composite index of a "
+                      "stored run (RUN_ID, a prefix, its name or 'last'): per class, each "
+                      "target's geometric mean of its workloads' ratios to the baseline."),
+        "density": ("vmtax.cli.density:density_command", "Fill the host with instances of "
+                    "each target serving nginx, step by step, and report memory per "
+                    "instance (E4 density)."),
+        "boot": ("vmtax.cli.boot:boot_command", "Cold-start each target COUNT times, one at "
+                 "a time: time to ready and to the first HTTP answer, p50/p90/p99/max."),
+        "fleet": ("vmtax.cli.fleet:fleet_command", "Run plans on many hosts through Ray: one "
+                  "head, one Ray node per benchmark host."),
+        "tune": ("vmtax.cli.tune:tune_command", "Which knob a target declares wins the tax "
+                 "back: each knob value against the baseline, raced so repetitions go where "
+                 "the answer is open; the winners combined and confirmed; verdicts adjusted "
+                 "for the number of comparisons, an A-vs-A control beside."),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+            module, attribute = self.LAZY[name][0].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            if name in self.LAZY and name not in self.commands:
+                stand_in = click.Command(name, help=self.LAZY[name][1])
+                rows.append((name, stand_in.get_short_help_str(limit)))
+            elif not (command := self.commands[name]).hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_Commands,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="vmtax")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Measure the virtualization tax: how much slower a workload runs in a VM or a container
+    than on the bare host.
+
+    \b
+    Quick start:
+      vmtax doctor                  what this host can do (KVM, QEMU, runtimes, huge pages)
+      vmtax run                     native vs container vs VM, five sysbench workloads (E1)
+      vmtax run --targets native,container:runc --workloads cpu,memory --runs 5
+      vmtax runs                    stored runs
+      vmtax show last               reprint a run
+    """
+    if ctx.invoked_subcommand not in RECOVERING:
+        # `doctor` names an untrusted runtime directory among its checks.
+        warn_left_behind(refuse=ctx.invoked_subcommand != "doctor")
+
+
+@cli.command(cls=_RunCommand)
+@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
+@click.option("--targets", help="Comma-separated targets, KIND or KIND:VARIANT "
+              "(`vmtax list targets`). [default: those of plans/classic.toml]")
+@click.option("--workloads", help="Comma-separated workloads (`vmtax list workloads`). "
+              "[default: those of plans/classic.toml]")
+@click.option("--runs", show_default=True, metavar="N|auto",
+              help="Measured repetitions per target and workload; 'auto' repeats until the "
+                   "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
+@click.option("--min-runs", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With --runs auto: runs before precision is judged.")
+@click.option("--max-runs", type=click.IntRange(min=1), default=20, show_default=True,
+              help="With --runs auto: give up (and flag it) after this many runs.")
+@click.option("--ci-target", type=click.FloatRange(0, 100, min_open=True, max_open=True),
+              default=2.0, show_default=True, metavar="PCT",
+              help="With --runs auto: wanted CI half-width, percent of the median.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Warm-up repetitions run first and discarded.")
+@click.option("--time", "time_", type=click.IntRange(min=1), show_default=True,
+              help="Seconds each time-bounded workload runs (its declared time option).")
+@click.option("--collect", metavar="NAME,...",
+              help="Collectors recording on the host around each cell's measured "
+                   "repetitions, e.g. host-cpu,host-mem (`vmtax list collectors`).")
+@click.option("--no-interleave", is_flag=True,
+              help="Run all repetitions of one target before the next (default: A B B A order).")
+@click.option("--resume", metavar="RUN_ID",
+              help="Continue an interrupted run, skipping what it stored.")
+@click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
+@click.option("--name", metavar="NAME",
+              help="Name the run: NAME then works wherever a run id does (the latest run "
+                   "of that name), e.g. vmtax compare baseline NAME.")
+@click.option("--dry-run", is_flag=True,
+              help="Check the run and print what it would run and how long it should take; "
+                   "run nothing.")
+@click.option("--fleet", "fleet_address", metavar="HEAD_ADDRESS",
+              help="Run on the fleet at HEAD_ADDRESS (`vmtax fleet start`), not here.")
+@click.option("--hosts", "fleet_hosts", metavar="all|NAME,...",
+              help="With --fleet: the hosts to run on. [default: all]")
+@click.option("--spread", type=click.Choice(["hosts", "cells"]),
+              help="With --fleet: the whole plan on every host, or its cells spread over "
+                   "identical hosts. [default: hosts]")
+@results_option
+@click.option("--json", "as_json", is_flag=True,
+              help="Print machine-readable JSON instead of a table; with --fleet, one JSON "
+                   "document: each host's run, the spread across hosts and what failed.")
+@all_option
+def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_,
+        collect, no_interleave, resume, quick, name, dry_run, fleet_address, fleet_hosts,
+        spread, results, as_json, show_all, **target_options) -> None:
+    """Run a comparison and print the table (results are stored as each run finishes).
+
+    Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
+    plan file, the file says what to run (see plans/ for examples).
+    """
+    from vmtax.results.store import check_run_name
+    from vmtax.studies import plan as plan_mod
+    from vmtax.studies.runner import Runner
+
+    if name is not None:
+        check_run_name(name)
+    if runs == "auto":
+        repetitions = dict(runs=min_runs, max_runs=max_runs, ci_target=ci_target / 100)
+    elif runs.isdigit() and int(runs) >= 1:
+        repetitions = dict(runs=int(runs))
+    else:
+        raise VmtaxError(f"--runs takes a whole number (1 or more) or 'auto', got {runs!r}")
+    target_options = {k: list(v) for k, v in target_options.items() if v}
+    target_names, workload_names = _csv(targets, "--targets"), _csv(workloads, "--workloads")
+    if quick and not plan_file:
+        raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
+    if resume:
+        store = Store(results)
+        the_plan = plan_mod.Plan.from_dict(store.load_run(resume).plan)
+    elif plan_file:
+        from vmtax.studies import planfile
+        the_plan = planfile.load(plan_file, quick)
+        if collect:
+            the_plan.collect = list(dict.fromkeys([*the_plan.collect,
+                                                   *(_csv(collect, "--collect") or [])]))
+            the_plan.__post_init__()
+    else:
+        classic_targets, classic_workloads = plan_mod.classic_names()
+        the_plan = plan_mod.from_names(
+            target_names or classic_targets, workload_names or classic_workloads,
+            target_options, warmup=warmup, time=time_, **repetitions,
+            interleave=not no_interleave, collect=_csv(collect, "--collect") or [])
+    if name is not None:
+        the_plan.name = name
+    from vmtax.cli import plan as cli_plan
+
+    if dry_run:
+        click.echo(cli_plan.describe(plan_file or "the run", the_plan, matrix=True))
+        return
+    for warning in cli_plan.warnings(the_plan):
+        err.print("[yellow]warning:[/yellow] " + escape(warning))
+    if not resume:
+        store = Store(results)   # only once the plan is valid: a typo creates nothing
+    if fleet_address or fleet_hosts or spread:
+        from vmtax.cli import fleet as cli_fleet
+        with ProgressReporter() as progress:
+            cli_fleet.run_on_fleet(the_plan, store, fleet_address, _csv(fleet_hosts, "--hosts"),
+                                   spread, resume, progress,
+                                   lambda s, r: _show(s, r, False, show_all),
+                                   _run_json if as_json else None)
+        return
+    for line in journal.recover():
+        err.print(f"[yellow]recovered:[/yellow] {line}")
+    own = journal.Journal()
+    from vmtax.host import quiet
+    from vmtax.studies import estimate
+
+    before = quiet.snapshot()
+    reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
+                                the_plan.warmup + the_plan.runs)
+    reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
+    with reporter as progress, guardian.guard(own.path):
+        runner = Runner(the_plan, store, progress, resume=resume, journal=own)
+        try:
+            run_id = runner.execute()
+            store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
+        except KeyboardInterrupt:
+            if runner.run_id:
+                err.print(f"interrupted; what finished is stored in run {runner.run_id} "
+                          f"(continue it with: vmtax run --resume {runner.run_id})")
+            else:
+                err.print("interrupted before the first run; nothing stored")
+            sys.exit(proc.stopped_exit_code())
+    _show(store, run_id, as_json, show_all)
+
+
+def _run_json(store: Store, run_id: str) -> dict[str, Any]:
+    """What `vmtax show RUN --json` prints: the run, its summary and its composite index."""
+    from vmtax.analysis import composite
+    from vmtax.analysis import summary as analysis
+
+    run_rec = store.load_run(run_id)
+    summary = analysis.summarize_run(run_rec)
+    return {"run": {"id": run_rec.id, "status": run_rec.status, "created": run_rec.created,
+                    "finished": run_rec.finished, "host": run_rec.host,
+                    "targets": run_rec.targets, "plan": run_rec.plan},
+            "summary": summary.to_json(), "composite": composite.to_json(summary)}
+
+
+def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> None:
+    if as_json:
+        _print_json(_run_json(store, run_id))
+        return
+    from vmtax.analysis import summary as analysis
+    from vmtax.report import terminal as tables
+
+    run_rec = store.load_run(run_id)
+    summary = analysis.summarize_run(run_rec)
+    if show_all:
+        tables.print_summary(out, run_rec, summary)
+    else:
+        from vmtax.host import quiet
+
+        tables.print_headline(out, run_rec, summary, quiet.during(run_rec.host))
+
+
+@cli.command()
+@click.argument("run_id", default="last")
+@results_option
+@json_option
+@all_option
+def show(run_id, results, as_json, show_all) -> None:
+    """Reprint a stored run (RUN_ID, a unique prefix of it, its name, or 'last': the latest
+    run recorded here, imported perf kvm stat reports aside)."""
+    _show(Store(results, readonly=True), run_id, as_json, show_all)
+
+
+@cli.command()
+@results_option
+@json_option
+def runs(results, as_json) -> None:
+    """List the stored runs."""
+    store = Store(results, readonly=True)
+    names = store.run_names()
+    rows = [{**r, "name": names.get(r["id"])} for r in store.list_runs()]
+    if as_json:
+        _print_json(rows)
+    elif not rows:
+        out.print(f"no runs stored in {store.path} yet; start one with `vmtax run`")
+    else:
+        from vmtax.report import terminal as tables
+        tables.print_runs(out, rows, str(store.path))
+
+
+def _latest_comparable(store: Store) -> tuple[str, str]:
+    """The latest run, and the latest before it sharing a target and a workload with it;
+    imported reports have neither to compare."""
+    found = store.list_runs(imported=False)
+    if len(found) < 2:
+        raise VmtaxError(f"compare without arguments needs two stored runs, imported reports "
+                         f"aside; {store.path} has {len(found)}")
+    latest = found[-1]
+    for earlier in reversed(found[:-1]):
+        if (set(earlier["targets"]) & set(latest["targets"])
+                and set(earlier["workloads"]) & set(latest["workloads"])):
+            return earlier["id"], latest["id"]
+    raise VmtaxError(f"no stored run shares a target and a workload with the latest, "
+                     f"{latest['id']}; give two runs (A B)")
+
+
+def _side(store: Store, spec: str) -> tuple:
+    """RUN or RUN:TARGET (run ids never contain ':'; target names may, e.g. container:runc),
+    RUN@HOST[:TARGET] for a host of a fleet run (run ids and names never contain '@')."""
+    run_id, _, target = spec.partition(":")
+    run_id, at, host_name = run_id.partition("@")
+    run_rec = store.load_run(run_id)
+    if at:
+        from vmtax.studies import fleet
+        run_rec = fleet.host_run(store, run_rec, host_name)
+    if target and target not in run_rec.targets:
+        raise VmtaxError(f"run {run_rec.id} has no target {target!r}; it has: "
+                         + ", ".join(run_rec.targets))
+    return run_rec, target
+
+
+@cli.command()
+@click.argument("a", metavar="[A", required=False)
+@click.argument("b", metavar="B]", required=False)
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
+              show_default=True, help="Significance level after the multiplicity adjustment.")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
+              help="Relative changes smaller than this are never called significant.")
+@click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
+              help="Adjustment across metrics: Benjamini-Hochberg (false discovery rate) or Holm.")
+@click.option("--fail-on", type=click.Choice(["worse", "change"]),
+              help="Exit with status 1 when a metric is significantly worse (or, 'change', "
+                   "worse or better): for CI.")
+@results_option
+@json_option
+@all_option
+def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_all) -> None:
+    """Is B better or worse than A, metric by metric, beyond noise?
+
+    \b
+    A and B are stored runs (RUN_ID, a unique prefix, a name, or 'last': the latest run
+    recorded here, imported perf kvm stat reports aside), compared target
+    by target, or targets of runs (RUN:TARGET), e.g. two QEMU builds in one run:
+      vmtax compare last:vm@stock last:vm@patched
+      vmtax compare last@h1 last@h2 two hosts of one fleet run (RUN@HOST[:TARGET])
+      vmtax compare 20261121-2236 20261122-0910
+      vmtax compare                 the latest run against the one before it that
+                                    shares a target and a workload with it
+                                    (imported reports aside)
+    Failed repetitions are excluded and counted, never treated as zero.
+    """
+    store = Store(results, readonly=True)
+    if a is None:
+        a, b = _latest_comparable(store)
+    elif b is None:
+        raise VmtaxError("compare takes two runs (A B), or none for the latest two")
+    (run_a, target_a), (run_b, target_b) = _side(store, a), _side(store, b)
+    if bool(target_a) != bool(target_b):
+        raise VmtaxError("give a target on both sides (RUN:TARGET RUN:TARGET) or on neither")
+    if target_a:
+        pairs = [(run_a, target_a, run_b, target_b)]
+    else:
+        pairs = [(run_a, t, run_b, t) for t in run_a.targets if t in run_b.targets]
+        if not pairs:
+            raise VmtaxError(f"runs {run_a.id} and {run_b.id} share no target; "
+                             "compare targets explicitly with RUN:TARGET")
+    from vmtax.analysis import summary as analysis
+    from vmtax.report import terminal as tables
+
+    rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor, method=method)
+    if as_json:
+        _print_json({"alpha": alpha, "noise_floor": noise_floor, "method": method,
+                     "rows": [dataclasses.asdict(r) for r in rows]})
+    # A secondary metric (a fixed time's total, a fairness spread) is no regression.
+    primary = [r for r in rows if not analysis.is_secondary(r.workload, r.metric)]
+    if not as_json:
+        shown = rows if show_all else primary
+        tables.print_comparison(out, shown, alpha, noise_floor, method)
+        if not show_all and len(primary) < len(rows):
+            out.print(f"[dim]{len(rows) - len(primary)} secondary metrics hidden: --all[/dim]")
+        if shown:   # the answer last, where a long comparison ends
+            out.print(tables.verdict_line(shown, alpha))
+    failing = {"worse"} if fail_on == "worse" else {"worse", "better"} if fail_on else set()
+    hits = [r for r in primary if r.comparison.verdict in failing]
+    if hits:
+        click.echo(f"vmtax: {len(hits)} metric{'s' * (len(hits) != 1)} significantly "
+                   f"{'worse' if fail_on == 'worse' else 'changed'} (--fail-on {fail_on}): "
+                   + printable(", ".join(f"{r.workload} {r.metric}" for r in hits[:5]))
+                   + (" …" if len(hits) > 5 else ""), err=True)
+        sys.exit(1)
+
+
+@cli.command()
+@json_option
+def doctor(as_json) -> None:
+    """What this host can do for vmtax, and what to do where it can't."""
+    from rich.table import Table
+
+    from vmtax.core import collector as collectors
+    from vmtax.host import doctor as host_doctor
+    from vmtax.host import machine as host
+    from vmtax.host import quiet
+
+    checks = host_doctor.doctor()
+    for name, cls in collectors.registered().items():
+        line = cls.doctor()
+        if line is not None:
+            checks.append(host_doctor.Check(name, *line))
+    now = quiet.snapshot()
+    problems = quiet.problems(now)
+    checks.append(host_doctor.Check("host quiet", not problems,
+                                    "; ".join([quiet.describe(now), *problems])))
+    if as_json:
+        _print_json({"host": {**host.fingerprint(), "quiet": now},
+                     "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
+        return
+    table = Table(title="vmtax doctor", show_lines=False)
+    table.add_column("check")
+    table.add_column("", justify="center")
+    table.add_column("detail")
+    for c in checks:
+        table.add_row(escape(c.name), "[green]ok[/green]" if c.ok else "[red]no[/red]",
+                      escape(c.detail))
+    out.print(table)
+
+
+@cli.command()
+def cleanup() -> None:
+    """Undo what killed vmtax processes left on this host: processes, containers, cgroups,
+    mounts, huge pages. (`vmtax run` does it too, before it starts.)"""
+    lines = journal.recover()
+    for line in lines:
+        out.print(line)
+    if not lines:
+        out.print("nothing to clean up")
+
+
+def main() -> None:
+    # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept. SIGINT
+    # stays ignored when vmtax was started so (a background job of a script).
+    signal.signal(signal.SIGTERM, proc.stop_on_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, proc.stop_on_signal)
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        sys.exit(proc.stopped_exit_code())
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except VmtaxError as exc:
+        # One line, never wrapped; a name it quotes cannot drive the terminal.
+        click.echo(f"vmtax: error: {printable(str(exc), newlines=True)}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(proc.stopped_exit_code())

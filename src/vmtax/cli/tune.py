@@ -1,0 +1,182 @@
+"""`vmtax tune`: which of the knobs a target declares wins the tax back, with significance.
+
+    vmtax tune --targets vm:tcg --workloads cpu --knobs machine,vcpus --budget 6m --json
+    vmtax tune --targets native,vm:tcg --workloads cpu,memory,fileio --budget 30m
+    vmtax tune plans/tune.toml            # a plan with a [tune] table
+    vmtax tune ... --resume               # continue the same search after Ctrl-C
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from vmtax.analysis import tune as tuning
+from vmtax.cli.main import ProgressReporter, _csv, _print_json, err, out, results_option
+from vmtax.core.errors import VmtaxError
+from vmtax.host import guardian, journal, proc
+from vmtax.results.store import Store
+from vmtax.studies import tune as search_mod
+
+VERDICT_STYLE = {"better": "green", "worse": "red"}
+
+
+# Beside a `~` whose interval excludes 0: the interval is one comparison's, the verdict is
+# adjusted across the search (and racing may have stopped it early, as no win): not a
+# contradiction, said under the table.
+UNADJUSTED = "*"
+
+
+def _unadjusted_only(effect: tuning.Effect) -> bool:
+    g = effect.gain
+    return effect.comparison.verdict == "~" and (g.low > 0 or g.high < 0)
+
+
+def _effect(effect: tuning.Effect) -> str:
+    g, verdict = effect.gain, effect.comparison.verdict
+    if not math.isfinite(g.value):
+        return verdict
+    text = (f"{g.value:+.1%} [{g.low:+.1%}, {g.high:+.1%}] {verdict}"
+            + (UNADJUSTED if _unadjusted_only(effect) else ""))
+    style = VERDICT_STYLE.get(verdict)
+    return f"[{style}]{escape(text)}[/{style}]" if style else escape(text)
+
+
+def _column(effect: tuning.Effect, several: bool) -> str:
+    return f"{effect.group}: {effect.workload}" if several else effect.group
+
+
+def print_summary(summary: tuning.TuneSummary) -> None:
+    first = summary.knobs[0].effects if summary.knobs else []
+    groups = [e.group for e in first]
+    several = len(set(groups)) != len(groups)
+    table = Table(title=f"knobs of {summary.baseline} ({summary.kind}): gain over the "
+                        f"baseline, {100 * (1 - summary.alpha):g}% CI, verdict after "
+                        f"{summary.method.upper() if summary.method == 'bh' else 'Holm'}",
+                  title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("knob=value")
+    for e in first:
+        table.add_column(escape(_column(e, several)))
+    table.add_column("safety")
+    rank = 0
+    for knob in summary.knobs:
+        rank += 0 if knob.control else 1
+        table.add_row("–" if knob.control else str(rank),
+                      "control (A vs A)" if knob.control else escape(knob.label),
+                      *(_effect(e) for e in knob.effects), escape(knob.safety or ""))
+    out.print(table)
+    effects = [e for knob in summary.knobs for e in knob.effects]
+    if any(_unadjusted_only(e) for e in effects):
+        out.print(f"[dim]{UNADJUSTED} its interval excludes 0, but the change is not "
+                  f"significant once adjusted for the {len(effects)} comparisons above, or "
+                  "racing stopped it early as no win[/dim]")
+    out.print(escape(tuning.control_note(summary)))
+    if summary.combined_run is not None:
+        tuned = ", ".join(tuning.knob_label(k, v) for k, v in summary.tuned.items())
+        out.print(f"\ncombined ({escape(tuned)}) against {escape(summary.baseline)}: "
+                  + "; ".join(f"{escape(_column(e, several))} {_effect(e)}"
+                              for e in summary.vs_baseline))
+        if summary.vs_best:
+            out.print(f"against the best single ({escape(summary.best or '')}): "
+                      + "; ".join(f"{escape(_column(e, several))} {_effect(e)}"
+                                  for e in summary.vs_best))
+        for line in summary.interactions:
+            out.print(escape(line))
+        if summary.tax_recovered:
+            out.print("tax recovered (tuned − baseline) / (native − baseline): " + ", ".join(
+                f"{group} {value:.0%}" for group, value in summary.tax_recovered.items()
+                if value is not None))
+    for note in summary.notes:
+        out.print(f"[dim]note: {escape(note)}[/dim]")
+    out.print("\nrecommended configuration" + (" (the baseline: nothing was confirmed)"
+                                               if not summary.confirmed else "") + ":")
+    out.print(escape(summary.recommended()), soft_wrap=True)
+
+
+def print_search(search: search_mod.Search) -> None:
+    """What a checked search would try, against what, within what time (--dry-run)."""
+    from vmtax.studies import estimate
+
+    singles, combined = search.minimum_seconds()
+    out.print(f"tune {escape(search.baseline.name)} ({escape(search.baseline.kind)}) on "
+              + escape(", ".join(w.name for w in search.plan.workloads))
+              + (f", with {escape(search.native.name)} for the tax recovered"
+                 if search.native else "")
+              + f": {len(search.knobs)} knob values and an A-vs-A control, "
+              f"budget {estimate.duration(search.budget)} (one comparison of each needs "
+              f"{estimate.duration(singles + combined)})")
+    for knob in search.knobs:
+        out.print(f"  {escape(knob.label)}"
+                  + (f"  [yellow]{escape(knob.safety)}[/yellow]" if knob.safety else ""))
+    for note in search.notes:
+        out.print(f"[dim]note: {escape(note)}[/dim]")
+    out.print("nothing runs (--dry-run)")
+
+
+@click.command("tune")
+@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
+@click.option("--targets", help="The target to tune, KIND or KIND:VARIANT, and optionally "
+              "native (for the tax recovered), comma-separated.")
+@click.option("--workloads", help="Comma-separated workloads (`vmtax list workloads`).")
+@click.option("--knobs", metavar="KNOB[=VALUE],...",
+              help="Knobs to try (each its declared values) or single values "
+                   "(vcpus=4). [default: every knob the target declares]")
+@click.option("--budget", metavar="DURATION",
+              help='Time for the whole search, like "30m", "90s", "1h". [default: 30m]')
+@click.option("--time", "time_", type=click.IntRange(min=1),
+              help="Seconds each time-bounded workload runs.")
+@click.option("--method", type=click.Choice(["holm", "bh"]),
+              help="Multiplicity adjustment of the verdicts. [default: holm]")
+@click.option("--resume", is_flag=True,
+              help="Continue the same search (same arguments) after an interruption.")
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@click.option("--dry-run", is_flag=True,
+              help="Check the search and say what it would try, within what time; run nothing.")
+def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, resume,
+                 results, as_json, dry_run) -> None:
+    """Which knob a target declares wins the tax back: each knob value against the
+    baseline, raced so repetitions go where the answer is open; the winners combined and
+    confirmed; verdicts adjusted for the number of comparisons, an A-vs-A control beside."""
+    asked = _csv(knobs, "--knobs")
+    if plan_file:
+        if targets or workloads:
+            raise VmtaxError("give either PLAN.toml or --targets/--workloads, not both")
+        search = search_mod.load(plan_file, asked, budget)
+        if method:
+            search.method = method
+        if time_:
+            search.plan.time = time_
+    else:
+        if not targets or not workloads:
+            raise VmtaxError("give PLAN.toml, or --targets and --workloads")
+        search = search_mod.from_names(
+            _csv(targets, "--targets") or [], _csv(workloads, "--workloads") or [], asked,
+            budget or "30m", method=method or "holm", time=time_ or 2)
+    if dry_run:
+        print_search(search)
+        return
+    store = Store(results)
+    for line in journal.recover():
+        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
+    own = journal.Journal()
+
+    def said(stage: str, text: str) -> None:
+        err.print(f"tune · {stage}: {escape(text)}")
+
+    try:
+        with ProgressReporter() as progress, guardian.guard(own.path):
+            outcome = search_mod.run(search, store, progress, own, resume, said)
+    except KeyboardInterrupt:
+        err.print("interrupted; every repetition so far is stored (continue the search with "
+                  "the same command and --resume)")
+        sys.exit(proc.stopped_exit_code())
+    if as_json:
+        _print_json(outcome.summary.to_json())
+    else:
+        print_summary(outcome.summary)

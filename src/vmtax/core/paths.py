@@ -1,0 +1,99 @@
+"""Where vmtax keeps its cache (guest images, kernels) and its runtime journal.
+
+The runtime directory holds the undo journal, whose entries vmtax carries out (it kills,
+removes and runs what they list): a directory another user could write to, or had made
+first (a non-root user's default is in /tmp), would let that user run commands as the
+user of vmtax. So it is made mode 0700 and checked on every use (`check_private`).
+"""
+
+import os
+import stat
+from pathlib import Path
+
+from vmtax.core.errors import VmtaxError
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("VMTAX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vmtax")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def runtime_dir(create: bool = True) -> Path:
+    """Host-wide state that must survive a crash of vmtax (the undo journal), checked as
+    `check_private` does; create=False for those that only look (nothing is made, and a
+    missing directory is returned unchecked)."""
+    base = os.environ.get("VMTAX_RUNTIME") or (
+        "/run/vmtax" if os.geteuid() == 0 else os.path.join(
+            os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/vmtax-{os.geteuid()}", "vmtax"))
+    path = Path(os.path.abspath(base))
+    if create:
+        return private_dir(path)
+    if os.path.lexists(path):
+        check_private(path)
+    return path
+
+
+def runtime_env() -> dict[str, str]:
+    """The environment that makes a child process of vmtax use vmtax's own runtime and
+    cache directories, whatever else its environment lacks."""
+    return {"VMTAX_RUNTIME": str(runtime_dir()), "VMTAX_CACHE": str(cache_dir())}
+
+
+def private_dir(path: Path) -> Path:
+    """path, made mode 0700 (with any missing parents) unless it exists, then checked as
+    `check_private` does."""
+    missing = []
+    at = path
+    while not os.path.lexists(at) and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:   # made meanwhile, by whoever: checked below
+            pass
+        except OSError as exc:
+            raise VmtaxError(f"cannot create the runtime directory {directory}: "
+                             f"{exc.strerror}") from None
+    check_private(path)
+    return path
+
+
+def check_private(path: Path) -> None:
+    """VmtaxError naming path and what is wrong unless path is a directory (not a symbolic
+    link) that vmtax's user owns and no one else can write to, inside directories only
+    root or that user can change (a sticky one like /tmp may be writable by all)."""
+    problem = _problem(path)
+    if problem:
+        raise VmtaxError(f"runtime directory {path} {problem}: vmtax will not trust it (remove "
+                         "it, or set VMTAX_RUNTIME to a directory of your own)")
+
+
+def _problem(path: Path) -> str | None:
+    me = os.geteuid()
+    try:
+        found = os.lstat(path)
+        if stat.S_ISLNK(found.st_mode):
+            return "is a symbolic link"
+        if not stat.S_ISDIR(found.st_mode):
+            return "is not a directory"
+        if found.st_uid != me:
+            return f"is owned by uid {found.st_uid}, not by uid {me} that runs vmtax"
+        if found.st_mode & 0o022:
+            return f"is writable by others (mode {stat.S_IMODE(found.st_mode):o})"
+        # Whoever can change a directory above it can swap it for one of their own.
+        real = Path(os.path.realpath(path))
+        for above in dict.fromkeys([*path.parents, *real.parents]):
+            found = os.lstat(above)
+            if found.st_uid not in (0, me):
+                return f"is inside {above}, owned by uid {found.st_uid}"
+            if (not stat.S_ISLNK(found.st_mode) and found.st_mode & 0o022
+                    and not found.st_mode & stat.S_ISVTX):
+                return (f"is inside {above}, which others can write to (mode "
+                        f"{stat.S_IMODE(found.st_mode):o})")
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror})"
+    return None

@@ -1,0 +1,77 @@
+"""Text from users: names as a terminal may show them, and files read within bounds.
+
+Control characters are refused where names come in (targets, runs, labels: `check_printable`);
+names stored before that, or read from elsewhere, are shown escaped (`printable`), so an
+ESC or OSC sequence in a name cannot retitle the terminal, hide text or move the cursor.
+A file a user gives (a plan, a report to import) is read by `read_user_file`: a regular
+file only (a FIFO would block, /dev/zero never end) and at most a size cap.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from vmtax.core.errors import VmtaxError
+
+
+def first_line(text: str) -> str:
+    """A tool's first line that is not blank, stripped (its version, its error)."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def printable(text: str, newlines: bool = False) -> str:
+    """text with each character str.isprintable refuses (C0 and C1 controls, DEL, Unicode
+    format and separator characters but the space) as its Python escape: "\\x1b]0;x";
+    with newlines, a newline stays (text a renderer laid out in lines)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or (newlines and c == "\n")
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def check_printable(text: str, what: str) -> str:
+    """text, or a VmtaxError naming what it is (`--name`, `plan.toml: targets`) when it
+    holds a control character."""
+    if not text.isprintable():
+        raise VmtaxError(f"{what}: '{printable(text)}' holds control characters; "
+                         "expected printable text")
+    return text
+
+
+def read_user_file(path: str | os.PathLike[str], what: str, limit: int,
+                   errors: str = "strict") -> str:
+    """The text of the regular file at path, at most limit bytes, decoded as UTF-8 (with
+    errors); else a VmtaxError naming path and what the file was to be (`the plan file`)."""
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer must not wait for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise VmtaxError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise VmtaxError(f"{path}: cannot read {what} (not a regular file)")
+        # One byte past the cap tells a file at the cap from a larger one; fstat's size is
+        # not trusted, as the file may grow while it is read.
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise VmtaxError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise VmtaxError(f"{path}: cannot read {what} (larger than {_size(limit)}, "
+                         f"the most vmtax reads)")
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as exc:
+        raise VmtaxError(f"{path}: cannot read {what} (not UTF-8 text: {exc.reason} at "
+                         f"byte {exc.start})") from None
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB"

@@ -1,0 +1,241 @@
+"""One self-contained HTML file per report: findings, figures (inline SVG), the summary
+table of every metric, fingerprints and failures of one or more stored runs.
+
+Everything shown comes from `analysis.summarize_run`, like the terminal table and
+`vmtax show --json`, so the three always agree. The page has no scripts and loads
+nothing: it opens offline and can be mailed as one file.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jinja2
+
+from vmtax import __version__
+from vmtax.analysis import composite
+from vmtax.analysis import summary as analysis
+from vmtax.analysis.composite import Standing
+from vmtax.analysis.summary import Cell, Row, RunSummary
+from vmtax.core.errors import VmtaxError
+from vmtax.report import flamegraph, plots
+from vmtax.report import terminal as report
+from vmtax.report.export import flatten
+from vmtax.results.store import Run
+
+# Failed repetitions alike in these are listed once, with a count.
+FAILURE_KEYS = ("target", "workload", "phase", "status", "error")
+
+
+@dataclass
+class Flag:
+    kind: str
+    target: str
+    row: Row
+    detail: str
+
+
+@dataclass
+class Findings:
+    classes: dict[str, list[Standing]]    # class -> composite standings, best first
+    worst: dict[str, tuple[Row, Cell]]    # target -> its lowest-ratio classified metric
+    flags: list[Flag]
+    failures: list[dict[str, Any]]        # grouped: target, workload, phase, error, count
+
+
+def findings(summary: RunSummary) -> Findings:
+    worst: dict[str, tuple[Row, Cell]] = {}
+    for row in summary.rows:
+        spec = analysis.metric_spec(row.workload, row.metric)
+        if spec is None or spec.group is None:
+            continue
+        for target, cell in row.cells.items():
+            r = cell.ratio
+            if (r is not None and math.isfinite(r.value) and r.value > 0
+                    and (target not in worst or r.value < _ratio(worst[target]))):
+                worst[target] = (row, cell)
+    # The flags report.flags_line counts: those of the primary metrics.
+    flags = [Flag(kind, target, row, _flag_detail(kind, cell))
+             for row in analysis.headline(summary.rows) for target, cell in row.cells.items()
+             for kind in cell.flags]
+    grouped: dict[tuple, dict[str, Any]] = {}
+    for f in summary.failures:
+        key = tuple(f[k] for k in FAILURE_KEYS)
+        grouped.setdefault(key, {**dict(zip(FAILURE_KEYS, key)), "count": 0})["count"] += 1
+    return Findings(composite.standings(summary), worst, flags, list(grouped.values()))
+
+
+def _ratio(pair: tuple[Row, Cell]) -> float:
+    assert pair[1].ratio is not None
+    return pair[1].ratio.value
+
+
+def _flag_detail(kind: str, cell: Cell) -> str:
+    s, r = cell.summary, cell.ratio
+    if kind == "noisy" and s is not None and s.cv is not None:
+        return (f"coefficient of variation {s.cv:.1%} over {s.n} runs "
+                f"(above {analysis.NOISY_CV:.0%}): more runs, or a quieter host")
+    if kind == "faster than baseline" and r is not None:
+        return (f"×{report.fmt(r.value)} [{report.fmt(r.ci_low)}, {report.fmt(r.ci_high)}]: "
+                "suspicious; look for page-cache "
+                "effects, a guest clock that drifts, or work the target skips")
+    if kind == analysis.TOO_SHORT and cell.duration is not None:
+        return (f"its repetitions last {report.duration(cell.duration)} (median), under "
+                f"{report.duration(analysis.MIN_DURATION)}: start-up and timer resolution "
+                "weigh as much as the work; run longer (the plan's time, or more work per run)")
+    if kind == "clock skew":
+        return (f"guest and host clocks disagreed by more than {analysis.CLOCK_TOLERANCE:.0%} "
+                "on a repetition: rates measured by the guest's clock are not to be trusted")
+    return ""
+
+
+# -- presentation ------------------------------------------------------------------------------
+
+@dataclass
+class RunReport:
+    run: Run
+    summary: RunSummary
+    labels: dict[str, str]                # target -> display name
+    colors: dict[str, str]                # target -> chart colour
+    charts: list[plots.Chart]
+    findings: Findings
+    workloads: list[str] = field(default_factory=list)
+    flags_line: str = ""                  # the primary metrics' flags, counted, in one line
+    host: str | None = None               # the fleet host whose results these are
+    # E3's composite index per class and overall (vmtax.analysis.composite), and each suspicious
+    # win's likely cause by class (None: a metric in no class).
+    composite: list[composite.ClassIndex] = field(default_factory=list)
+    explained: dict[str | None, list[str]] = field(default_factory=dict)
+
+
+def build(run: Run, host: str | None = None) -> RunReport:
+    from vmtax.host import quiet
+
+    summary = analysis.summarize_run(run)
+    labels = {t: report.target_label(run, t) for t in summary.targets}
+    explained: dict[str | None, list[str]] = {}
+    for cls, line in composite.explained(summary):
+        explained.setdefault(cls, []).append(line)
+    return RunReport(run=run, summary=summary, labels=labels,
+                     colors=plots.target_colors(summary),
+                     charts=(_paired(plots.charts(summary, labels))
+                             + plots.run_charts(run, labels)),   # E4: density, start-up
+                     findings=findings(summary),
+                     workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
+                     flags_line=report.flags_line(summary.rows, quiet.during(run.host)),
+                     host=host,
+                     composite=(composite.composite(summary) if len(summary.targets) > 1
+                                else []),
+                     explained=explained)
+
+
+def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
+    """Each workload's strip of every repetition right after its ratio bars."""
+    after = {c.slug.removesuffix("-ratio"): i for i, c in enumerate(charts)
+             if c.slug.endswith("-ratio")}
+    return [c for _, _, c in sorted(
+        (after.get(c.slug.removesuffix("-repetitions"), i) if c.slug.endswith("-repetitions")
+         else i, i, c) for i, c in enumerate(charts))]
+
+
+@dataclass
+class RunComparison:
+    """Run B against run A, metric by metric, as `vmtax compare A B` judges it."""
+    a: str
+    b: str
+    rows: list[analysis.CompareRow]
+    alpha: float
+    noise_floor: float
+    method: str
+
+    @property
+    def swept(self) -> set[str]:
+        """Workloads compared in several configurations: only their rows name them."""
+        configs: dict[str, set[str]] = {}
+        for row in self.rows:
+            configs.setdefault(row.workload, set()).add(repr(sorted(row.params.items())))
+        return {w for w, c in configs.items() if len(c) > 1}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row.comparison.verdict] = counts.get(row.comparison.verdict, 0) + 1
+        return counts
+
+
+def compare_runs(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
+                 method: Literal["holm", "bh"] = "bh") -> RunComparison | None:
+    """B against A on every target they share; None when they share no metric."""
+    pairs = [(a, t, b, t) for t in a.targets if t in b.targets]
+    if not pairs:
+        return None
+    try:
+        rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor,
+                                        method=method)
+    except VmtaxError:      # nothing in common: the runs are shown side by side only
+        return None
+    return RunComparison(a.id, b.id, rows, alpha, noise_floor, method)
+
+
+def pct(ratio: float) -> str:
+    """A ratio as a share of the baseline with three significant digits: 78.1%, 4.21%."""
+    value = ratio * 100
+    digits = max(0, 2 - math.floor(math.log10(abs(value)))) if value else 0
+    return f"{value:.{digits}f}%"
+
+
+def ratio_class(ratio: float | None) -> str:
+    """CSS class that shades a ratio cell by how much of the baseline is kept."""
+    if ratio is None or not math.isfinite(ratio):
+        return ""
+    if ratio >= 1.02:
+        return "r-gain"
+    if ratio >= 0.95:
+        return "r-par"
+    return "r-mild" if ratio >= 0.8 else "r-loss" if ratio >= 0.5 else "r-severe"
+
+
+def params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def when(timestamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp)) if timestamp else "–"
+
+
+def fingerprint_items(data: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k, ", ".join(map(str, v)) if isinstance(v, list) else str(v))
+            for k, v in flatten(data).items()]
+
+
+def change(value: float) -> str:
+    """A relative change as `vmtax compare` prints it: +4.2%."""
+    return "–" if math.isnan(value) else f"{value:+.1%}"
+
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("vmtax.report", "templates"), autoescape=True,
+                          undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_ENV.filters.update(fmt=report.fmt, interval=report.interval, pct=pct, ratio_class=ratio_class,
+                    flag_text=report.flag_text,
+                    params=params_text, when=when, fingerprint=fingerprint_items, repr=repr)
+_ENV.filters["change"] = change
+_ENV.tests["finite"] = math.isfinite
+_ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.metric)
+
+
+def render_html(reports: list[RunReport], comparison: RunComparison | None = None,
+                spread: list[Any] | None = None) -> str:
+    """spread: a fleet run set's fleet.SpreadRow list (reports then has one per host)."""
+    svgs = {(i, c.slug): plots.inline_svg(c, prefix=f"r{i}-{c.slug}-")
+            for i, r in enumerate(reports) for c in r.charts}
+    return _ENV.get_template("report.html.j2").render(
+        reports=reports, svgs=svgs, comparison=comparison, spread=spread,
+        flames={i: flamegraph.graphs(r.run, r.summary.baseline, r.labels)
+                for i, r in enumerate(reports)},
+        version=__version__,
+        generated=when(time.time()),
+        noisy_cv=analysis.NOISY_CV)

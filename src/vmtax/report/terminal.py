@@ -1,0 +1,558 @@
+"""Terminal tables of stored runs (rich)."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Console, JustifyMethod
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from vmtax.analysis import composite
+from vmtax.analysis import summary as analysis
+from vmtax.analysis.summary import TOO_SHORT, Cell, Row, RunSummary
+from vmtax.core.text import printable
+from vmtax.report.export import flatten
+from vmtax.results.store import Run
+
+FLAG_STYLE = "bold yellow"
+
+
+def shown_text(text: str) -> str:
+    """Stored text (names, parameters, errors) as rich markup that prints it as it is:
+    markup escaped, and control characters, which a name stored before they were refused
+    may hold, escaped so they cannot drive the terminal."""
+    return escape(printable(text, newlines=True))
+
+
+def fmt(value: float | None) -> str:
+    """Four significant digits, without exponent noise for everyday magnitudes."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if math.isinf(value):
+        return "∞"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e7:
+        return f"{value:.3e}"
+    digits = max(0, 3 - int(math.floor(math.log10(abs(value)))))
+    text = f"{value:,.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def sig3(value: float) -> str:
+    """Three significant digits, trailing zeros kept (a ratio: 0.970, 1.00, 12.3)."""
+    if not math.isfinite(value) or value == 0 or not 1e-3 <= abs(value) < 1e3:
+        return fmt(value)
+    return f"{value:#.3g}".rstrip(".")
+
+
+def _sig2(value: float) -> str:
+    if not math.isfinite(value) or value == 0 or not 1e-3 <= abs(value) < 1e3:
+        return fmt(value)
+    return f"{value:.2g}" if abs(value) < 1 else f"{value:#.2g}".rstrip(".")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "").replace("∞", "inf"))
+    except ValueError:
+        return None
+
+
+def ratio_texts(value: float, low: float, high: float) -> tuple[str, str, str]:
+    """A ratio to three significant digits and its interval's bounds to two (the width is
+    what they tell); a bound gets the ratio's three digits where two would leave the
+    printed ratio outside the printed interval (1.0057 [0.904, 1.027] is 1.01 [0.9–1.03],
+    never [0.9–1.0]). Rounding to one precision keeps the order, so three suffice."""
+    shown, low_text, high_text = sig3(value), _sig2(low), _sig2(high)
+    number = _number(shown)
+    if number is not None:
+        if (bound := _number(low_text)) is not None and bound > number:
+            low_text = sig3(low)
+        if (bound := _number(high_text)) is not None and bound < number:
+            high_text = sig3(high)
+    return shown, low_text, high_text
+
+
+def target_label(run: Run, name: str) -> str:
+    fp = run.targets.get(name, {}).get("fingerprint", {})
+    # An ssh target: what the plan calls the machine, beside the hypervisor found there.
+    detail = fp.get("accel") or fp.get("runtime") or ", ".join(dict.fromkeys(
+        v for v in (fp.get("label"), fp.get("hypervisor")) if v and v not in name))
+    return f"{name} ({detail})" if detail and detail not in name else name
+
+
+def interval(s) -> str:
+    """A real 95% CI in brackets; with too few runs for one, the runs' range in parentheses."""
+    if s.n < 2:
+        return ""
+    if s.ci_level >= 0.95:
+        return f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]"
+    return f" ({fmt(s.ci_low)} – {fmt(s.ci_high)})"   # spaced: a narrow column wraps there
+
+
+def duration(seconds: float) -> str:
+    """A repetition's length: 47.2 ms, 2.01 s."""
+    return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def flag_text(flag: str, cell: Cell) -> str:
+    """A flag as a table shows it, with the figure that raised it where one helps."""
+    if flag == TOO_SHORT and cell.duration is not None:
+        return f"{flag} ({duration(cell.duration)})"
+    return flag
+
+
+def cell_text(cell: Cell | None) -> Text:
+    text = Text()
+    if cell is None:
+        return text
+    if cell.summary is None:
+        if cell.not_recorded is not None and not cell.failed:
+            return text.append(f"not recorded: {cell.not_recorded}", style="dim")
+        text.append(f"failed ×{cell.failed}", style="red")
+        return text
+    text.append(fmt(cell.summary.median))
+    text.append(interval(cell.summary), style="dim")
+    if cell.summary.cv is not None:
+        text.append(f" cv {cell.summary.cv:.1%}", style="dim")
+    if cell.ratio is not None:
+        r = cell.ratio
+        style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
+        text.append(f"\n×{fmt(r.value)}", style=style)
+        text.append(f" [{fmt(r.ci_low)}, {fmt(r.ci_high)}]", style="dim")
+    if cell.no_ratio is not None:
+        text.append(f"\n{cell.no_ratio}", style="dim")
+    if cell.failed:
+        text.append(f"\n{cell.failed} failed", style="red")
+    for flag in cell.flags:
+        text.append(f"\n⚠ {flag_text(flag, cell)}", style=FLAG_STYLE)
+    return text
+
+
+def _title(run: Run) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created))
+    name = run.plan.get("name")
+    return printable(f"run {run.id}{f' ({name})' if name else ''}  ·  {started}  ·  {run.status}")
+
+
+def _ratio_text(cell: Cell | None) -> Text:
+    """A target's ratio to the baseline with its 95% CI (none from a single sample), or
+    why there is none; ⚠ when a flag is raised on it."""
+    text = Text()
+    if cell is None:
+        return text
+    if cell.summary is None:
+        return text.append(f"failed ×{cell.failed}", style="red")
+    if cell.ratio is not None:
+        r = cell.ratio
+        shown, low, high = ratio_texts(r.value, r.ci_low, r.ci_high)
+        text.append(shown, style="green" if r.value >= 1 else ("red" if r.value < 0.9 else ""))
+        if cell.n > 1:
+            text.append(f" [{low}–{high}]", style="dim")
+    elif cell.no_ratio is not None:
+        text.append(cell.no_ratio, style="dim")
+    if cell.flags:   # unspaced: a narrow column never wraps it onto a line of its own
+        text.append("⚠", style=FLAG_STYLE)
+    return text
+
+
+def flag_counts(rows: list[Row]) -> dict[str, int]:
+    """How many cells of these rows raise each kind of flag, most frequent first (a flag
+    "KIND: detail" counts as its kind)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for cell in row.cells.values():
+            for flag in {f.partition(": ")[0] for f in cell.flags}:
+                counts[flag] = counts.get(flag, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+FLAG_WHY = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
+            TOO_SHORT: f"repetitions under {analysis.MIN_DURATION:g} s",
+            "faster than baseline": "suspicious", "clock skew": "guest clock disagreed"}
+
+
+def flags_line(rows: list[Row], context: str = "") -> str:
+    """The flags of these rows' primary metrics (the headline's rows: every view counts
+    these, so a report and the terminal give one count) in one line: "primary metrics: 3
+    cells noisy (CV > 5%), 1 clock skew"."""
+    counts = flag_counts(analysis.headline(rows))
+    if not counts:
+        return ""
+    parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({FLAG_WHY[flag]})" if flag in FLAG_WHY
+                                                    else "")
+             for flag, n in counts.items()]
+    return "⚠ primary metrics: " + ", ".join(parts) + (f": {context}" if context else "")
+
+
+def print_headline(console: Console, run: Run, summary: RunSummary, context: str = "") -> None:
+    """The answer on one screen: per workload its primary metric, the baseline's median and
+    each target's ratio to it with its 95% CI, then each class's composite index (E3's
+    geometric mean of its workloads' ratios, with its CI) and overall; one recommendation
+    line per class, each suspicious win explained, every flag in one line. `vmtax show
+    --all` has every metric."""
+    rows = analysis.headline(summary.rows)
+    others = [t for t in summary.targets if t != summary.baseline]
+    # The title on a line of its own: a table's title wraps at the table's width.
+    console.print(Text(_title(run), style="bold"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    # What tells rows apart (parameters, dimensions) goes with the workload; names wrap at
+    # their spaces, and a ratio's interval goes under it before a name is cut in pieces.
+    table.add_column("workload", overflow="fold", min_width=min(14, _longest_word(rows)))
+    table.add_column("metric", overflow="fold", min_width=8)
+    # A target's detail goes under its name, so long names cannot squeeze the row names
+    # out of an 80-column table.
+    for name in [summary.baseline, *others]:
+        table.add_column(shown_text(target_label(run, name)).replace(" (", "\n(", 1),
+                         justify="right", overflow="fold", no_wrap=True)
+    for row in rows:
+        tags = " ".join(f"{k}={v}" for k, v in {**row.params, **row.dimensions}.items())
+        unit = "" if row.unit == row.metric else f" ({row.unit})"
+        base = row.cells.get(summary.baseline)
+        table.add_row(shown_text(row.workload + (f" {tags}" if tags else "")),
+                      f"{'↑' if row.higher_is_better else '↓'} {shown_text(row.metric)}{unit}",
+                      cell_median(base), *[_ratio_text(row.cells.get(t)) for t in others])
+    classes = composite.composite(summary) if others else []
+    if classes:
+        table.add_section()
+        for ci in classes:
+            table.add_row(Text("index", style="bold"),
+                          # a long name may wrap at its "/": threads / scheduling
+                          Text(ci.cls.replace("/", " / ") if len(ci.cls) > 12 else ci.cls,
+                               style="bold"),
+                          "1", *[_index_text(ci.by_target.get(t)) for t in others])
+    # Names wrap at their spaces first; when the ratios on one line leave the names too
+    # little room even so, the intervals go under the ratios instead.
+    if not _fits(console, table):
+        for column in table.columns[3:]:
+            column.no_wrap = False
+    console.print(table)
+    console.print(f"[dim]{shown_text(summary.baseline)}: median of its runs; others: ratio to it "
+                  "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)"
+                  + ("; index: geometric mean of a class's workloads" if classes else "")
+                  + "[/dim]")
+    _print_verdicts(console, classes, composite.explanations(summary) if classes else [])
+    line = flags_line(summary.rows, context)
+    if line:
+        console.print(Text(line, style=FLAG_STYLE))
+    _print_failures(console, summary)
+    hidden = len(summary.rows) - len(rows)
+    if hidden:
+        console.print(f"[dim]{hidden} more metric rows: vmtax show {run.id} --all[/dim]")
+
+
+def _fits(console: Console, table: Table) -> bool:
+    """Whether the table prints at the console's width without cutting a number or a word
+    (rendered once to a scratch console, every column marking a cut with "…")."""
+    probe = Console(width=console.width, file=io.StringIO(), color_system=None)
+    saved = [column.overflow for column in table.columns]
+    for column in table.columns:
+        column.overflow = "ellipsis"
+    probe.print(table)
+    for column, overflow in zip(table.columns, saved):
+        column.overflow = overflow
+    return "…" not in probe.file.getvalue()   # type: ignore[attr-defined]
+
+
+def _longest_word(rows: list[Row]) -> int:
+    """The longest word of the workload column (a name, or one of its KEY=VALUE tags)."""
+    return max((len(word) for row in rows
+                for word in [row.workload, *(f"{k}={v}" for k, v in
+                                             {**row.params, **row.dimensions}.items())]),
+               default=8)
+
+
+def _index_text(index: composite.Index | None) -> Text:
+    if index is None:
+        return Text()
+    shown, low, high = ratio_texts(index.value, index.ci_low, index.ci_high)
+    text = Text(shown, style="bold")
+    if index.ci_low != index.ci_high:
+        text.append(f" [{low}–{high}]", style="dim")
+    return text
+
+
+def _print_verdicts(console: Console, classes: list[composite.ClassIndex],
+                    explained: list[str]) -> None:
+    """One recommendation line per class (one in all when no class has enough runs),
+    then each suspicious win with its likely cause."""
+    lines = [ci.recommendation for ci in classes]
+    few = [line for line in lines if "too few runs" in line]
+    if few and len(few) == len(lines):
+        lines = [f"no recommendation: too few runs for a verdict (at least "
+                 f"{composite.MIN_RUNS} per target)"]
+    for line in lines:
+        console.print(Text("→ " + printable(line),
+                           style="bold" if "significant" not in line else ""))
+    for line in explained:
+        console.print(Text(f"⚠ suspicious win: {printable(line)}", style=FLAG_STYLE))
+
+
+def cell_median(cell: Cell | None) -> Text:
+    if cell is None:
+        return Text()
+    if cell.summary is None:
+        return Text(f"failed ×{cell.failed}", style="red")
+    text = Text(fmt(cell.summary.median))
+    return text.append("⚠", style=FLAG_STYLE) if cell.flags else text
+
+
+def _print_failures(console: Console, summary: RunSummary) -> None:
+    for failure in summary.failures[:10]:
+        console.print("[red]failed[/red] " + shown_text(
+            f"{failure['target']} · {failure['workload']} · {failure['phase']} "
+            f"{failure['idx'] + 1}: {failure['error']}"), highlight=False)
+    if len(summary.failures) > 10:
+        console.print(f"[red]… and {len(summary.failures) - 10} more failed repetitions[/red]")
+    for note in grouped_notes(summary.notes):
+        console.print("[yellow]not recorded[/yellow] " + shown_text(note), highlight=False)
+
+
+def grouped_notes(notes: list[str]) -> list[str]:
+    """Notes "TARGET · WORKLOAD: why" saying the same of several targets, in one naming
+    them all: "a, b · cyclictest: exits: unavailable — each runs under TCG, …" (each TCG
+    guest of a plan would otherwise repeat the same four lines)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for note in notes:
+        target, _, rest = note.partition(" · ")
+        workload, _, why = rest.partition(": ")
+        if why:
+            groups.setdefault((workload, why.replace(target, "\0")), []).append(target)
+        else:   # not of that shape: as it is
+            groups.setdefault((note, ""), [])
+    return [f"{', '.join(targets)} · {workload}: "
+            + why.replace("\0", "each" if len(targets) > 1 else targets[0])
+            if targets else workload for (workload, why), targets in groups.items()]
+
+
+def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
+    """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
+    table = Table(title=escape(_title(run)),
+                  caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
+                          "cv = coefficient of variation; "
+                          f"×ratio to {summary.baseline} [95% CI]: below 1 = worse, "
+                          "whatever the metric's direction (↑ higher is better, ↓ lower)")
+    table.add_column("workload")
+    table.add_column("metric")
+    for name in summary.targets:
+        label = target_label(run, name)
+        # fold: a narrow terminal wraps a number rather than cutting it off with "…"
+        table.add_column(shown_text(label) + (" = 1" if name == summary.baseline else ""),
+                         justify="right", overflow="fold")
+    previous = None
+    for row in summary.rows:
+        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        group = (row.workload, params)
+        if previous is not None and group != previous:
+            table.add_section()
+        shown = shown_text(row.workload + (f"\n{params}" if params else ""))
+        table.add_row(shown if group != previous else "",
+                      f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
+                      f"{'↑' if row.higher_is_better else '↓'}",
+                      *[cell_text(row.cells.get(t)) for t in summary.targets])
+        previous = group
+    console.print(table)
+    _print_failures(console, summary)
+    print_fingerprints(console, run, summary.targets)
+
+
+def fingerprint_value(value: object) -> str:
+    """A fingerprint's value as text: lists joined, none as "–", booleans as yes/no."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(fingerprint_value(v) for v in value)
+    return str(value)
+
+
+def print_fingerprints(console: Console, run: Run, order: Sequence[str] = ()) -> None:
+    """What each target was (its fingerprint, as `show --json` has it): KEY VALUE lines
+    under its name, nested values as dotted keys, and a value of several lines (a domain's
+    XML) as a block of its own under its key; all of it escaped, as stored text is."""
+    names = [*(n for n in order if n in run.targets), *(n for n in run.targets
+                                                         if n not in order)]
+    if not names:
+        return
+    console.print(Text("target fingerprints", style="bold"))
+    for name in names:
+        record = run.targets[name]
+        console.print(Text(printable(f"{name} ({record.get('kind')})"), style="bold"))
+        items = [(printable(key), fingerprint_value(value)) for key, value
+                 in flatten(record.get("fingerprint") or {}).items()
+                 if not (key == "kind" and value == record.get("kind"))]   # in the name's line
+        width = max((len(key) for key, text in items if "\n" not in text.strip()), default=0)
+        for key, text in items:
+            if "\n" in text.strip():
+                console.print(Text("  " + key, style="dim"))
+                _print_indented(console, 4, Text(printable(text.strip("\n"), newlines=True)))
+            else:
+                _print_indented(console, 2, Text(key.ljust(width + 2), style="dim")
+                                + Text(printable(text)), hanging=width + 2)
+
+
+def _print_indented(console: Console, indent: int, text: Text, hanging: int = 0) -> None:
+    """text indented, its first `hanging` characters (a key) beside what follows, which
+    wraps at the console's width under itself; no trailing blanks."""
+    head, body = text[:hanging], text[hanging:]
+    lines = body.wrap(console, max(20, console.width - indent - hanging), overflow="fold")
+    for number, line in enumerate(lines or [Text()]):
+        shown = Text(" " * indent) + (head if number == 0 else Text(" " * hanging)) + line
+        shown.rstrip()
+        console.print(shown, soft_wrap=True)
+
+
+def print_runs(console: Console, runs: list[dict], source: str) -> None:
+    """One row per stored run, every value whole at 80 columns: lists wrap between their
+    items, and the start time, which the id spells already (YYYYMMDD-HHMMSS-…), is left
+    out when the table would not fit with it."""
+    console.print(Text(f"stored runs in {source}", style="bold"))
+    table = _runs_table(runs, started=True)
+    if not _fits(console, table):
+        table = _runs_table(runs, started=False)
+    console.print(table)
+
+
+def _runs_table(runs: list[dict], started: bool) -> Table:
+    named = any(r.get("name") for r in runs)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
+                  show_edge=False)
+    table.add_column("id", no_wrap=True)
+    if named:
+        table.add_column("name", overflow="fold")
+    if started:
+        table.add_column("started", no_wrap=True)
+    table.add_column("status", overflow="fold")
+    # Names wrap between each other; only a table too wide even so folds one.
+    table.add_column("targets", overflow="fold")
+    table.add_column("workloads", overflow="fold")
+    table.add_column("runs", justify="right", no_wrap=True)
+    table.add_column("failed", justify="right", no_wrap=True)
+    for r in runs:
+        table.add_row(r["id"], *([shown_text(r.get("name") or "")] if named else []),
+                      *([time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))]
+                        if started else []),
+                      r["status"], shown_text(", ".join(r["targets"])),
+                      shown_text(", ".join(r["workloads"])), str(r["reps"]), str(r["failed"]))
+    return table
+
+
+def _percent(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:+.1%}"
+
+
+VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
+                 "too few runs": "yellow", "below resolution": "dim"}
+
+
+def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
+    sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
+    for a, b in sides:
+        table = Table(title=shown_text(f"B = {b}  vs  A = {a}"),
+                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]; p after "
+                              f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
+                              f"significant when p < {alpha:g}, the CI excludes 0 and "
+                              f"|change| ≥ {noise_floor:.0%}")
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
+            ("workload", "left"), ("metric", "left"), ("A median", "right"),
+            ("B median", "right"), ("change", "right"), ("p", "right"), ("verdict", "center"))
+        for col, justify in columns:
+            # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
+            table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
+        mine = [r for r in rows if (r.a, r.b) == (a, b)]
+        configs: dict[str, set[str]] = {}
+        for r in mine:
+            configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
+        previous = None
+        for r in mine:
+            c = r.comparison
+            params = (" ".join(f"{k}={v}" for k, v in r.params.items())
+                      if len(configs[r.workload]) > 1 else "")
+            if r.params_b != r.params:
+                params = "A " + " ".join(f"{k}={v}" for k, v in r.params.items()
+                                         if r.params_b.get(k) != v) + "\nB " + " ".join(
+                    f"{k}={v}" for k, v in r.params_b.items() if r.params.get(k) != v)
+            group = (r.workload, params)
+            if previous is not None and group != previous:
+                table.add_section()
+            failed = (f"\n{r.failed_a}+{r.failed_b} failed runs excluded"
+                      if r.failed_a + r.failed_b else "")
+            shown = shown_text(r.workload + (f"\n{params}" if params else ""))
+            table.add_row(shown if group != previous else "",
+                          f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
+                          f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
+                          "–" if c.verdict == "below resolution" else
+                          _percent(c.change) + f" [{_percent(c.change_ci[0])}, "
+                                               f"{_percent(c.change_ci[1])}]",
+                          "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
+                          Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
+            previous = group
+        console.print(table)
+        # Why there is no verdict, once per distinct reason ("below resolution" is plain
+        # enough without its note: the medians are in the row).
+        for note in dict.fromkeys(r.comparison.note for r in mine
+                                  if r.comparison.verdict == "too few runs"):
+            console.print(Text(f"too few runs: {printable(note)}",
+                               style=VERDICT_STYLE["too few runs"]))
+
+
+def verdict_line(rows, alpha: float) -> Text:
+    """The comparison's answer in one line, for the end of a long output: "B against A:
+    3 better, 5 worse, 40 ~ (α=0.01)"; of several targets, which ones were better or worse
+    ("5 worse (vm:tcg 5)"). rows: analysis.summary.CompareRow."""
+    several = len({(r.a, r.b) for r in rows}) > 1
+    text = Text("B against A: ", style="bold")
+    for verdict, style in VERDICT_STYLE.items():
+        found = [r for r in rows if r.comparison.verdict == verdict]
+        if not found and verdict not in ("better", "worse", "~"):
+            continue
+        if len(text) > len("B against A: "):
+            text.append(", ")
+        text.append(f"{len(found)} {verdict}", style=style if found else "")
+        if several and found and verdict in ("better", "worse"):
+            by_target: dict[str, int] = {}
+            for r in found:
+                target = r.b.partition(":")[2]
+                by_target[target] = by_target.get(target, 0) + 1
+            text.append(" (" + ", ".join(f"{printable(t)} {n}" for t, n in by_target.items())
+                        + ")")
+    return text.append(f" (α={alpha:g})")
+
+
+def print_spread(console: Console, rows, hosts: list[str], title: str) -> None:
+    """A fleet run set: per headline metric and target, its ratio to the baseline on each
+    host, then the spread across hosts (median, min–max). rows: fleet.SpreadRow."""
+    console.print(Text(printable(title), style="bold"))
+    if not rows:
+        console.print("[dim]no target besides the baseline: no ratio to spread[/dim]")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    # One column of words for workload and metric: a narrow terminal wraps it between them.
+    table.add_column("workload metric")
+    table.add_column("target", no_wrap=True)
+    for name in hosts:
+        table.add_column(shown_text(name), justify="right", no_wrap=True)
+    table.add_column("median", justify="right", no_wrap=True, style="bold")
+    table.add_column("range", justify="right", no_wrap=True)
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        low, high = row.low, row.high
+        table.add_row(shown_text(row.workload + (f" {params}" if params else "") + " "
+                             + row.metric), shown_text(row.target),
+                      *[sig3(v) if v is not None else "–" for v in
+                        (row.ratios.get(h) for h in hosts)],
+                      sig3(row.median) if row.median is not None else "–",
+                      "–".join(ratio_texts(row.median, low, high)[1:])
+                      if row.median is not None and low is not None and high is not None
+                      else "–")
+    console.print(table)
+    console.print("[dim]ratio to each host's own baseline, below 1 = worse; median and "
+                  "range across hosts[/dim]")

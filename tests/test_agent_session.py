@@ -1,0 +1,64 @@
+"""AgentSession's setup of a booted guest, whatever started its QEMU: which jobs it sends for
+each scratch disk bus (the guest half of each is tested by the live tests)."""
+
+from pathlib import Path
+
+import pytest
+
+from vmtax.core.errors import TargetError
+from vmtax.core.types import Job, JobResult
+from vmtax.guest import agent_session
+from vmtax.guest.agent_session import AgentSession
+
+
+class Recorded(AgentSession):
+    """The jobs setup sends, answered as a guest would (fail: the argv[0..2] that fails)."""
+
+    def __init__(self, fail: tuple[str, ...] = ()):
+        super().__init__("vm", channel=None, console_log=Path("/nonexistent"),
+                         kill=lambda: None)
+        self.jobs: list[Job] = []
+        self.fail = fail
+
+    def run(self, job: Job) -> JobResult:
+        self.jobs.append(job)
+        if tuple(job.argv[:len(self.fail)]) == self.fail and self.fail:
+            return JobResult(1, "", "no block device /dev/sda\n", 0.01)
+        return JobResult(0, "", "", 0.01, guest_elapsed=0.001)
+
+
+@pytest.mark.parametrize("bus, phase, device", [
+    ("virtio-blk", None, "/dev/vda"),
+    ("virtio-scsi", "scsi", "/dev/sda"),
+    ("nvme", "nvme", "/dev/nvme0n1"),
+])
+def test_the_scratch_disk_follows_its_bus(bus, phase, device):
+    session = Recorded()
+    overhead = session.setup(None, bus)
+    argvs = [job.argv for job in session.jobs]
+    mount = ["/bin/sh", "/vmtax/disk", device, agent_session.SCRATCH]
+    if phase is None:
+        assert argvs[0] == mount
+    else:   # its drivers first, from the image's list of that phase
+        assert argvs[0][:2] == ["/bin/sh", "-c"] and argvs[0][3:] == [phase]
+        assert '"/vmtax/modules/$0.list"' in argvs[0][2]
+        assert argvs[1] == mount
+    assert argvs[-3:] == [["true"]] * 3
+    assert overhead == pytest.approx(0.009)
+
+
+def test_trees_are_mounted_read_only_by_serial_and_the_network_comes_up():
+    session = Recorded()
+    session.setup(("10.0.0.2/24", "10.0.0.1"), "virtio-blk",
+                  (("vmtax-tree0", "/usr/src/a"), ("vmtax-tree1", "/b")))
+    assert [job.argv for job in session.jobs[1:4]] == [
+        ["/bin/sh", "/vmtax/disk", "serial:vmtax-tree0", "/usr/src/a", "ro"],
+        ["/bin/sh", "/vmtax/disk", "serial:vmtax-tree1", "/b", "ro"],
+        ["/bin/sh", "/vmtax/net", "10.0.0.2/24", "10.0.0.1"]]
+
+
+def test_a_scratch_disk_that_never_appears_fails_in_one_line():
+    session = Recorded(fail=("/bin/sh", "/vmtax/disk"))
+    with pytest.raises(TargetError, match="^vm: mounting the scratch disk in the guest "
+                                          "failed: no block device /dev/sda$"):
+        session.setup(None, "virtio-scsi")

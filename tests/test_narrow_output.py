@@ -1,0 +1,127 @@
+"""Output at 80 columns and in JSON (issue 30, items 8 and 9): `runs` cuts no value,
+`density show` never breaks a number, `exits` and `exits diff` fit, `compare` ends with its
+answer in one line; `density --json` and `run --fleet --json` are one document each."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+from conftest import vmtax
+from test_density_compare import step, store_study
+
+from vmtax.cli import density as cli_density
+from vmtax.cli import fleet as cli_fleet
+from vmtax.cli.main import cli
+from vmtax.results.store import Store
+from vmtax.studies import density, fleet
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NARROW = {"COLUMNS": "80", "TERM": "dumb", "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    results = tmp_path_factory.mktemp("golden")
+    shutil.copy(FIXTURES / "golden" / "golden.sqlite", results / "vmtax.sqlite")
+    return str(results)
+
+
+def narrow(*args):
+    done = vmtax(*args, env=NARROW)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80, done.stdout
+    return done.stdout
+
+
+def test_runs_cuts_no_value_at_80_columns(golden):
+    out = narrow("runs", "--results", golden)
+    assert "…" not in out
+    for word in ("golden-a", "golden-b", "done", "container,", "vm:tcg", "threads", "90"):
+        assert word in out.split(), word
+
+
+def test_runs_keeps_the_start_time_where_there_is_room(golden):
+    done = vmtax("runs", "--results", golden, env={**NARROW, "COLUMNS": "120"})
+    assert "started" in done.stdout and "…" not in done.stdout
+
+
+def test_density_show_never_breaks_a_number(tmp_path):
+    store = Store(tmp_path)
+    run_id = store_study(store, "container", "container", (-253.72, 4.0))
+    store.close()
+    out = narrow("density", "show", run_id, "--results", str(tmp_path))
+    assert "-253.7" in out.split(), out
+
+
+def test_exits_and_exits_diff_fit_80_columns(tmp_path):
+    results = str(tmp_path)
+    for label in ("e2-rt-unpinned", "e2-rt-pinned", "classic-svm"):
+        vmtax("exits", "import", str(FIXTURES / "perf_kvm" / f"{label}.txt"), "--label",
+              label, "--seconds", "10", "--results", results, check=True)
+    shown = narrow("exits", "e2-rt-pinned", "--results", results)
+    assert re.search(r"^total\s+10,000\s+100\s+100\s", shown, re.M), shown
+    # Every reason whole, on a line of its own.
+    assert re.search(r"^EXTERNAL_INTERRUPT\s+35\s+0.35\s", shown, re.M), shown
+    out = narrow("exits", "diff", "e2-rt-unpinned", "e2-rt-pinned", "--results", results)
+    assert re.search(r"^EXTERNAL_INTERRUPT\s+4.11\s+0.35\s+-3.76\s", out, re.M), out
+    # A reason on one side only wraps under its name rather than widening the table.
+    narrow("exits", "diff", "e2-rt-pinned", "classic-svm", "--results", results)
+
+
+def test_compare_ends_with_its_answer_in_one_line(golden):
+    out = narrow("compare", "golden-a", "golden-b", "--results", golden)
+    # Of three targets, only the VM is slower in golden-b (by 4%).
+    assert out.splitlines()[-1] == ("B against A: 0 better, 27 worse (vm:tcg 27), 57 ~, "
+                                    "12 below resolution (α=0.01)")
+    one = narrow("compare", "golden-b:native", "golden-b:vm:tcg", "--alpha", "0.05",
+                 "--results", golden)
+    assert one.splitlines()[-1] == ("B against A: 1 better, 27 worse, 0 ~, "
+                                    "4 below resolution (α=0.05)")
+
+
+def test_density_json_has_what_density_show_json_has(tmp_path, monkeypatch):
+    store = Store(tmp_path)
+    run_id = store_study(store, "vm:tcg", "vm", (80.0, 40.0))
+    store.close()
+    steps = [step(1, 1, 80.0, 80.0), step(2, 1, 160.0, 160.0)]
+    outcomes = [density.Outcome("vm:tcg", False, steps, "max", 100.0)]
+    monkeypatch.setattr(cli_density, "run_density", lambda *args: (run_id, outcomes))
+    ran = CliRunner().invoke(cli, ["density", "--targets", "vm:tcg", "--json", "--results",
+                                   str(tmp_path)])
+    assert ran.exit_code == 0, ran.output
+    found = json.loads(ran.output)
+    shown = json.loads(CliRunner().invoke(cli, ["density", "show", run_id, "--json",
+                                                "--results", str(tmp_path)]).output)
+    assert found["run"] == run_id and found["outcomes"][0]["steps"][-1]["instances"] == 2
+    assert set(shown) <= set(found)
+    assert found["summaries"] == [s for s in shown["summaries"] if not s["ksm"]]
+    assert found["summaries"][0]["kind"] == "vm" and found["summaries"][0]["pss"] == 80.0
+
+
+def test_run_on_a_fleet_prints_one_json_document(tmp_path, monkeypatch, capsys):
+    store = Store(tmp_path)
+    ids = [store_study(store, "container", "container", (4.0, 4.0)) for _ in range(2)]
+    monkeypatch.setattr(fleet, "run", lambda *args: fleet.Outcome(
+        [(ids[0], "host a"), (ids[1], "host b")], ["host c left the fleet mid-plan"]))
+    row = fleet.SpreadRow("cpu", {}, "events/s", "vm", {"a": 0.5, "b": 0.6})
+    head = SimpleNamespace(host={"fleet": {"id": ids[0], "spread": "hosts"}})
+    monkeypatch.setattr(cli_fleet, "spread_of", lambda store, spec: (head, {}, [row]))
+    cli_fleet.run_on_fleet(None, store, "head:6379", None, None, None, None,
+                           lambda store, run_id: pytest.fail("a table in --json"),
+                           lambda store, run_id: {"run": {"id": run_id}})
+    found = json.loads(capsys.readouterr().out)
+    assert found["runs"] == [{"on": "host a", "run": {"id": ids[0]}},
+                             {"on": "host b", "run": {"id": ids[1]}}]
+    assert found["spread"][0]["ratios"] == {"a": 0.5, "b": 0.6}
+    assert found["fleet"] == {"id": ids[0], "spread": "hosts"}
+    assert found["failures"] == ["host c left the fleet mid-plan"]
+
+
+def test_run_help_says_fleet_json_is_one_document():
+    out = CliRunner().invoke(cli, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "with --fleet, one JSON document" in " ".join(out.split())
