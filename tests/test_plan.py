@@ -72,3 +72,16 @@ def test_an_option_given_several_times_makes_one_target_per_value():
         classic(target_names=["vm"], options={"qemu": ["a=/x", "a=/y"]})
     with pytest.raises(VmtaxError, match="qemu: expected an executable program"):
         classic(target_names=["vm"], options={"qemu": ["/opt/q/bin/qemu"]})
+
+
+def test_command_line_workloads_meet_the_same_host_check_as_plan_files(monkeypatch):
+    """`run --workloads compile --dry-run` without a Linux source is refused before
+    anything runs, in the words a plan file's check uses (it said nothing)."""
+    from vmtax.helpers import kernel_tree
+
+    def no_source() -> None:
+        raise VmtaxError("VMTAX_LINUX_SOURCE=9.9: linux-source-9.9 is not installed")
+    monkeypatch.setattr(kernel_tree, "tarball", no_source)
+    with pytest.raises(VmtaxError, match=r"^--workloads compile: this host cannot run it: "
+                       r"objects: expected a Linux source tarball .*linux-source-9\.9"):
+        classic(target_names=["native"], workload_names=["compile"])

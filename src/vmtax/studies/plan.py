@@ -185,6 +185,13 @@ def _label(value: str, index: int) -> tuple[str, str]:
 
 def from_names(target_names: list[str], workload_names: list[str],
                options: dict[str, list[str]] | None = None, **settings: Any) -> Plan:
-    """A plan from the command line: targets and workloads by name, with their defaults."""
-    return Plan(targets=target_specs(target_names, options or {}),
+    """A plan from the command line: targets and workloads by name, with their defaults;
+    what the host lacks for a workload (Workload.host_problems) is refused as a plan file's
+    check refuses it, before anything runs."""
+    plan = Plan(targets=target_specs(target_names, options or {}),
                 workloads=[WorkloadSpec(w) for w in workload_names], **settings)
+    for spec in plan.workloads:
+        for option, expected in spec.make(plan.time).host_problems():
+            raise VmtaxError(f"--workloads {spec.name}: this host cannot run it: {option}: "
+                             f"expected {expected}")
+    return plan
