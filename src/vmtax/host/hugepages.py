@@ -131,9 +131,8 @@ def end_lease(journal, entry: dict) -> None:
 def mount_hugetlbfs(journal, size: str) -> tuple[Path, list[int]]:
     """A private hugetlbfs of `size` pages; returns its mount point and the journal tokens
     that unmount and remove it (undo them newest first)."""
-    directory = Path(tempfile.mkdtemp(prefix=f"vmtax-hugetlbfs-{size}-"))
-    tokens = [journal.add(type="rmtree", path=str(directory)),
-              journal.add(type="umount", path=str(directory))]
+    directory, made = journal.make_dir(Path(tempfile.gettempdir()), f"vmtax-hugetlbfs-{size}-")
+    tokens = [made, journal.add(type="umount", path=str(directory))]
     done = proc.run(["mount", "-t", "hugetlbfs", "-o", f"pagesize={size},mode=0700",
                      "vmtax", str(directory)], timeout=30)
     if done.exit_code != 0:

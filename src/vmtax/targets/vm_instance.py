@@ -166,16 +166,19 @@ class VmInstance(AgentGuest):
 
     # -- lifecycle --
 
-    def _track_dir(self, path: Path) -> Path:
-        self._tokens.append(self.journal.add(type="rmtree", path=str(path)))
+    def _make_dir(self, parent: Path, prefix: str) -> Path:
+        """A directory of this instance's, journaled before it is made: a kill between the
+        two leaves nothing behind."""
+        path, token = self.journal.make_dir(parent, prefix)
+        self._tokens.append(token)
         self._dirs.append(path)
         return path
 
-    def _boot(self) -> None:
+    def _start(self) -> None:
         # Sockets live in a short /tmp path (UNIX socket paths are limited to ~107 bytes);
         # the disk under the work dir, which is on a real disk.
-        run_dir = self._track_dir(Path(tempfile.mkdtemp(prefix="vmtax-vm-")))
-        disk_dir = self._track_dir(Path(tempfile.mkdtemp(prefix="vm-", dir=self.work_dir)))
+        run_dir = self._make_dir(Path(tempfile.gettempdir()), "vmtax-vm-")
+        disk_dir = self._make_dir(self.work_dir, "vm-")
         disk = disk_dir / "scratch.img"
         mem_path = self._reserve_hugepages()
         preexec = None
