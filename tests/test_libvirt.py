@@ -300,13 +300,13 @@ def test_the_nat_network_and_a_domain_on_it_pass_libvirts_schema(tmp_path):
 
 
 def test_a_scsi_disk_is_on_a_virtio_scsi_controller_and_passes_the_schema(tmp_path):
-    xml = domain_xml(kvm_spec(disk_bus="scsi"))
+    xml = domain_xml(kvm_spec(disk_bus="virtio-scsi"))
     assert '<target dev="sda" bus="scsi" />' in xml
     assert '<controller type="scsi" index="0" model="virtio-scsi" />' in xml
     assert validate(xml, tmp_path).returncode == 0
-    with pytest.raises(VmtaxError, match="disk_bus: expected \"virtio\" with kernel"):
+    with pytest.raises(VmtaxError, match="disk_bus: expected \"virtio-blk\" with kernel"):
         libvirt_target.plugin.build(libvirt_target.LibvirtOptions,
-                                    {"disk_bus": "scsi", "kernel": "minimal"}, "lv")
+                                    {"disk_bus": "virtio-scsi", "kernel": "minimal"}, "lv")
 
 
 def test_the_nat_subnet_avoids_every_route_of_the_host():

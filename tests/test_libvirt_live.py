@@ -327,7 +327,7 @@ time = 1
 vcpus = 1
 memory = "256M"
 network = "nat"
-disk_bus = "scsi"
+disk_bus = "virtio-scsi"
 
 [[workloads]]
 name = "iperf3"
@@ -370,7 +370,7 @@ def test_libvirts_nat_network_serves_iperf3_a_scsi_disk_takes_dd_and_the_host_is
             assert cell["failed"] == 0 and cell["summary"]["median"] > 0, row
     assert {r["workload"] for r in data["summary"]["rows"]} == {"iperf3", "dd"}
     fingerprint = data["run"]["targets"]["libvirt"]["fingerprint"]
-    assert fingerprint["network"] == "nat" and fingerprint["disk_bus"] == "scsi"
+    assert fingerprint["network"] == "nat" and fingerprint["disk_bus"] == "virtio-scsi"
     assert '<target dev="sda" bus="scsi" />' in fingerprint["domain_xml"]
     assert '<interface type="network">' in fingerprint["domain_xml"]
     assert '<source network="vmtax-nat-' in fingerprint["domain_xml"]

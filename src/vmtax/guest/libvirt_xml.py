@@ -38,7 +38,7 @@ class DomainSpec:
     disk: Path | None = None
     disk_cache: str | None = None   # None: libvirt's (QEMU's) default, writeback
     disk_aio: str | None = None     # None: libvirt's default, threads
-    disk_bus: str = "virtio"        # "virtio" (virtio-blk, vda) | "scsi" (virtio-scsi, sda)
+    disk_bus: str = "virtio-blk"    # "virtio-blk" (vda) | "virtio-scsi" (sda), as vm names them
     pin: tuple[int, ...] | None = None     # host CPU of each vCPU
     emulator_cpus: tuple[int, ...] = ()    # QEMU's other threads' CPUs (with pin)
     hugepages: str | None = None    # "2M" | "1G": guest RAM on host huge pages
@@ -104,7 +104,7 @@ def _devices(domain: ET.Element, spec: DomainSpec) -> None:
             driver["io"] = spec.disk_aio
         _sub(disk, "driver", **driver)
         _sub(disk, "source", file=str(spec.disk))
-        if spec.disk_bus == "scsi":
+        if spec.disk_bus == "virtio-scsi":
             _sub(disk, "target", dev="sda", bus="scsi")
             _sub(devices, "controller", type_="scsi", index="0", model="virtio-scsi")
         else:

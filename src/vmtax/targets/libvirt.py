@@ -110,10 +110,10 @@ class LibvirtOptions(plugin.Options):
         tune=("mitigations=off", "clocksource=tsc"),
         safety={"mitigations=off": "removes the guest kernel's protections against CPU "
                                    "side channels (Spectre, Meltdown, ...)"})
-    disk_bus: Literal["virtio", "scsi"] = plugin.option(
-        "virtio", "The scratch disk's bus: virtio (virtio-blk) or scsi (a disk on a "
-        "virtio-scsi controller, as many clouds give; not with the minimal kernel)",
-        tune=("scsi",))
+    disk_bus: Literal["virtio-blk", "virtio-scsi"] = plugin.option(
+        "virtio-blk", "The scratch disk's bus, named as vm names it: virtio-blk or a disk on "
+        "a virtio-scsi controller (as many clouds give; not with the minimal kernel)",
+        tune=("virtio-scsi",))
     disk_size: Size = plugin.option("4G", "Scratch disk (ext4) for workloads that write "
                                     "files", unit="bytes")
     network: Literal["auto", "none", "bridge", "nat"] = plugin.option(
@@ -161,9 +161,9 @@ class LibvirtOptions(plugin.Options):
             problems.append(("pin", f"one host CPU per vCPU (vcpus = {self.vcpus})"))
         if self.machine == "microvm":
             problems.append(("machine", "a machine type libvirt supports, like q35 or pc"))
-        if self.disk_bus == "scsi" and self.kernel == "minimal":
-            problems.append(("disk_bus", '"virtio" with kernel = "minimal" (built without '
-                                         "SCSI)"))
+        if self.disk_bus == "virtio-scsi" and self.kernel == "minimal":
+            problems.append(("disk_bus", '"virtio-blk" with kernel = "minimal" (built '
+                                         "without SCSI)"))
         return problems + self._host_problems()
 
     def _host_problems(self) -> list[tuple[str, str]]:

@@ -106,7 +106,7 @@ class LibvirtInstance(AgentGuest):
 
     # -- lifecycle --
 
-    def _boot(self) -> None:
+    def _start(self) -> None:
         directory, token = self.journal.make_dir(libvirt.IMAGES, f"{self.domain}-")
         self._tokens.append(token)
         self._dir = directory
@@ -153,8 +153,7 @@ class LibvirtInstance(AgentGuest):
         session = self._await_agent(self._listener, start, deadline, spec.console_log)
         nic = self.tap or self.nat
         self.job_overhead = session.setup((nic.cidr, nic.gateway) if nic else None,
-                                          "virtio-scsi" if spec.disk_bus == "scsi"
-                                          else "virtio-blk")
+                                          spec.disk_bus)
 
     def _refusal(self, done: proc.Completed) -> str:
         if done.timed_out:
