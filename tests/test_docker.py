@@ -199,7 +199,7 @@ class FakeInstance(Instance):
         super().__init__(name)
         self.server, self.running = server, False
 
-    def start(self):
+    def _start(self):
         self.running, self.address = True, "10.214.9.2"
 
     def stop(self):

@@ -16,7 +16,7 @@ class FakeInstance(Instance):
         super().__init__(name)
         self.running = False
 
-    def start(self):
+    def _start(self):
         self.running = True
 
     def stop(self):

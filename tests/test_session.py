@@ -93,7 +93,7 @@ def test_target_facts_are_declared_by_each_kind():
 
 def test_an_instance_declares_its_guests_boot_time():
     class Bare(Instance):
-        start = stop = alive = host_pids = None   # type: ignore[assignment]
+        _start = stop = alive = host_pids = None   # type: ignore[assignment]
     assert Bare("x").guest_boot_seconds is None
 
 

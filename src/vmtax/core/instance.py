@@ -32,9 +32,20 @@ class Instance(abc.ABC):
         # start); None for an instance without a kernel of its own, or until started.
         self.guest_boot_seconds: float | None = None
 
-    @abc.abstractmethod
     def start(self) -> None:
-        """Start it and wait until it is ready; on failure, release what was made."""
+        """Start it (`_start`) and wait until it is ready; what a previous start or a
+        failed one made is released by stop() first and after."""
+        self.stop()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    @abc.abstractmethod
+    def _start(self) -> None:
+        """Make what it is made of, start it and wait until it is ready; everything it makes
+        is undone by stop(), also when it fails half-way."""
 
     @abc.abstractmethod
     def stop(self) -> None:

@@ -231,16 +231,8 @@ class AgentGuest(Instance):
         super().__init__(name)
         self.session: AgentSession | None = None
 
-    def start(self) -> None:
-        self.stop()
-        try:
-            self._boot()
-        except BaseException:
-            self.stop()
-            raise
-
     @abc.abstractmethod
-    def _boot(self) -> None:
+    def _start(self) -> None:
         """Boot the guest to agent READY and set `session`; what it makes is undone by
         stop(), also when it fails half-way."""
 

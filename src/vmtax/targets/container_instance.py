@@ -65,14 +65,6 @@ class ContainerInstance(Instance):
         self._proc: subprocess.Popen[bytes] | None = None
         self._proc_token: int | None = None
 
-    def start(self) -> None:
-        self.stop()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-
     def _start(self) -> None:
         started = time.monotonic()
         name = f"{self.net.name}-c{uuid.uuid4().hex[:6]}"

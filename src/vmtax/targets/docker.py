@@ -412,19 +412,14 @@ class ExecServer(Instance):
         self._proc: subprocess.Popen[bytes] | None = None
         self._token: int | None = None
 
-    def start(self) -> None:
-        self.stop()
+    def _start(self) -> None:
         started = time.monotonic()
-        try:
-            launch = self.runtime.launch(self.runtime.on_host_network(self.job))
-            with open(self.log, "wb") as log:
-                self._proc = proc.spawn(launch.argv, env=launch.env,
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            self._token = self.runtime.journal.process(self._proc.pid) \
-                if self.runtime.journal else None
-        except BaseException:
-            self.stop()
-            raise
+        launch = self.runtime.launch(self.runtime.on_host_network(self.job))
+        with open(self.log, "wb") as log:
+            self._proc = proc.spawn(launch.argv, env=launch.env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        self._token = self.runtime.journal.process(self._proc.pid) \
+            if self.runtime.journal else None
         self.address = self.runtime.jobs_address
         self.boot_seconds = time.monotonic() - started
 
@@ -465,14 +460,6 @@ class DockerInstance(Instance):
         self.container: str | None = None
         self._token: int | None = None
         self._pid: tuple[int, int | None] | None = None   # its init: pid, start time
-
-    def start(self) -> None:
-        self.stop()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
 
     def _start(self) -> None:
         started = time.monotonic()

@@ -78,25 +78,20 @@ class SystemContainer(Instance):
         self._veth: NetEndpoint | None = None
         self._job_handle: str | None = None
 
-    def start(self) -> None:
-        self.stop()
+    def _start(self) -> None:
         started = time.monotonic()
-        try:
-            self.init_pid = self._launch()
-            if not self.init_pid:
-                raise TargetError(f"{self.name}: its container started without an init")
-            up = proc.run(["nsenter", f"--net=/proc/{self.init_pid}/ns/net", "ip", "link",
-                           "set", "lo", "up"], timeout=30)
-            if up.exit_code != 0:
-                raise TargetError(f"{self.name}: cannot bring up its loopback: "
-                                  f"{up.stderr.strip()[-200:]}")
-            if self.net is not None:
-                self.attach(self.net)
-            if self.job is not None:
-                self._job_handle = self.serve(self.job)
-        except BaseException:
-            self.stop()
-            raise
+        self.init_pid = self._launch()
+        if not self.init_pid:
+            raise TargetError(f"{self.name}: its container started without an init")
+        up = proc.run(["nsenter", f"--net=/proc/{self.init_pid}/ns/net", "ip", "link",
+                       "set", "lo", "up"], timeout=30)
+        if up.exit_code != 0:
+            raise TargetError(f"{self.name}: cannot bring up its loopback: "
+                              f"{up.stderr.strip()[-200:]}")
+        if self.net is not None:
+            self.attach(self.net)
+        if self.job is not None:
+            self._job_handle = self.serve(self.job)
         self.boot_seconds = time.monotonic() - started
 
     def attach(self, net: Network) -> None:
