@@ -155,6 +155,8 @@ def test_plan_file_with_quick_form(tmp_path):
     ('[targets.c]\nkind = "nope"\n', "targets.c.kind: expected one of"),
     ('[targets.v]\nkind = "vm"\nvcpus = 0\n', "targets.v: vcpus: expected"),
     ("max = \n", "not valid TOML"),
+    ('[targets."c\\u001b]0;x"]\nkind = "container"\n',
+     r"targets: 'c\\x1b\]0;x' holds control characters"),
 ])
 def test_plan_file_mistakes_are_one_line(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -25,6 +25,7 @@ from rich.table import Table
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import check_printable
 from vmtax.host import ksm, proc
 from vmtax.results.store import Store
 from vmtax.studies import density, planfile
@@ -76,6 +77,7 @@ def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str,
         data.update(quick_values)
     specs = {}
     for name, table in tables.items():
+        check_printable(name, f"{path}: targets")   # a name is shown and stored
         if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
             kinds = " or ".join(f'"{kind}"' for kind in density.instance_kinds())
             raise VmtaxError(f"{path}: targets.{name}: expected a table with kind = "
