@@ -18,6 +18,7 @@ from typing import Iterable
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
+from vmtax.guest.kernel_cache import build_lock
 
 FORMAT = "1"   # bump when the layout changes, to invalidate caches
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
@@ -106,14 +107,18 @@ def build(binaries: Iterable[str], cache: Path | None = None) -> Path:
     dest = base / key
     if (dest / ".complete").exists():
         return dest
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=base))
-    try:
-        populate(tmp, files)
-        (tmp / ".complete").write_text(key + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # Builders of one rootfs (density's parallel guests on a cold cache, two runs) take
+    # turns: a finished one is never replaced under a guest or container that uses it.
+    with build_lock(dest):
+        if (dest / ".complete").exists():
+            return dest
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=base))
+        try:
+            populate(tmp, files)
+            (tmp / ".complete").write_text(key + "\n")
+            shutil.rmtree(dest, ignore_errors=True)   # an unfinished one, left by a crash
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return dest
