@@ -48,7 +48,8 @@ without_services() {
   return $status
 }
 # Packages whose service must not run on the host because of vmtax: vmtax starts their
-# programs itself (sshd for the ssh target's live tests, nginx in E4's instances), so
+# programs itself (sshd for the ssh target's live tests, nginx in E4's instances), or a
+# guest carries them (qemu-ga in the libvirt live tests' stand-in for a user's domain), so
 # installing them neither starts nor enables the package's own service.
 install_without_service() {   # PACKAGE SERVICE
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
@@ -58,6 +59,7 @@ install_without_service() {   # PACKAGE SERVICE
 if ! $venv_only; then
   install_without_service openssh-server ssh.service
   install_without_service nginx nginx.service
+  install_without_service qemu-guest-agent qemu-guest-agent.service
 fi
 # Any installed linux-source-X.Y will do for the kernels vmtax builds (VMTAX_LINUX_SOURCE
 # picks one of several): the release's own version (`linux-source`) only when none is.
