@@ -453,3 +453,37 @@ def test_show_all_prints_the_domains_xml_as_a_block_escaped_and_json_has_it(tmp_
                            capture_output=True, text=True, env=env, timeout=120)
     assert json.loads(shown.stdout)["run"]["targets"]["libvirt"]["fingerprint"][
         "domain_xml"] == xml
+
+
+def test_a_program_goes_into_the_guest_in_chunks_that_fit_one_virsh_argument(tmp_path):
+    """libvirt:NAME through the guest agent ships the host's programs (one archive) as the
+    ssh path does: guest-file-write takes base64 in virsh's argv, one word of which Linux
+    caps at 128 KiB."""
+    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh(), Journal(tmp_path / "run"),
+                            "/var/tmp")
+    program = os.urandom(150 << 10)
+    sent: list[dict] = []
+
+    def agent(command, timeout=30.0, **arguments):
+        request = {"execute": command, "arguments": arguments}
+        assert len(json.dumps(request)) < 128 << 10
+        sent.append(request)
+        if command == "guest-file-write":
+            return {"count": len(base64.b64decode(arguments["buf-b64"])), "eof": False}
+        return 5 if command == "guest-file-open" else {}
+    domain.agent = agent   # type: ignore[method-assign]
+    domain._write("/var/tmp/.vmtax-1/bundle/bin/sysbench", program)
+    assert [r["execute"] for r in sent] == ["guest-file-open", *["guest-file-write"] * 3,
+                                           "guest-file-close"]
+    assert sent[0]["arguments"] == {"path": "/var/tmp/.vmtax-1/bundle/bin/sysbench",
+                                    "mode": "w"}
+    assert b"".join(base64.b64decode(r["arguments"]["buf-b64"])
+                    for r in sent[1:-1]) == program
+
+    # A short write is an error, and the file is closed all the same.
+    sent.clear()
+    domain.agent = lambda command, timeout=30.0, **a: (   # type: ignore[method-assign]
+        sent.append(command) or ({"count": 1} if command == "guest-file-write" else 5))
+    with pytest.raises(VmtaxError, match="1 of 65536 bytes written"):
+        domain._write("/x", program)
+    assert sent == ["guest-file-open", "guest-file-write", "guest-file-close"]

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import platform
 import posixpath
+import tarfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +81,16 @@ def make(binaries: Iterable[str]) -> Bundle:
     return Bundle(files, programs, loader, digest, sums)
 
 
+def archive(bundle: Bundle) -> bytes:
+    """The bundle's files as one gzip'd tar (for a channel that carries a file at a time
+    slowly: a guest agent's); programs and libraries copied, not links to them."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1, dereference=True) as tar:
+        for inside, path in sorted(bundle.files.items()):
+            tar.add(str(path), arcname=inside)
+    return out.getvalue()
+
+
 def check_arch(machine: str, where: str) -> None:
     if machine.strip() != ARCH:
         raise TargetError(f"{where}: the remote is {machine.strip() or 'of unknown type'}, "
@@ -95,13 +107,16 @@ def _key(session: ssh_session.Session, path: str) -> tuple[str, ...]:
     return (str(c.user), c.host, str(c.port), path)
 
 
-def _verified(session: ssh_session.Session, bundle: Bundle, root: str) -> bool:
+def check_argv(bundle: Bundle, root: str) -> list[str]:
+    """The remote command that exits 0 only when the bundle's files in root are intact."""
     sums = "".join(f"{h}  {posixpath.join(root, p)}\n" for p, h in sorted(bundle.sums.items()))
     # No --quiet/--status: busybox's sha256sum (what `sh` runs on busybox systems, whatever
     # PATH says) lacks them; both exit non-zero on a mismatch.
-    done = session.run(["sh", "-c", 'printf %s "$1" | sha256sum -c - > /dev/null 2>&1',
-                        "vmtax-sums", sums])
-    return done.exit_code == 0
+    return ["sh", "-c", 'printf %s "$1" | sha256sum -c - > /dev/null 2>&1', "vmtax-sums", sums]
+
+
+def _verified(session: ssh_session.Session, bundle: Bundle, root: str) -> bool:
+    return session.run(check_argv(bundle, root)).exit_code == 0
 
 
 def install(session: ssh_session.Session, bundle: Bundle, workdir: str, journal: Any) -> str:

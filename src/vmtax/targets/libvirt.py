@@ -130,8 +130,9 @@ class LibvirtOptions(plugin.Options):
         "/var/tmp", "An existing domain: the guest directory where vmtax makes its scratch "
         "directory (removed at the end)")
     host: SshHost | None = plugin.option(
-        None, "An existing domain: reach its guest over SSH at [USER@]HOST[:PORT] (the "
-        "host's programs shipped as for ssh targets); none: through the QEMU guest agent")
+        None, "An existing domain: reach its guest over SSH at [USER@]HOST[:PORT]; none: "
+        "through the QEMU guest agent (either way the host's programs are shipped into the "
+        "guest as for ssh targets)")
     identity: NonEmpty | None = plugin.option(
         None, "With host: private key file; none: the SSH agent and ~/.ssh keys")
     known_hosts: NonEmpty = plugin.option(
@@ -490,9 +491,12 @@ class LibvirtTarget(Target):
         existing = self.existing
         xml = existing.xml if existing else None
         found = re.search(r"<domain type='([^']+)'", xml or "")
+        bundle = existing and (existing.ssh.bundle if existing.ssh else existing.bundle)
         return {"kind": self.kind, "uri": self.opts.uri, "domain": domain,
                 "transport": existing.transport if existing else None,
                 "ssh_host": self.opts.host,
+                # The host's programs shipped into the guest, as the ssh target records them.
+                "bundle": bundle.digest[:16] if bundle else None,
                 # What the report shows beside its name: kvm, or qemu (TCG).
                 "hypervisor": found[1] if found else None,
                 "hypervisor_version": self._hypervisor,

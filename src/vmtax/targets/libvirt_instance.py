@@ -20,6 +20,7 @@ import base64
 import contextlib
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -291,6 +292,9 @@ GUEST_AGENT_PORT = "org.qemu.guest_agent.0"
 GUEST_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # How often a running job's status is asked for: its end is seen this late at most.
 POLL_SECONDS = 0.05
+# Bytes of the programs' archive per guest-file-write: its base64 rides in one argv word of virsh,
+# which Linux caps at 128 KiB (MAX_ARG_STRLEN).
+FILE_CHUNK = 64 << 10
 # $0 the working directory, then the job's argv.
 _IN_DIR = 'cd "$0" && exec "$@"'
 
@@ -299,7 +303,8 @@ class ExistingDomain:
     """A running domain of the user's, measured as it is: vmtax reads its definition and
     runs jobs through the QEMU guest agent (guest-exec), or over SSH when `ssh` says how to
     reach the guest, in a scratch directory it makes under `workdir` in the guest and
-    removes after; it never defines, starts, suspends or changes the domain."""
+    removes after, with the host's own programs shipped into it either way (the same bundle
+    as the ssh target's); it never defines, starts, suspends or changes the domain."""
 
     def __init__(self, name: str, domain: str, virsh: libvirt.Virsh, journal: Journal,
                  workdir: str, ssh: ssh_session.SshConfig | None = None):
@@ -312,6 +317,9 @@ class ExistingDomain:
         self.pid: int | None = None
         self.scratch: str | None = None
         self._token: int | None = None
+        # The host's programs in the guest (the guest agent's path; SshJobs keeps its own).
+        self.bundle: remote_bundle.Bundle | None = None
+        self.bundle_dir = ""
         self.ssh = SshJobs(name, ssh, journal, workdir) if ssh is not None else None
 
     @property
@@ -349,20 +357,56 @@ class ExistingDomain:
             raise VmtaxError(f"{self.name}: the QEMU guest agent of {self.domain!r} does not "
                              f"answer (is qemu-guest-agent running in the guest?): {exc}") \
                 from None
-        missing = [p for p in programs
-                   if not self.exec(["sh", "-c", 'command -v "$0"', p], "/", 30).ok]
-        if missing:
-            raise VmtaxError(f"{self.name}: the guest of {self.domain!r} lacks "
-                             f"{', '.join(missing)}, which the workloads run; install them "
-                             "there")
+        bundle = remote_bundle.make(programs)
+        remote_bundle.check_arch(self._must(["uname", "-m"], "asking its machine type"),
+                                 f"{self.name} (domain {self.domain!r})")
         scratch = f"{self.workdir.rstrip('/')}/.vmtax-{secrets.token_hex(6)}"
         self._token = libvirt.journal_guest_dir(self.journal, self.virsh.uri, self.domain,
                                                 scratch)
-        made = self.exec(["mkdir", "-p", "--", scratch], "/", 30)
-        if not made.ok:
-            raise TargetError(f"{self.name}: making {scratch} in the guest failed: "
-                              f"{made.stderr.strip()[-200:]}")
+        self._must(["mkdir", "-p", "--", scratch], f"making {scratch}")
         self.scratch = scratch
+        self._ship(bundle, posixpath.join(scratch, "bundle"))
+
+    def _must(self, argv: list[str], what: str) -> str:
+        done = self.exec(argv, "/", 60)
+        if not done.ok:
+            raise TargetError(f"{self.name}: {what} in the guest of {self.domain!r} failed: "
+                              f"{(done.stderr.strip() or done.stdout.strip())[-200:]}")
+        return done.stdout
+
+    def _ship(self, bundle: remote_bundle.Bundle, root: str) -> None:
+        """The host's own programs into root (vmtax.guest.remote_bundle): one compressed
+        archive written through guest-file-* (a fifth of the bytes or less; each write is a
+        virsh call), unpacked by the guest's tar and checked by their sums there; removed
+        with the scratch directory they are in."""
+        archive = f"{root}.tgz"
+        self._must(["mkdir", "-p", "--", root], f"making {root}")
+        try:
+            self._write(archive, remote_bundle.archive(bundle))
+        except VmtaxError as exc:
+            raise TargetError(f"{self.name}: copying the host's programs into the guest of "
+                              f"{self.domain!r} through its guest agent failed (does its "
+                              f"qemu-ga allow guest-file-*? else give ssh details): {exc}") \
+                from None
+        self._must(["sh", "-c", 'tar -xzf "$0" -C "$1" && rm -f -- "$0"', archive, root],
+                   "unpacking the host's programs (tar with gzip)")
+        if not self.exec(remote_bundle.check_argv(bundle, root), "/", 120).ok:
+            raise TargetError(f"{self.name}: the programs copied into {root} in the guest of "
+                              f"{self.domain!r} do not match their checksums")
+        self.bundle, self.bundle_dir = bundle, root
+
+    def _write(self, path: str, data: bytes) -> None:
+        handle = self.agent("guest-file-open", path=path, mode="w")
+        try:
+            for at in range(0, len(data), FILE_CHUNK):
+                chunk = data[at:at + FILE_CHUNK]
+                arguments: dict[str, Any] = {"buf-b64": base64.b64encode(chunk).decode()}
+                wrote = self.agent("guest-file-write", handle=handle, **arguments)
+                if wrote.get("count") != len(chunk):
+                    raise VmtaxError(f"{path}: {wrote.get('count')} of {len(chunk)} "
+                                     "bytes written")
+        finally:
+            self.agent("guest-file-close", handle=handle)
 
     def _qemu_pid(self) -> int | None:
         try:
@@ -410,7 +454,8 @@ class ExistingDomain:
         if self.ssh is not None:
             return self.ssh.run(job)
         try:
-            return self.exec(job.argv, self.scratch if job.in_scratch else "/", job.timeout,
+            argv = self.bundle.argv(self.bundle_dir, job.argv) if self.bundle else job.argv
+            return self.exec(argv, self.scratch if job.in_scratch else "/", job.timeout,
                              job.env)
         except VmtaxError as exc:   # the agent went away mid-job
             return JobResult(None, "", str(exc), 0.0)
@@ -434,7 +479,7 @@ class ExistingDomain:
             self.ssh.close()
         if self._token is not None:
             self.journal.undo(self._token)   # rm -rf of the scratch directory, in the guest
-        self._token = self.scratch = None
+        self._token = self.scratch = self.bundle = None
 
 
 class SshJobs:
