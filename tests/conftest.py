@@ -50,6 +50,18 @@ def vmtax(*args, check=False, timeout=600, **kwargs):
                           check=check, env=env, **kwargs)
 
 
+def processes(program: str) -> set[int]:
+    """The pids of processes whose executable is named program."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.path.basename(os.readlink(entry / "exe")) == program:
+                found.add(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
 def wait_for(condition, within: float, step: float = 0.02) -> bool:
     """Poll until condition() is true (a SIGKILL, an undo, takes effect asynchronously);
     False if it is still false after `within` seconds."""

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import start_vmtax, vmtax, wait_for
+from conftest import processes, start_vmtax, vmtax, wait_for
 
 from vmtax.host import daemon
 from vmtax.targets import docker
@@ -75,17 +75,6 @@ def host_network() -> dict[str, object]:
     links = sorted(re.sub(r" state \S+", "", line.split("\\")[0])
                    for line in run("ip", "-o", "link").splitlines())
     return {"rules": rules, "sysctls": sysctls, "links": links}
-
-
-def processes(program: str) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and os.path.basename(os.readlink(entry / "exe")) == program:
-                found.add(int(entry.name))
-        except OSError:
-            pass
-    return found
 
 
 def leftovers(dockerds_before: set[int]) -> list[str]:

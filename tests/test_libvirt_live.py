@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import start_vmtax, vmtax, wait_for
+from conftest import processes, start_vmtax, vmtax, wait_for
 from test_ssh_live import SSHD, Sshd
 
 from vmtax.guest.image import GuestImage
@@ -72,17 +72,6 @@ AGENT_CHANNEL = ("<channel type='unix'><target type='virtio' name='org.qemu.gues
 def virsh(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["virsh", "--quiet", "-c", libvirt.DEFAULT_URI, *args],
                           capture_output=True, text=True, timeout=timeout)
-
-
-def processes(program: str) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and os.path.basename(os.readlink(entry / "exe")) == program:
-                found.add(int(entry.name))
-        except OSError:
-            pass
-    return found
 
 
 def daemons() -> set[int]:

@@ -18,7 +18,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.instance import Instance
@@ -26,6 +26,10 @@ from vmtax.core.types import Job, JobResult
 from vmtax.guest.agent import Channel, encode_job, read_result
 from vmtax.guest.qemu import parse_size
 from vmtax.host import proc
+
+if TYPE_CHECKING:
+    from vmtax.host.network import Endpoint as NetEndpoint
+    from vmtax.host.network import Network
 
 # Host-side grace beyond a job's own timeout before the guest is declared hung: the agent
 # kills the job at its timeout itself, this covers decoding and sending the output back.
@@ -235,6 +239,14 @@ class AgentGuest(Instance):
     def _start(self) -> None:
         """Boot the guest to agent READY and set `session`; what it makes is undone by
         stop(), also when it fails half-way."""
+
+    def _attach_tap(self, net: "Network | None") -> "NetEndpoint":
+        """A tap on net for the guest's NIC, where host-side clients reach it."""
+        if net is None:
+            raise VmtaxError(f"{self.name}: a bridge network needs a vmtax network")
+        tap = net.attach_tap()
+        self.address, self.client_preexec = tap.address, net.client_preexec()
+        return tap
 
     @abc.abstractmethod
     def _check_running(self) -> None:

@@ -118,11 +118,7 @@ class LibvirtInstance(AgentGuest):
         # After the pages: a libvirtd vmtax starts finds their hugetlbfs.
         self.connect((self._reservation.mountpoint,) if self._reservation else ())
         if self.network == "bridge":
-            if self.net is None:
-                raise VmtaxError(f"{self.name}: a bridge network needs a vmtax network")
-            self.tap = self.net.attach_tap()
-            self.address = self.tap.address
-            self.client_preexec = self.net.client_preexec()
+            self.tap = self._attach_tap(self.net)
         elif self.network == "nat":
             if self.lease is None:
                 raise VmtaxError(f"{self.name}: a NAT network needs the target's network")

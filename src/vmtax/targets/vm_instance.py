@@ -183,11 +183,8 @@ class VmInstance(AgentGuest):
         mem_path = self._reserve_hugepages()
         preexec = None
         if self.network == "bridge":
-            if self.net is None:
-                raise VmtaxError(f"{self.name}: a bridge network needs a vmtax network")
-            self.tap = self.net.attach_tap()
-            self.address = self.tap.address
-            self.client_preexec = self.net.client_preexec()
+            self.tap = self._attach_tap(self.net)
+            assert self.net is not None
             preexec = self.net.preexec()   # QEMU finds its tap by name, in the namespace
         self.config = cfg = self.configure(
             run_dir, disk, "none" if direct_io_works(disk_dir) else "writeback", mem_path,
