@@ -114,6 +114,17 @@ def test_import_errors_are_one_line(tmp_path, content, message):
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
 
 
+def test_a_pvm_report_imports_every_row_with_its_total(tmp_path):
+    results = str(tmp_path / "results")
+    stdout = ok("exits", "import", str(FIXTURES / "classic-pvm.txt"), "--label", "pvm",
+                "--results", results)
+    assert stdout.startswith("stored 5 vmexit reasons"), stdout
+    shown = json.loads(ok("exits", "last", "--json", "--results", results))
+    text = json.dumps(shown)
+    assert "UNKNOWN(131072)" in text and "UNKNOWN(65536)" in text
+    assert "20000" in text
+
+
 def test_the_collectors_of_vm_exits_are_found_by_their_manifest():
     assert exits_cli.exits_collectors() == ["exits"]
 

@@ -84,6 +84,54 @@ def test_old_perf_without_min_max_columns():
     assert not any(m.name in ("exit time min", "exit time max") for m in report.metrics())
 
 
+def test_pvm_unknown_exit_codes_between_rows_are_kept_and_named_by_code():
+    """A PVM host's report saved with 2>&1: perf's `unknown kvm exit code:N on VMX` lines
+    stand before the UNKNOWN rows they name. Every row is kept, the totals match."""
+    report = perf_kvm.parse(fixture("classic-pvm.txt"), "pvm.txt")
+    assert [r.reason for r in report.rows] == [
+        "INVLPG", "UNKNOWN(131072)", "UNKNOWN(327680)", "INVD", "UNKNOWN(65536)"]
+    assert report.total_samples == sum(r.samples for r in report.rows) == 20000
+    assert by_key(report)["exits[event=vmexit,reason=UNKNOWN(65536)]"].value == 500
+    assert report.vendor == "vmx"
+
+
+def test_pvm_report_whose_code_lines_came_first_is_named_alike():
+    """stdout piped is buffered and stderr is not: the code lines can all come first."""
+    lines = fixture("classic-pvm.txt").splitlines()
+    codes = [line for line in lines if line.startswith("unknown kvm exit code")]
+    text = "\n".join(codes + [line for line in lines if line not in codes])
+    assert [r.reason for r in perf_kvm.parse(text).rows] == [
+        "INVLPG", "UNKNOWN(131072)", "UNKNOWN(327680)", "INVD", "UNKNOWN(65536)"]
+
+
+def test_unknown_rows_without_their_codes_are_numbered_not_merged():
+    text = "\n".join(line for line in fixture("classic-pvm.txt").splitlines()
+                     if not line.startswith("unknown kvm exit code"))
+    report = perf_kvm.parse(text)
+    assert [r.reason for r in report.rows] == [
+        "INVLPG", "UNKNOWN", "UNKNOWN#2", "INVD", "UNKNOWN#3"]
+    assert len(report.metrics()) == len({m.key for m in report.metrics()})
+
+
+def test_pvm_codes_in_the_hists_layout():
+    rows = fixture("hists-vmx.txt").splitlines()
+    at = next(k for k, line in enumerate(rows) if line.lstrip().startswith("CPUID"))
+    rows[at] = rows[at].replace("CPUID", "UNKNOWN", 1)
+    rows.insert(at, "unknown kvm exit code:131072 on VMX")
+    report = perf_kvm.parse("\n".join(rows))
+    assert "UNKNOWN(131072)" in {r.reason for r in report.rows}
+    assert report.total_samples == 10000
+
+
+def test_a_line_that_is_not_part_of_the_table_still_names_the_line():
+    rows = fixture("classic-pvm.txt").splitlines()
+    at = rows.index("unknown kvm exit code:327680 on VMX")
+    rows[at] = "unknown kvm exit code on VMX"
+    with pytest.raises(ParseError, match=r"pvm\.txt: line 10 'unknown kvm exit code on VMX'"
+                                         r": not a row"):
+        perf_kvm.parse("\n".join(rows), "pvm.txt")
+
+
 def test_ioport_event():
     report = perf_kvm.parse(fixture("classic-ioport.txt"))
     assert report.event == "ioport" and report.vendor is None

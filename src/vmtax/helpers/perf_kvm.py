@@ -23,12 +23,19 @@ perf prints one of two layouts, both read here into the same metric names and un
 
 Reason names are what perf's tables (arch/x86/include/uapi/asm/vmx.h and svm.h) call them:
 Intel VMX upper case (EXTERNAL_INTERRUPT), AMD SVM lower case (npf, msr, hlt, ...); a name
-outside both tables (a newer kernel's reason, perf's own "UNKNOWN") is kept as printed.
-Anything that is not such a report, or is cut short, is a ParseError naming the line.
+outside both tables (a newer kernel's reason) is kept as printed.
+
+A reason perf has no name for is printed as a row named UNKNOWN, and perf says which code
+it was on stderr, `unknown kvm exit code:N on VMX`, just before the row: a report saved
+with `2>&1` on a PVM host has such lines between its rows. Each UNKNOWN row is named by its
+code (`UNKNOWN(131072)`) when the report carries one code line per UNKNOWN row; without
+them, several UNKNOWN rows are told apart by number (`UNKNOWN#2`), so none is dropped.
+Anything else that is not such a report, or is cut short, is a ParseError naming the line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -155,6 +162,7 @@ _HISTS_COLUMNS = ("Samples", "Sample%", "Time (ns)", "Time%", "Max Time (ns)",
 _HISTS_HEAD = re.compile(r"^[#\s]*Event name\s+(.*?)\s*$")
 _HISTS_ROW = re.compile(rf"^\s*(?P<name>\S(?:.*\S)?)((?:\s+{_NUM}%?){{7}})\s*$")
 _LOST = re.compile(r"^\s*Lost events:\s*(\d+)\s*$")
+_UNKNOWN_CODE = re.compile(r"^\s*unknown kvm exit code:\s*(\d+) on \w+\s*$")
 _PORT = re.compile(r"^0x[0-9a-f]+:(POUT|PIN)$")
 _MMIO = re.compile(r"^0x[0-9a-f]+:(W|R)$")
 
@@ -183,9 +191,12 @@ def _where(source: str, index: int, lines: list[str]) -> str:
 def _classic(lines: list[str], head: int, event: str, min_max: bool, source: str) -> Report:
     rows: list[Row] = []
     i = head + 1
-    while i < len(lines) and not lines[i].strip():
+    while i < len(lines) and (not lines[i].strip() or _UNKNOWN_CODE.match(lines[i])):
         i += 1
     while i < len(lines) and lines[i].strip():
+        if _UNKNOWN_CODE.match(lines[i]):
+            i += 1
+            continue
         m = _CLASSIC_ROW.match(lines[i])
         if m is None or bool(m.group("min")) != min_max:
             if _CLASSIC_TOTAL.match(lines[i]):
@@ -209,8 +220,8 @@ def _classic(lines: list[str], head: int, event: str, min_max: bool, source: str
         raise ParseError(f"{_where(source, i, lines)}: the rows add up to "
                          f"{sum(r.samples for r in rows)} samples, not {samples} (rows missing?)")
     lost = next((int(m.group(1)) for line in lines[i + 1:] if (m := _LOST.match(line))), 0)
-    return _checked(Report(event, "classic", tuple(rows), samples, time, lost), lines, i,
-                    source)
+    return _checked(Report(event, "classic", _named_unknowns(rows, lines), samples, time,
+                           lost), lines, i, source)
 
 
 def _hists(lines: list[str], head: int, columns: str, source: str) -> Report:
@@ -220,9 +231,13 @@ def _hists(lines: list[str], head: int, columns: str, source: str) -> Report:
                          + ", ".join(_HISTS_COLUMNS))
     rows: list[Row] = []
     i = head + 1
-    while i < len(lines) and not lines[i].strip("#.- \t"):   # a rule or blank lines
+    while i < len(lines) and (not lines[i].strip("#.- \t")       # a rule or blank lines
+                              or _UNKNOWN_CODE.match(lines[i])):
         i += 1
     while i < len(lines) and lines[i].strip():
+        if _UNKNOWN_CODE.match(lines[i]):
+            i += 1
+            continue
         m = _HISTS_ROW.match(lines[i])
         values = m.group(2).split() if m else []
         # Sample% and Time% carry a % sign, the others none.
@@ -243,9 +258,26 @@ def _hists(lines: list[str], head: int, columns: str, source: str) -> Report:
     event = ("ioport" if all(_PORT.match(n) for n in names) else
              "mmio" if all(_MMIO.match(n) for n in names) else "vmexit")
     lost = next((int(m.group(1)) for line in lines[i:] if (m := _LOST.match(line))), 0)
-    report = Report(event, "hists", tuple(rows), sum(r.samples for r in rows),
-                    sum(r.time for r in rows), lost)
+    report = Report(event, "hists", _named_unknowns(rows, lines),
+                    sum(r.samples for r in rows), sum(r.time for r in rows), lost)
     return _checked(report, lines, i - 1, source)
+
+
+def _named_unknowns(rows: list[Row], lines: list[str]) -> tuple[Row, ...]:
+    """The rows, each UNKNOWN one named by its code, or by its number among them when the
+    codes perf printed on stderr are not all in the text (see the module's docstring)."""
+    unknown = [k for k, r in enumerate(rows) if r.reason == "UNKNOWN"]
+    codes = [m.group(1) for line in lines if (m := _UNKNOWN_CODE.match(line))]
+    if len(codes) == len(unknown) and len(set(codes)) == len(codes):
+        names = [f"UNKNOWN({code})" for code in codes]
+    elif len(unknown) > 1:
+        names = ["UNKNOWN"] + [f"UNKNOWN#{n}" for n in range(2, len(unknown) + 1)]
+    else:
+        return tuple(rows)
+    named = list(rows)
+    for k, name in zip(unknown, names):
+        named[k] = dataclasses.replace(rows[k], reason=name)
+    return tuple(named)
 
 
 def _checked(report: Report, lines: list[str], at: int, source: str) -> Report:
