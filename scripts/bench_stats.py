@@ -11,17 +11,27 @@ Each run uses vmtax's defaults: plan.DEFAULT_RUNS measured runs after 1 warm-up,
 4. `vmtax tune`'s search (racing rule, then verdicts adjusted over every comparison), on
    synthetic repetitions with 1% log-normal noise: a knob with a planted 5% effect must be
    found in >= 90% of 20 searches, and the A-vs-A control called significant in <= 5%.
+5. Change points (`vmtax trend`): 100 synthetic series of 30 points of 5 repetitions with
+   2-5% log-normal noise and no step must raise at most 5 changes in all; 100 with a
+   planted 5% step at point 20 must have it found within one point in >= 90. Apache
+   Otava (pinned, in a venv of its own) is run on the same series' point medians beside.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
+from vmtax.analysis import changepoint
 from vmtax.analysis import summary as analysis
 from vmtax.analysis import tune as tuning
+from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.host import machine as host
 from vmtax.results.store import Store
@@ -129,6 +139,61 @@ def tune_search(trials: int) -> None:
           f"{runs / trials:.0f} repetitions per search\n")
 
 
+OTAVA = "apache-otava==0.8.0"
+
+
+def _series(rng: np.random.Generator, step: float) -> list[np.ndarray]:
+    noise = rng.uniform(0.02, 0.05)
+    return [1000 * (1 + (step if i >= 20 else 0)) * np.exp(rng.normal(0, noise, 5))
+            for i in range(30)]
+
+
+def _otava(series: list[list[float]]) -> list[list[int]] | None:
+    """Otava's change points of each series, from its own venv (made once in the cache),
+    or None with the reason printed when it cannot be installed here."""
+    venv = paths.cache_dir() / "otava"
+    python = venv / "bin" / "python"
+    try:
+        if not (venv / ".installed").read_text() == OTAVA:
+            raise FileNotFoundError
+    except FileNotFoundError:
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q",
+                               "--disable-pip-version-check", OTAVA], capture_output=True,
+                              text=True)
+        if done.returncode:
+            print(f"   Otava: not installed ({done.stderr.strip().splitlines()[-1:]})")
+            return None
+        (venv / ".installed").write_text(OTAVA)
+    script = Path(__file__).with_name("otava_points.py")
+    out = subprocess.run([str(python), str(script)], input=json.dumps(series),
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return json.loads(out.stdout)
+
+
+def change_points(series_count: int = 100) -> None:
+    print(f"5. change points: {series_count} series of 30 points × 5 repetitions, 2-5% noise, "
+          "no step; and as many with a 5% step at point 20")
+    rng = np.random.default_rng(20261127)
+    flat = [_series(rng, 0.0) for _ in range(series_count)]
+    stepped = [_series(rng, -0.05) for _ in range(series_count)]
+    alarms = sum(len(changepoint.detect(s).changes) for s in flat)
+    found = sum(any(abs(c.index - 20) <= 1 for c in changepoint.detect(s).changes)
+                for s in stepped)
+    print(f"   vmtax: {alarms} changes in the series without a step (goal <= 5); step found "
+          f"in {found}/{series_count} (goal >= 90)")
+    medians = [[float(np.median(p)) for p in s] for s in flat + stepped]
+    otava = _otava(medians)
+    if otava is not None:
+        o_alarms = sum(map(len, otava[:series_count]))
+        o_found = sum(any(abs(i - 20) <= 1 for i in found_at)
+                      for found_at in otava[series_count:])
+        print(f"   Otava ({OTAVA}, defaults, on the point medians): {o_alarms} changes "
+              f"without a step; step found in {o_found}/{series_count}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,7 +202,12 @@ def main() -> None:
     parser.add_argument("--clock-only", action="store_true", help="only the guest clock check")
     parser.add_argument("--tune-only", action="store_true",
                         help="only the tune search check (synthetic, seconds)")
+    parser.add_argument("--changepoints-only", action="store_true",
+                        help="only the change-point check (synthetic, and Otava beside)")
     args = parser.parse_args()
+    change_points()
+    if args.changepoints_only:
+        return
     tune_search(args.trials)
     if args.tune_only:
         return

@@ -1,0 +1,226 @@
+"""Change points in a series of runs: when did a metric move, with what effect, how sure.
+
+A series is one metric of one target × workload over runs that repeat (a name's runs, in
+time order); each point is one run and holds that run's measured repetitions. The method
+is binary segmentation with a rank statistic and a permutation test:
+
+- Each point is reduced to the median of its repetitions. Repetitions of one run share
+  its conditions (host state, boot, page cache), so the points, not the pooled
+  repetitions, are the units of the test and of the effect's interval; pooling them would
+  claim more evidence than a series holds.
+- Whether a stretch of points holds a change is tested on ranks: for every split leaving
+  at least `min_segment` points on both sides, the standardized rank sum of the left side
+  (Mann-Whitney's statistic over the point medians); the largest in absolute value is
+  compared with the same maximum over permuted orders of the points (`permutations`,
+  seeded, so a series always gets the same answer), which accounts for having searched
+  every split and lets no single outlier decide.
+- Where the change is, is placed by least squares on the logs of the point medians (the
+  likeliest single shift), which weighs how far points lie and not only their order.
+- A split is a change only if its p-value is at most `alpha` AND its effect passes the
+  gate: the ratio of the two segments' medians is at least `noise_floor` away from 1 and
+  its bootstrap interval excludes 1. A stationary but noisy or bimodal series can reach
+  a small p-value by chance ordering; it rarely passes both.
+- Segments on either side of a change are searched again, until no split passes.
+
+Guards from trackers of such tools: `min_segment` points on each side means a single
+spike is never a change, and a point near either end of the series cannot be called
+until enough points follow it (`points_needed` says how many more). p-values are raw
+here; `adjust` applies Benjamini-Hochberg or Holm across everything a report judges
+together (series × metrics), as `compare` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from vmtax.analysis import stats
+
+MIN_SEGMENT = 3
+# 1 / (1 + PERMUTATIONS) is the smallest p-value; small enough to survive adjusting
+# across a report's few hundred series.
+PERMUTATIONS = 9999
+_BATCH_CELLS = 2_000_000    # permuted statistics per batch (memory)
+_GRID = 48                  # at most this many stretch ends are tried per side
+_EXCEEDANCES = 50
+
+
+@dataclass(frozen=True)
+class Change:
+    index: int                 # the first point of the new segment
+    before: float              # median of the point medians of the segment before
+    after: float               # ... and of the segment from `index` on
+    ratio: float               # after / before (raw, not direction-oriented)
+    ci: tuple[float, float]    # 95% bootstrap interval of `ratio`
+    p_value: float             # permutation p of the split, raw
+    p_adjusted: float | None = None   # after `adjust`, across what was judged together
+
+    @property
+    def change(self) -> float:
+        """The relative change, after vs before: +0.05 is 5% higher."""
+        return self.ratio - 1
+
+
+@dataclass(frozen=True)
+class Detection:
+    points: int
+    changes: tuple[Change, ...]
+    min_segment: int
+    # Every test made, a change called or not: what an adjustment counts.
+    p_values: tuple[float, ...] = ()
+
+    @property
+    def points_needed(self) -> int:
+        """How many more points before any change can be called (0: enough now)."""
+        return max(0, 2 * self.min_segment - self.points)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """[start, end) of each stretch without a change, oldest first."""
+        bounds = [0, *(c.index for c in self.changes), self.points]
+        return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _intervals(n: int, min_segment: int, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate stretches [i, j) that differ from the rest: at least `min_segment` points
+    inside and outside, and each outside piece empty or at least `min_segment` long; i = 0
+    or j = n is a single change, others a change and its recovery. `step` thins the grid
+    of ends for long series."""
+    ends = np.unique(np.r_[np.arange(0, n + 1, step), n])
+    i, j = np.meshgrid(ends, ends, indexing="ij")
+    inside = j - i
+    ok = ((inside >= min_segment) & (n - inside >= min_segment)
+          & ((i == 0) | (i >= min_segment)) & ((j == n) | (n - j >= min_segment)))
+    return i[ok], j[ok]
+
+
+def _rank_statistics(ranks: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Per row of `ranks` (points in order, or permuted) and stretch [i, j): the
+    |standardized rank sum| of the stretch (Mann-Whitney's statistic, inside vs outside)."""
+    n = ranks.shape[-1]
+    cumulative = np.concatenate([np.zeros(ranks.shape[:-1] + (1,)),
+                                 np.cumsum(ranks, axis=-1)], axis=-1)
+    inside = j - i
+    sums = cumulative[..., j] - cumulative[..., i]
+    return np.asarray(np.abs(sums - inside * (n + 1) / 2)
+                      / np.sqrt(inside * (n - inside) * (n + 1) / 12))
+
+
+def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
+             rng: np.random.Generator) -> float:
+    """Is there a change in these points? Two rank statistics are each compared with the
+    same maximum over permuted orders: the largest over single changes (stretches that
+    touch an end), and over a change and its recovery (stretches inside); the smaller p,
+    Bonferroni-corrected for two. Either alone misses what the other sees: one step is
+    diluted among all stretches, a regression that recovered among single changes."""
+    i, j = _intervals(len(ranks), min_segment, step=-(-len(ranks) // _GRID))
+    kinds = [kind for kind in ((i == 0), (i > 0) & (j < len(ranks))) if kind.any()]
+    z = _rank_statistics(ranks, i, j)
+    observed = np.array([z[kind].max() for kind in kinds]) - 1e-12
+    # Permutations in batches, stopping once every statistic saw _EXCEEDANCES arrangements
+    # as extreme as the observed one (Besag & Clifford's sequential test: the p-value stays
+    # valid, and a series clearly without a change costs hundreds of permutations, not
+    # thousands).
+    batch = max(50, _BATCH_CELLS // max(1, len(i)))
+    done, extreme = 0, np.zeros(len(kinds), dtype=int)
+    while done < permutations and extreme.min() < _EXCEEDANCES:
+        size = min(batch, permutations - done)
+        null = _rank_statistics(rng.permuted(np.tile(ranks, (size, 1)), axis=1), i, j)
+        extreme += [np.count_nonzero(null[:, kind].max(axis=1) >= o)
+                    for kind, o in zip(kinds, observed)]
+        done += size
+    # Unless stopped early, the observed order counts as one of the arrangements.
+    p = (extreme / done if extreme.min() >= _EXCEEDANCES else (1 + extreme) / (1 + done))
+    return float(min(1.0, len(kinds) * p.min()))
+
+
+def _located(x: np.ndarray, min_segment: int) -> int:
+    """Where the likeliest change is, by least squares on `x` (the Gaussian maximum
+    likelihood, which weighs how far points lie and not only their order): the best single
+    change, unless a change and its recovery explain the points better by more than the
+    extra change costs (BIC: 2 σ² ln n, σ from successive differences). Of a change and
+    recovery, the change is returned; the recovery is found when the pieces are searched
+    again."""
+    n = len(x)
+    i, j = _intervals(n, min_segment)
+    cumulative = np.r_[0.0, np.cumsum(x)]
+    inside = j - i
+    sums = cumulative[j] - cumulative[i]
+    gain = ((sums / inside - (cumulative[n] - sums) / (n - inside)) ** 2
+            * inside * (n - inside) / n)
+    single = i == 0
+    best_single = int(np.argmax(np.where(single, gain, -np.inf)))
+    best = int(np.argmax(gain))
+    sigma = 1.4826 * float(np.median(np.abs(np.diff(x) - np.median(np.diff(x))))) / np.sqrt(2)
+    if not single[best] and gain[best] - gain[best_single] > 2 * sigma ** 2 * np.log(n):
+        return int(i[best])
+    return int(j[best_single])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Mid-ranks, 1-based: tied values share the mean of their ranks."""
+    order = np.argsort(x, kind="mergesort")
+    position = np.empty(len(x), dtype=int)
+    position[order] = np.arange(len(x))
+    ordered = x[order]
+    starts = np.r_[True, ordered[1:] != ordered[:-1]]
+    group = np.cumsum(starts)[position]
+    bounds = np.r_[np.nonzero(starts)[0], len(x)]
+    return 0.5 * (bounds[group] + bounds[group - 1] + 1)
+
+
+def detect(points: Sequence[Sequence[float]], *, min_segment: int = MIN_SEGMENT,
+           alpha: float = 0.01, noise_floor: float = 0.02,
+           permutations: int = PERMUTATIONS, seed: int = 0) -> Detection:
+    """The change points of one series; `points[i]` holds run i's repetitions (> 0)."""
+    if min_segment < 1:
+        raise ValueError(f"min_segment must be at least 1, got {min_segment}")
+    medians = np.array([float(np.median(stats._sample(p, f"point {i}")))
+                        for i, p in enumerate(points)])
+    if np.any(medians <= 0):
+        raise ValueError("change points are sought in positive metrics only (ratios)")
+    rng = np.random.default_rng(seed)
+    changes: list[Change] = []
+    tested: list[float] = []
+    stack = [(0, len(medians))]
+    while stack:
+        start, end = stack.pop()
+        if end - start < 2 * min_segment or np.ptp(medians[start:end]) == 0:
+            continue
+        logs = np.log(medians[start:end])
+        p = _p_value(_ranks(logs), min_segment, permutations, rng)
+        tested.append(p)
+        at = start + _located(logs, min_segment)
+        change = _gated(medians[start:at], medians[at:end], at, p, alpha, noise_floor)
+        if change is not None:
+            changes.append(change)
+            stack += [(start, at), (at, end)]
+    return Detection(len(medians), tuple(sorted(changes, key=lambda c: c.index)),
+                     min_segment, tuple(tested))
+
+
+def _gated(before: np.ndarray, after: np.ndarray, index: int, p: float, alpha: float,
+           noise_floor: float) -> Change | None:
+    if p > alpha:
+        return None
+    effect = stats.ratio(after, before, higher_is_better=True)
+    if abs(effect.value - 1) < noise_floor or effect.ci_low <= 1 <= effect.ci_high:
+        return None
+    return Change(index, float(np.median(before)), float(np.median(after)), effect.value,
+                  (effect.ci_low, effect.ci_high), p)
+
+
+def adjust(detections: Sequence[Detection], alpha: float = 0.01,
+           method: str = "bh") -> list[Detection]:
+    """The detections with every change's p-value adjusted across every test that all of
+    them made (those that called no change count too), and the changes that no longer
+    pass `alpha` dropped."""
+    raw = [p for d in detections for p in d.p_values]
+    adjusted = dict(zip(raw, stats.adjust_pvalues(raw, method))) if raw else {}
+    out = []
+    for d in detections:
+        kept = tuple(replace(c, p_adjusted=adjusted[c.p_value]) for c in d.changes
+                     if adjusted[c.p_value] <= alpha)
+        out.append(replace(d, changes=kept))
+    return out

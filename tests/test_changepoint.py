@@ -1,0 +1,81 @@
+"""Change points over series of runs (analysis/changepoint.py): a real step is found where
+it is, with its effect; spikes, noise, two modes and too short a context are not changes.
+`make bench-stats` checks the rates over many series, against Otava."""
+
+import numpy as np
+import pytest
+
+from vmtax.analysis import changepoint
+
+
+def series(levels, noise=0.01, reps=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return [level * np.exp(rng.normal(0, noise, reps)) for level in levels]
+
+
+def test_a_step_is_found_where_it_is_with_its_effect():
+    found = changepoint.detect(series([100] * 12 + [90] * 8))
+    assert [c.index for c in found.changes] == [12]
+    change = found.changes[0]
+    assert change.change == pytest.approx(-0.10, abs=0.01)
+    assert change.ci[0] < change.ratio < change.ci[1] < 1
+    assert change.p_value <= 0.001
+    assert found.segments() == [(0, 12), (12, 20)]
+
+
+def test_two_steps_are_two_changes():
+    found = changepoint.detect(series([100] * 8 + [120] * 8 + [100] * 8))
+    assert [c.index for c in found.changes] == [8, 16]
+
+
+def test_a_single_spike_is_not_a_change():
+    levels = [100] * 20
+    levels[10] = 150
+    assert changepoint.detect(series(levels)).changes == ()
+
+
+def test_a_step_in_the_last_points_waits_for_context():
+    short = changepoint.detect(series([100] * 15 + [80] * 2))
+    assert short.changes == ()
+    later = changepoint.detect(series([100] * 15 + [80] * 5))
+    assert [c.index for c in later.changes] == [15]
+
+
+def test_a_stationary_bimodal_series_raises_no_change():
+    rng = np.random.default_rng(7)
+    levels = rng.choice([100, 108], size=30)
+    assert changepoint.detect(series(levels, seed=3)).changes == ()
+
+
+def test_a_change_below_the_noise_floor_is_not_called():
+    found = changepoint.detect(series([100] * 15 + [101] * 15, noise=0.001))
+    assert found.changes == ()
+    assert [c.index for c in changepoint.detect(
+        series([100] * 15 + [101] * 15, noise=0.001), noise_floor=0.005).changes] == [15]
+
+
+def test_too_few_points_say_how_many_more_are_needed():
+    found = changepoint.detect(series([100, 90, 80]))
+    assert found.changes == () and found.points_needed == 3
+    assert changepoint.detect(series([100] * 6)).points_needed == 0
+
+
+def test_the_same_series_always_gets_the_same_answer():
+    s = series([100] * 10 + [95] * 10, noise=0.02)
+    assert changepoint.detect(s) == changepoint.detect(s)
+
+
+def test_adjusting_counts_the_series_that_called_no_change():
+    strong = changepoint.detect(series([100] * 12 + [70] * 12))
+    weak = changepoint.detect(series([100] * 6 + [94] * 6, noise=0.02, seed=5))
+    quiet = [changepoint.detect(series([100] * 12, seed=s)) for s in range(40)]
+    assert strong.changes and weak.changes and not any(q.changes for q in quiet)
+    assert changepoint.adjust([strong, weak], alpha=0.05)[1].changes
+    kept = changepoint.adjust([strong, weak, *quiet], alpha=0.05)
+    assert kept[0].changes and kept[0].changes[0].p_adjusted >= strong.changes[0].p_value
+    assert kept[1].changes == ()
+
+
+def test_non_positive_values_are_refused():
+    with pytest.raises(ValueError, match="positive"):
+        changepoint.detect([[1.0], [0.0]] * 4)
