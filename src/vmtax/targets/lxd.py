@@ -22,10 +22,11 @@ ran. Each is journaled before it is made and undone newest first, so on exit, Ct
 after `kill -9` (the guardian) the containers go while LXD still answers, then the profile
 and the pool, and the daemon last. What LXD refuses to delete yet (a container that failed
 to start is busy with LXD's own stop of it for seconds, its profile in use meanwhile) stays
-journaled, the daemon with it, and is retried in the same order. LXD's existing configuration (its default profile, its
-pools, its networks) is never read into a container nor changed, so no `lxd init` is
-needed: a never-initialised LXD stays uninitialised (`lxd init --auto` fails here anyway,
-finding no unused IPv4 subnet for lxdbr0). LXD still writes its database under
+journaled, the daemon with it, and is retried in the same order. LXD's existing
+configuration (its default profile, its pools, its networks) is never read into a
+container nor changed, so no `lxd init` is needed: a never-initialised LXD stays
+uninitialised (`lxd init --auto` fails here anyway, finding no unused IPv4 subnet for
+lxdbr0). LXD still writes its database under
 /var/lib/lxd the first time it starts, and tries to fetch its instance types from
 images.linuxcontainers.org at each start (refused here: no network beyond the registries).
 
