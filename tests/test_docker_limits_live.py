@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 from conftest import processes, vmtax
-from test_docker_live import leftovers
+from test_docker_live import leftovers, pytestmark  # noqa: F401 - Docker's live marks
 
 from vmtax.core.errors import VmtaxError
 from vmtax.core.target import TargetContext
@@ -16,12 +16,6 @@ from vmtax.guest import rootfs
 from vmtax.host.journal import Journal
 from vmtax.targets import docker
 
-pytestmark = [
-    pytest.mark.live,
-    pytest.mark.skipif(os.geteuid() != 0, reason="dockerd needs root"),
-    pytest.mark.skipif(docker.Docker.unavailable() is not None,
-                       reason=str(docker.Docker.unavailable())),
-]
 
 PLAN = """\
 runs = 1

@@ -4,13 +4,13 @@ LXD's own stop of it for a while (its delete refused meanwhile), its profile and
 use while it exists. What is raised is LXD's reason for the failed start; everything is
 undone newest first, and what cannot be undone yet stays journaled until it can."""
 
-import http.server
 import json
 import socketserver
 import threading
 from pathlib import Path
 
 import pytest
+import test_lxd
 
 from vmtax.core.errors import TargetError
 from vmtax.helpers import lxd_api
@@ -40,18 +40,8 @@ class FakeLxd(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         super().__init__(str(path), Handler)
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    server: FakeLxd
-
-    def log_message(self, *args):
-        pass
-
-    def _answer(self, status: int, body: dict | bytes) -> None:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class Handler(test_lxd.Handler):
+    server: FakeLxd  # type: ignore[assignment]
 
     def _error(self, status: int, error: str) -> None:
         self._answer(status, {"type": "error", "error": error, "error_code": status})

@@ -7,21 +7,14 @@ from pathlib import Path
 
 import pytest
 from conftest import vmtax
-from test_lxd_live import vmtax_objects
+from test_lxd_live import pytestmark, vmtax_objects  # noqa: F401 - LXD's live marks
 
 from vmtax.helpers import lxd_api
 from vmtax.host import daemon
-from vmtax.targets.lxd import LxdTarget
 
 # Debian's lxd's log directories of its instances (lxd_api.LOGS).
 LOGS = Path("/var/log/lxd")
 
-pytestmark = [
-    pytest.mark.live,
-    pytest.mark.skipif(os.geteuid() != 0, reason="LXD needs root"),
-    pytest.mark.skipif(LxdTarget.unavailable() is not None,
-                       reason=str(LxdTarget.unavailable())),
-]
 
 PLAN = """\
 runs = 1
