@@ -891,6 +891,210 @@ def guardian_attack(env: Env, outcome: Outcome, quick: bool) -> None:
             outcome.note("warned, then cleaned up")
 
 
+# -- attacks of issue #35 (items 2, 3, 4, 5, 10, 11): readers against a writer, Docker's ----
+# -- limits, an LXD container that cannot start, serving killed on the bare host ------------
+
+WRITER = """
+import sys, time
+from vmtax.core.types import Metric
+from vmtax.results.store import Store
+store = Store(sys.argv[1])
+run_id = store.new_run({"targets": [{"name": "native", "kind": "native"}],
+                        "workloads": [{"name": "cpu"}]}, {}, "0")
+store.set_target(run_id, "native", "native", {"kind": "native", "bare_host": True})
+print(run_id, flush=True)
+deadline, i = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < deadline:
+    store.add_rep(run_id, target="native", workload="cpu", params={}, phase="measure", idx=i,
+                  status="ok", argv=["x"], started=float(i),
+                  metrics=[Metric(f"m{k}", float(k), "u", True) for k in range(3)])
+    i += 1
+store.finish_run(run_id, "done")
+print(i, flush=True)
+"""
+READER = """
+import json, sys, time
+from vmtax.results.store import Store
+loads, half = 0, 0
+store = Store(sys.argv[1], readonly=True)
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    run = store.load_run("last")
+    loads += 1
+    half += sum(len(rep.metrics) != 3 for rep in run.reps)
+print(json.dumps({"loads": loads, "half": half}))
+"""
+
+
+def readers_writer_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Issue #35, item 5: `show last` and `runs` while a run writes. Readers load the run
+    being written over and over, each in one moment of the database: none may crash (a
+    KeyError in load_run was), nor see a repetition without all its metrics."""
+    results = env.work / "readers-writer"
+    seconds = 6 if quick else 20
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(results), str(seconds)],
+                              env=env.env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    env.started.append(writer)
+    assert writer.stdout is not None
+    writer.stdout.readline()          # its run is stored: readers find it as `last`
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(results), str(seconds - 1)],
+                                env=env.env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE) for _ in range(4 if quick else 8)]
+    commands = [env.start(*command, "--results", str(results))
+                for command in (["show", "last"], ["runs"]) * (2 if quick else 10)]
+    loads = 0
+    for reader in readers:
+        out, err = reader.communicate(timeout=120)
+        outcome.cases += 1
+        if reader.returncode != 0:
+            outcome.fail(f"a reader crashed: {err.strip().splitlines()[-1][:200]}")
+            continue
+        seen = json.loads(out)
+        loads += seen["loads"]
+        if seen["half"]:
+            outcome.fail(f"a reader saw {seen['half']} repetitions without all their metrics")
+    for proc in commands:
+        _, err = proc.communicate(timeout=300)
+        outcome.cases += 1
+        check_output(outcome, f"vmtax {proc.args[3]} while a run writes", err)
+        if proc.returncode != 0:
+            outcome.fail(f"vmtax {proc.args[3]} while a run writes: exit {proc.returncode}: "
+                         f"{err.strip()[-200:]}")
+    out, err = writer.communicate(timeout=120)
+    if writer.returncode != 0:
+        outcome.fail(f"the writer failed: {err.strip()[-200:]}")
+    else:
+        outcome.notes[f"{loads} loads of a run while {out.split()[-1]} repetitions were "
+                      "written"] = 0
+
+
+def docker_limits_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Issue #35, items 3 and 4: Docker limits Docker refuses (more CPUs than the host's, a
+    memory limit below 6M) or rounds to no limit at all (cpu_limit = 0.0000001) are refused
+    by `vmtax plan` in one line; and a limit it applies is the one the fingerprint records."""
+    from vmtax.targets import docker
+
+    cpus = len(os.sched_getaffinity(0))
+    for key, value in (("cpu_limit", f"{cpus + 0.5}"), ("cpu_limit", "0.0000001"),
+                       ("memory_limit", '"5M"')):
+        plan = env.work / "docker-limit.toml"
+        plan.write_text(f'[targets.d]\nkind = "container"\nruntime = "docker"\n{key} = {value}\n'
+                        '[[workloads]]\nname = "cpu"\n')
+        outcome.cases += 1
+        done = env.run("plan", str(plan))
+        if os.geteuid() != 0:
+            outcome.note("not root: docker options are refused as such")
+            return
+        one_line_refusal(outcome, f"{key} = {value}", done, f"targets.d.{key}: expected")
+    if quick or docker.Docker.unavailable() is not None:
+        outcome.note("no limited Docker run (quick, or Docker unavailable)")
+        return
+    plan = env.work / "docker-limited.toml"
+    plan.write_text('runs = 1\nwarmup = 0\ntime = 1\n[targets.d]\nkind = "container"\n'
+                    'runtime = "docker"\ncpu_limit = 0.05\nmemory_limit = "64M"\n'
+                    '[[workloads]]\nname = "cpu"\n')
+    results = env.work / "docker-limited"
+    done = env.run("run", str(plan), "--results", str(results))
+    outcome.cases += 1
+    check_output(outcome, "a Docker run with limits", done.stderr)
+    try:
+        with sqlite3.connect(results / "vmtax.sqlite") as db:
+            (stored,), = db.execute("SELECT fingerprint FROM targets").fetchall()
+        enforced = json.loads(stored)["limits"]["enforced"]
+    except (sqlite3.Error, ValueError, KeyError) as exc:
+        outcome.fail(f"a Docker run with limits: no limits stored ({exc}): "
+                     f"{done.stderr.strip()[-200:]}")
+        return
+    if enforced != {"cpus": 0.05, "memory": 64 << 20}:
+        outcome.fail(f"a Docker run with limits: the fingerprint says {enforced}")
+    else:
+        outcome.note("the limits the cgroups enforce are stored")
+
+
+LXD_LOGS = Path("/var/log/lxd")
+
+
+def lxd_left(runtime: Path) -> list[str]:
+    """What of vmtax's is in LXD (by its directories, with or without a daemon), in LXD's
+    log directory, and in runtime's journals."""
+    found = [str(p) for d in (Path("/var/lib/lxd/containers"), Path("/var/lib/lxd/storage-pools"),
+                              LXD_LOGS) for p in d.glob("vmtax-*")]
+    return found + [str(p) for p in runtime.glob("journal-*")]
+
+
+def lxd_start_failure_attack(env: Env, outcome: Outcome) -> None:
+    """Issue #35, items 2 and 11: an LXD container that cannot start (memory = "1K") is
+    reported in LXD's own words in one line and leaves nothing: no instance, profile or
+    pool, no journal, no log directory; `cleanup` then finds nothing. A container that
+    starts leaves no log directory either."""
+    from vmtax.targets.lxd import LxdTarget
+
+    if os.geteuid() != 0 or LxdTarget.unavailable() is not None:
+        outcome.note("skipped: LXD unavailable, or not root")
+        return
+    before = lxd_left(env.runtime)
+    if before:
+        outcome.note(f"skipped: vmtax's objects in LXD before the attack ({before[0]})")
+        return
+    for memory in ("1K", "64M"):
+        plan = env.work / "lxd.toml"
+        plan.write_text(f'runs = 1\nwarmup = 0\ntime = 1\n[targets.l]\nkind = "lxd"\n'
+                        f'memory = "{memory}"\n[[workloads]]\nname = "cpu"\n')
+        done = env.run("run", str(plan), "--results", str(env.work / "lxd-r"))
+        outcome.cases += 1
+        name = f"lxd memory = {memory}"
+        check_output(outcome, name, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        if memory == "1K" and (done.returncode == 0 or len(lines) != 1
+                               or "Starting instance" not in lines[0]):
+            outcome.fail(f"{name}: exit {done.returncode}, not LXD's reason in one line: "
+                         f"{done.stderr.strip()[-300:]}")
+        elif memory != "1K" and done.returncode != 0:
+            outcome.fail(f"{name}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
+        left = lxd_left(env.runtime)
+        if left:
+            outcome.fail(f"{name}: left {', '.join(left[:3])}")
+        cleaned = env.run("cleanup")
+        if cleaned.stdout.strip() != "nothing to clean up":
+            outcome.fail(f"{name}: `vmtax cleanup` found {cleaned.stdout.strip()[-200:]}")
+    outcome.note("nothing left in LXD")
+
+
+def serving_kill_attack(env: Env, outcome: Outcome) -> None:
+    """Issue #35, item 10: a native serving run killed with -9 once its httpd runs leaves
+    nothing in /dev/shm (the server's scratch directory is journaled before it is made)."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("vmtax-*"))
+    results = env.work / "serving-kill"
+    proc = env.start("run", "--targets", "native", "--workloads", "serving", "--runs", "1",
+                     "--warmup", "0", "--time", "2", "--results", str(results))
+    outcome.cases += 1
+    # The first serving run builds its tools (minutes); then httpd starts and makes its
+    # directory (in one of vmtax's, or, as it did, in /dev/shm itself).
+    deadline = time.monotonic() + 900
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            set(shm.glob("vmtax-httpd-*")) | set(shm.glob("vmtax-*/vmtax-httpd-*"))) - before:
+        time.sleep(0.1)
+    if proc.poll() is not None:
+        _, err = proc.communicate()
+        outcome.fail(f"the serving run ended before its server started: {err.strip()[-200:]}")
+        return
+    made = set(shm.glob("vmtax-*")) - before
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + CLEAN_WITHIN
+    while (left := [p for p in made if p.exists()] + list(env.runtime.glob("journal-*"))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not made:
+        outcome.fail("the server made no directory in /dev/shm")
+    elif left:
+        outcome.fail(f"serving killed -9 left {', '.join(map(str, left[:3]))}")
+    else:
+        outcome.note(f"clean within {CLEAN_WITHIN:g} s")
+
+
 # -- the table -----------------------------------------------------------------------------
 
 # -- attacks: a full results disk, hostile names, unbounded files, a bad fleet address, ------
@@ -1314,6 +1518,11 @@ def main() -> int:
         attack("serving client killed", lambda o: serving_client_attack(env, o))
         attack("full runtime directory", lambda o: full_journal_attack(env, o))
         attack("guardian stopped or killed", lambda o: guardian_attack(env, o, quick))
+        attack("readers against a writer", lambda o: readers_writer_attack(env, o, quick))
+        attack("Docker limits Docker refuses or ignores",
+               lambda o: docker_limits_attack(env, o, quick))
+        attack("an LXD container that cannot start", lambda o: lxd_start_failure_attack(env, o))
+        attack("serving killed -9 on the bare host", lambda o: serving_kill_attack(env, o))
         attack("full results disk, directory copied",
                lambda o: full_results_attack(env, o, quick))
         attack("formulas in CSV cells", lambda o: csv_injection_attack(env, o))

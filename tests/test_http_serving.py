@@ -40,6 +40,12 @@ def test_declares_two_roles_and_carries_its_server_and_ffmpeg():
                              capture_output=True, text=True, check=True).stdout.split()
         assert out == ["-disk", "uploads", "-max-body", str(2 << 20), "-max-download",
                        str(64 << 10), *server.argv[12:], "-listen", listen]
+    # Its scratch files in the memory directory the target names (the bare host's is
+    # journaled), else in one it makes in the target's /dev/shm.
+    out = subprocess.run(echo, env={"PATH": os.environ["PATH"],
+                                    "VMTAX_MEMORY_DIR": "/dev/shm/vmtax-serve-x y"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.endswith(" -tmp /dev/shm/vmtax-serve-x y -listen :18080\n")
 
 
 def test_client_job_runs_the_driver_with_the_whole_spec():

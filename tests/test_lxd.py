@@ -91,9 +91,12 @@ def test_an_undo_entry_names_only_what_vmtax_makes(tmp_path):
         lxd_api.undo(journal, {"type": "lxd instance", "name": "production-db"})
     with pytest.raises(ValueError, match="not something vmtax makes in LXD"):
         lxd_api.undo(journal, {"type": "lxd network", "name": "vmtax-x"})
-    # No daemon answers: nothing of it is left to delete, and the undo is done.
-    lxd_api.undo(journal, {"type": "lxd instance", "name": "vmtax-ab12cd-0001",
-                           "socket": str(tmp_path / "none.sock")})
+    # No daemon answers: LXD keeps the instance in its database, so the entry stays
+    # journaled (the undo fails) until a daemon answers and it is deleted.
+    with pytest.raises(lxd_api.LxdError, match="instance vmtax-ab12cd-0001 stays in its "
+                                               "database until LXD runs"):
+        lxd_api.undo(journal, {"type": "lxd instance", "name": "vmtax-ab12cd-0001",
+                               "socket": str(tmp_path / "none.sock")})
 
 
 # -- the REST client against a fake LXD ---------------------------------------------------

@@ -61,7 +61,7 @@ class Recorder:
 
 
 @pytest.mark.parametrize("undo_first, order", [(False, ["cleanup", "undo"]),
-                                               (True, ["undo", "cleanup"])])
+                                               (True, ["undo", "cleanup", "undo"])])
 def test_a_study_of_instances_undoes_the_journal_first(tmp_path, own, monkeypatch,
                                                        undo_first, order):
     seen: list[str] = []

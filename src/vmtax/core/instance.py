@@ -14,6 +14,7 @@ Instances attached to a vmtax network (vmtax.host.network) are reached by host-s
 from __future__ import annotations
 
 import abc
+import contextlib
 from typing import Callable
 
 
@@ -34,12 +35,14 @@ class Instance(abc.ABC):
 
     def start(self) -> None:
         """Start it (`_start`) and wait until it is ready; what a previous start or a
-        failed one made is released by stop() first and after."""
+        failed one made is released by stop() first and after. Why it failed is what is
+        raised: what stop() could not undo then stays journaled, and is retried."""
         self.stop()
         try:
             self._start()
         except BaseException:
-            self.stop()
+            with contextlib.suppress(Exception):
+                self.stop()
             raise
 
     @abc.abstractmethod

@@ -21,6 +21,12 @@ from vmtax.core.plugin import Expect
 Size = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*[KMGTkmgt]$"),
                  Expect('a size like "2G"')]
 
+
+def size_bytes(size: str) -> int:
+    """A Size in bytes, its unit binary as every tool vmtax passes it to reads it: "2K" is
+    2048."""
+    return int(size[:-1]) << {"K": 10, "M": 20, "G": 30, "T": 40}[size[-1].upper()]
+
 NonEmpty = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
 
 Seconds = Annotated[float, Field(gt=0), Expect("a positive number of seconds")]

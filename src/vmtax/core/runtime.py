@@ -34,7 +34,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from vmtax.core import plugin
 from vmtax.core.errors import VmtaxError
@@ -146,6 +146,13 @@ class Runtime(plugin.Plugin, abc.ABC):
             return str(exc)
         return None
 
+    @classmethod
+    def option_problems(cls, options: plugin.Options) -> list[tuple[str, str]]:
+        """(option, what it must be) for each of the options it honours whose value it
+        would refuse, or not apply, when it runs: refused when the plan is checked, as
+        plugin.Options.problems are. Default: none."""
+        return []
+
     def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
         """A runtime for one target: `binary` as locate() found it, `home` the target's
         directory (home/"rootfs" is the rootfs copy; state goes beside it), `cpus` the
@@ -180,6 +187,12 @@ class Runtime(plugin.Plugin, abc.ABC):
         modified). A runtime that keeps things of its own on the host (a daemon, an image, a
         network, a container its jobs run in) makes them here, each journaled before it is
         made, and removes them in detach(). Raises VmtaxError or OSError when it cannot."""
+
+    def limits(self) -> dict[str, Any]:
+        """The limits of the target's options as the runtime reports it applied them, once
+        attached, for the target's fingerprint (a result must not pass for one measured
+        under a limit the runtime did not apply). Default: none reported."""
+        return {}
 
     def detach(self) -> None:
         """Remove what attach() made; idempotent. Called when the target is cleaned up and

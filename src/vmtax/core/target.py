@@ -20,6 +20,10 @@ from vmtax.core.types import Endpoint, Job, JobResult
 
 # The environment variable a server job reads the address it must bind from (unset: all).
 LISTEN_ENV = "VMTAX_LISTEN"
+# The environment variable naming a directory in memory (tmpfs) a server job keeps its
+# scratch files in: one a target whose memory is the host's made and journaled (unset: the
+# server makes its own, in the /dev/shm of its guest or container, gone with it).
+MEMORY_DIR_ENV = "VMTAX_MEMORY_DIR"
 
 # Features of the place a job runs in that a workload's configuration may need
 # (vmtax.core.workload.Workload.needs) and a target, or a container runtime, may refuse
@@ -188,7 +192,9 @@ class Target(plugin.Plugin, abc.ABC):
         on `port`; return where the host reaches it. Raises TargetError when this kind of
         target cannot serve. A target that must not expose the server beyond the host sets
         $VMTAX_LISTEN (LISTEN_ENV) in its environment to the address to bind; servers
-        bind every address of the target otherwise (its own network namespace or guest)."""
+        bind every address of the target otherwise (its own network namespace or guest).
+        One whose /dev/shm is the host's sets $VMTAX_MEMORY_DIR (MEMORY_DIR_ENV) to a
+        journaled directory of its own there, for the server's scratch files."""
         raise TargetError(f"{self.name}: {self.kind} targets cannot run a server for a "
                           "client on the host yet")
 

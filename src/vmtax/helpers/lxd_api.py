@@ -24,6 +24,8 @@ import contextlib
 import http.client
 import json
 import math
+import re
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -37,9 +39,17 @@ from vmtax.host.journal import Journal, undone_by
 
 # Debian's lxd (the socket its lxd.socket unit listens on); LXD_DIR is /var/lib/lxd.
 SOCKET = Path("/var/lib/lxd/unix.socket")
+# Where Debian's lxd keeps each instance's logs (lxc.conf, lxc.log, forkstart.log), in a
+# directory named after it that deleting the instance leaves behind.
+LOGS = Path("/var/log/lxd")
 PREFIX = "vmtax-"
+# The names vmtax gives what it makes in LXD: its pools and profiles, vmtax-<id>; its
+# instances, vmtax-<id>-<n>. Nothing else is deleted by an undo.
+NAME = re.compile(r"vmtax-[0-9a-f]+(-[0-9a-f]+)?")
 REQUEST_TIMEOUT = 120.0     # creating an instance unpacks and shifts its rootfs
 KILL_GRACE = 10.0           # a killed job's exec to end
+BUSY_WAIT = 60.0            # an instance LXD is still stopping ("Instance is busy running a
+                            # "stop" operation": ~6 s after a failed start here)
 
 
 class LxdError(TargetError):
@@ -154,13 +164,44 @@ class Lxd:
         return int(self.state(name).get("pid") or 0)
 
     def remove(self, name: str) -> None:
-        """Stop (forced) and delete an instance; one already gone is fine."""
+        """Stop (forced) and delete an instance; one already gone is fine. An instance that
+        failed to start is busy for seconds after (LXD's own stop of it, its hooks): LXD
+        refuses to delete it meanwhile, so the delete is retried for up to BUSY_WAIT s."""
         path = f"/1.0/instances/{quote(name)}"
         if not self.exists(path):
             return
-        with contextlib.suppress(LxdError):   # stopped already
-            self.do("PUT", f"{path}/state", {"action": "stop", "force": True, "timeout": 30})
-        self.do("DELETE", path)
+        if self.state(name).get("status") != "Stopped":
+            with contextlib.suppress(LxdError):   # stopped meanwhile
+                self.do("PUT", f"{path}/state", {"action": "stop", "force": True,
+                                                 "timeout": 30})
+        deadline = time.monotonic() + BUSY_WAIT
+        while True:
+            try:
+                self.do("DELETE", path)
+                return
+            except LxdError as exc:
+                if "is busy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
+    def start(self, name: str) -> None:
+        """Start an instance; LxdError with LXD's reason and, when it failed in LXC, the
+        last errors of the instance's LXC log."""
+        try:
+            self.do("PUT", f"/1.0/instances/{quote(name)}/state",
+                    {"action": "start", "timeout": 30})
+        except LxdError as exc:   # LXC's first errors say why, the rest what followed
+            errors = [line.rsplit(" - ", 1)[-1].strip() for line in self._log(name, "lxc.log")
+                      if " ERROR " in line]
+            raise LxdError(f"{exc}" + (f" (LXC: {'; '.join(errors[:2])})" if errors
+                                       else "")) from None
+
+    def _log(self, name: str, log: str) -> list[str]:
+        """The lines of one of an instance's log files (none if it cannot be read)."""
+        with contextlib.suppress(LxdError):
+            return self.read(f"/1.0/instances/{quote(name)}/logs/{log}").decode(
+                errors="replace").splitlines()
+        return []
 
     def start_exec(self, name: str, argv: list[str], env: dict[str, str], cwd: str) -> str:
         """Start argv in the container without a client (stdin empty, output recorded);
@@ -222,16 +263,21 @@ def journaled(journal: Journal, kind: str, name: str, client: Lxd) -> int:
 
 
 def undo(journal: Journal, entry: dict[str, Any]) -> None:
-    """Delete an instance, profile or pool vmtax made, while its daemon answers (one that
-    is gone took nothing with it that vmtax could still delete)."""
+    """Delete an instance, profile or pool vmtax made. LXD keeps them in its database while
+    it is stopped, so with no daemon answering the entry stays journaled (LxdError) until
+    one does (the daemon vmtax starts is stopped only after them: vmtax.host.daemon)."""
     kind, name = entry.get("type"), entry.get("name")
-    if kind not in COLLECTIONS or not isinstance(name, str) or not name.startswith(PREFIX):
+    if kind not in COLLECTIONS or not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValueError(f"{kind} {name!r} is not something vmtax makes in LXD")
     client = Lxd(Path(entry.get("socket") or SOCKET))
     if not daemon.answers(client.socket):
-        return
+        raise LxdError(f"LXD does not answer on {client.socket}: its {kind.split()[1]} "
+                       f"{name} stays in its database until LXD runs and `vmtax cleanup` "
+                       "removes it")
     if kind == "lxd instance":
         client.remove(name)
+        # Its logs, which LXD leaves (and writes until its stop of the instance is over).
+        shutil.rmtree(LOGS / name, ignore_errors=True)
         return
     path = f"/1.0/{COLLECTIONS[str(kind)]}/{quote(name)}"
     if client.exists(path):

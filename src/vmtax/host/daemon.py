@@ -143,10 +143,22 @@ def _last_user(name: str) -> bool:
         os.close(fd)
 
 
+def _still_needed(journal: Journal, entry: dict[str, Any]) -> int:
+    """How many changes journaled after the daemon's start are still listed: their undo
+    failed, and a retry may need the daemon (an LXD instance is deleted through LXD)."""
+    mine = [token for token, listed in journal.entries.items() if listed is entry]
+    return sum(token > mine[0] for token in journal.entries) if mine else 0
+
+
 def stop(journal: Journal, entry: dict[str, Any]) -> None:
     """Undo a daemon vmtax started: SIGTERM, then SIGKILL after STOP_GRACE seconds; unless
-    another vmtax process still uses it (it stops it when it ends)."""
+    another vmtax process still uses it (it stops it when it ends), or a change made after
+    it is not undone yet (VmtaxError: it stays journaled, stopped once that is undone)."""
     name = str(entry.get("name"))
+    needed = _still_needed(journal, entry)
+    if needed:
+        raise VmtaxError(f"{name} left running: {needed} change(s) made through it are not "
+                         "undone yet")
     if not DAEMON_NAME.fullmatch(name) or not _last_user(name):
         return
     pid, start = entry.get("pid"), entry.get("start")

@@ -1,7 +1,8 @@
 """An undo journal of every change vmtax makes to the host.
 
 Each change (a process started, a directory created, a sysctl written) is recorded in a
-file under the runtime directory *before* it is made, and removed once it is undone. On
+file under the runtime directory *before* it is made, and removed once it is undone (an
+undo that fails leaves it listed, to be retried: see `Journal.undo_all`). On
 a normal exit, Ctrl-C or SIGTERM the owner undoes its own entries; if vmtax was killed,
 its guardian (vmtax.host.guardian) undoes them at once, or failing that the next vmtax start
 (or `vmtax cleanup`) finds the journal of a dead process and undoes it.
@@ -75,8 +76,12 @@ def _handler(name: str) -> UndoHandler:
     journal file cannot make vmtax run other code."""
     module, _, function = name.partition(":")
     if not module.startswith("vmtax.") or not function:
-        raise ValueError(f"journal entry undone by {name!r}, which is not a function of vmtax")
-    handler: UndoHandler = getattr(importlib.import_module(module), function)
+        raise Refused(f"journal entry undone by {name!r}, which is not a function of vmtax")
+    try:
+        handler: UndoHandler = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        raise Refused(f"journal entry undone by {name!r}, which this vmtax does not "
+                      "have") from None
     return handler
 
 
@@ -190,14 +195,18 @@ class Journal:
             self.forget(token)
 
     def undo_all(self) -> list[str]:
-        """Undo every entry, newest first. Returns a description of each failure."""
+        """Undo every entry, newest first. Returns a description of each failure. An entry
+        whose undo failed stays listed, for a later undo (the guardian's, the next vmtax
+        start's, `vmtax cleanup`'s) to retry, unless it was refused (ValueError: not an
+        entry vmtax writes), which no retry would carry out."""
         errors = []
         for token in sorted(self.entries, reverse=True):
             try:
                 self.undo(token)
             except Exception as exc:  # keep undoing the rest
                 errors.append(f"{describe(self.entries.get(token, {}))}: {exc}")
-                self.forget(token)
+                if isinstance(exc, ValueError):
+                    self.forget(token)
         return errors
 
 
@@ -396,9 +405,11 @@ def undo_left(path: Path) -> str | None:
             return None
         n = len(journal.entries)
         errors = journal.undo_all()
-        path.unlink(missing_ok=True)
+        if not journal.entries:
+            path.unlink(missing_ok=True)
+    kept = f", {len(journal.entries)} kept to retry" if journal.entries else ""
     return (f"undid {n} host change(s) left by vmtax process {journal.pid}"
-            + (f" ({len(errors)} failed, first {errors[0][:200]})" if errors else ""))
+            + (f" ({len(errors)} failed{kept}, first {errors[0][:200]})" if errors else ""))
 
 
 def left_behind(directory: Path | None = None) -> list[Journal]:

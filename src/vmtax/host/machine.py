@@ -157,20 +157,33 @@ def tsc_khz(sys_root: str = "/sys", proc_root: str = "/proc", kmsg: str = "/dev/
     return None
 
 
-def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo",
-                  root: str = "/sys/fs/cgroup") -> list[tuple[str, str]]:
-    """(mount point, "cgroup" or "cgroup2") of every cgroup hierarchy at or under root."""
+def _mounts(mountinfo: str) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of every mount listed in mountinfo, in its order."""
     found = []
     for line in (read_text(mountinfo) or "").splitlines():
         fields = line.split()
-        if " - " not in line or len(fields) < 5:
-            continue
-        mount_point = fields[4]
-        fstype = line.split(" - ", 1)[1].split()[0]
-        if fstype in ("cgroup", "cgroup2") and (
-                mount_point == root or mount_point.startswith(root + "/")):
-            found.append((mount_point, fstype))
+        if " - " in line and len(fields) >= 5:
+            found.append((fields[4], line.split(" - ", 1)[1].split()[0]))
     return found
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo",
+                  root: str = "/sys/fs/cgroup") -> list[tuple[str, str]]:
+    """(mount point, "cgroup" or "cgroup2") of every cgroup hierarchy at or under root."""
+    return [(point, fstype) for point, fstype in _mounts(mountinfo)
+            if fstype in ("cgroup", "cgroup2")
+            and (point == root or point.startswith(root + "/"))]
+
+
+def fs_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem path is on ("tmpfs"): that of the last mount at it or
+    at its nearest parent."""
+    found: tuple[int, str] | None = None
+    for point, fstype in _mounts(mountinfo):
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            if found is None or len(point) >= found[0]:
+                found = (len(point), fstype)
+    return found[1] if found else None
 
 
 def cgroup_layout(mountinfo: str = "/proc/self/mountinfo", root: str = "/sys/fs/cgroup") -> str:

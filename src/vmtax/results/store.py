@@ -31,7 +31,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -781,10 +781,28 @@ class Store:
                              "reports, which `last` leaves out: `vmtax exits last` shows them")
         raise VmtaxError(f"no runs stored in {self.path}")
 
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """The block's reads in one read transaction: they see the database as one moment
+        had it, not a repetition a writer committed between two of them (its metrics
+        without it, say). A writer's commit waits for the block's end (busy timeout)."""
+        if self.db.in_transaction:   # a caller's transaction is one moment already
+            yield
+            return
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.db.rollback()   # it wrote nothing: ends the read, releases the lock
+
     @_guarded
     def load_run(self, spec: str, *, with_output: bool = False,
                  last_may_be_imported: bool = False) -> Run:
-        """The run spec names (see resolve)."""
+        """The run spec names (see resolve), as one moment of the database had it."""
+        with self._snapshot():
+            return self._load_run(spec, with_output, last_may_be_imported)
+
+    def _load_run(self, spec: str, with_output: bool, last_may_be_imported: bool) -> Run:
         run_id = self.resolve(spec, last_may_be_imported=last_may_be_imported)
         if self.diverted is not None and run_id in self._records:
             raise self._aside_error(run_id)

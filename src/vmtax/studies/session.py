@@ -99,31 +99,26 @@ class Session:
         for name in self.targets:
             self.store_fingerprint(name)
 
-    def close(self, status: str) -> None:
+    def close(self, status: str) -> list[str]:
         """Clean up every target, remove the network, undo the journal (the work
-        directory, anything a target left); finish the run with status.
+        directory, anything a target left); finish the run with status. Returns why each
+        change that could not be undone was not: those stay journaled, to be retried.
 
         With undo_first, the journal is undone first, newest first: an instance still
         starting when a study of instances was interrupted is known to the journal alone,
         and its runtime's state must still be there when it is deleted (a target's cleanup
-        removes that state); the targets' cleanups then find little left, and may fail."""
+        removes that state); the targets' cleanups then find little left, and may fail.
+        Otherwise each target cleans up first; one that fails (a container its runtime is
+        still stopping) leaves the rest of its changes journaled, and the journal's undo,
+        newest first, retries them in order."""
         try:
             if self.undo_first:
                 self.journal.undo_all()
-                for target in self.targets.values():
-                    with contextlib.suppress(Exception):
-                        target.cleanup()
-                if self.ctx.network is not None:
-                    with contextlib.suppress(Exception):
-                        self.ctx.network.destroy()
-                return
-            try:
-                for target in self.targets.values():
-                    target.cleanup()
-                if self.ctx.network is not None:
-                    self.ctx.network.destroy()
-            finally:
-                self.journal.undo_all()
+            for cleanup in [t.cleanup for t in self.targets.values()] + (
+                    [self.ctx.network.destroy] if self.ctx.network is not None else []):
+                with contextlib.suppress(Exception):
+                    cleanup()
+            return self.journal.undo_all()
         finally:
             if self.run_id is not None:
                 self.store.finish_run(self.run_id, status)
@@ -151,7 +146,13 @@ def session(store: Store, own: Journal, *, binaries: tuple[str, ...] = (),
         status = "interrupted"
         raise
     finally:
-        current.close(status)
+        # What failed is raised as it is; what could not be undone besides stays journaled
+        # (the guardian retries it at exit, `vmtax cleanup` after).
+        failed = current.close(status)
+    if failed:
+        raise VmtaxError(f"{len(failed)} host change(s) could not be undone, first "
+                         f"{failed[0][:300]}; kept in the undo journal: vmtax's guardian "
+                         "retries at exit, `vmtax cleanup` after")
 
 
 @contextlib.contextmanager

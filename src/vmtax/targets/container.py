@@ -187,7 +187,8 @@ class ContainerOptions(plugin.Options):
         "none: default", tune=("unconfined",),
         safety={"unconfined": "no system-call filter between the container and the kernel"})
     cpu_limit: float | None = plugin.option(
-        None, "docker: CPU time the container may use (docker run --cpus); none: no limit",
+        None, "docker: CPU time the container may use (docker run --cpus, from 0.01 to the "
+        "host's CPUs); none: no limit",
         unit="CPUs", gt=0, le=1024)
     memory_limit: Size | None = plugin.option(
         None, "docker: memory the container may use (docker run --memory, at least 6M); "
@@ -199,11 +200,12 @@ class ContainerOptions(plugin.Options):
         if os.geteuid() != 0:
             return [("runtime", "vmtax run as root (sudo): its containers need root for "
                                 "namespaces, device nodes and cgroups")]
-        honoured = runtimes()[self.runtime].honours if self.runtime in runtimes() else set()
+        runtime = runtimes().get(self.runtime)
+        honoured = runtime.honours if runtime is not None else set()
         return [(key, f"nothing for runtime {self.runtime!r} (set only for " + ", ".join(
                     name for name, cls in runtimes().items() if key in cls.honours) + ")")
                 for key in RUNTIME_OWN if getattr(self, key) is not None
-                and key not in honoured]
+                and key not in honoured] + (runtime.option_problems(self) if runtime else [])
 
 
 # ContainerOptions that only the runtimes honouring them take.
@@ -337,6 +339,7 @@ class ContainerTarget(Target):
             "cgroup_workaround": self.runtime.cgroup_workaround,
             "cpus": self.opts.cpus,
             "cpu_placement": self.runtime.placement(),
+            **({"limits": limits} if (limits := self.runtime.limits()) else {}),
         }
 
     def run(self, job: Job) -> JobResult:

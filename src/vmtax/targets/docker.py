@@ -43,10 +43,12 @@ import shutil
 import subprocess
 import time
 import uuid
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar
 
 from vmtax.core import paths, plugin
+from vmtax.core.option_types import size_bytes
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.instance import Instance
 from vmtax.core.runtime import (
@@ -59,6 +61,7 @@ from vmtax.core.runtime import (
 )
 from vmtax.core.target import LISTEN_ENV, REALTIME, Feature, TargetContext
 from vmtax.core.types import Job
+from vmtax.helpers import runtime_cgroup
 from vmtax.host import daemon, proc
 from vmtax.host import machine as host
 from vmtax.host.journal import Journal, undone_by
@@ -83,6 +86,16 @@ HOLD = ["sleep", "2147483647"]       # what the job container runs: nothing, for
 CLI_TIMEOUT = 120.0                  # a docker command on a loaded host
 START_TIMEOUT = 60.0                 # docker run --detach until the container runs
 STOP_GRACE = 30.0                    # a server's clean shutdown (MariaDB's) on SIGTERM
+# What Docker applies of `--cpus`: a CFS quota per 100 ms period, in whole microseconds, of
+# at least the kernel's 1 ms. Below 0.01 CPUs the quota rounds to nothing (0.0000001 CPUs
+# ran unthrottled), or the kernel refuses it; more than the host's CPUs Docker refuses.
+CFS_PERIOD_US = 100_000
+MIN_CPUS = Fraction(1_000, CFS_PERIOD_US)
+# Docker refuses a memory limit below 6 MiB ("Minimum memory limit allowed is 6MB").
+MIN_MEMORY = 6 << 20
+# A cgroup v1 memory limit at least this large is no limit (the kernel's "unlimited" is
+# LONG_MAX rounded down to a page).
+UNLIMITED = 1 << 62
 
 
 def cli() -> list[str]:
@@ -97,13 +110,16 @@ def docker(*args: str, timeout: float = CLI_TIMEOUT, env: dict[str, str] | None 
 
 def must(what: str, *args: str, timeout: float = CLI_TIMEOUT,
          env: dict[str, str] | None = None) -> str:
-    """Run a docker command; its stdout, or VmtaxError naming what failed and why."""
+    """Run a docker command; its stdout, or VmtaxError naming what failed and why: the
+    engine's whole message in one line (its last line is only the CLI's "Run 'docker run
+    --help'")."""
     done = docker(*args, timeout=timeout, env=env)
     if done.exit_code != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        why = lines[-1] if lines else ("timed out" if done.timed_out
-                                       else f"exit status {done.exit_code}")
-        raise VmtaxError(f"docker: {what} failed: {why[:300]}")
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines()
+                 if line.strip()]
+        why = " | ".join(lines) if lines else ("timed out" if done.timed_out
+                                               else f"exit status {done.exit_code}")
+        raise VmtaxError(f"docker: {what} failed: {why[:1000]}")
     return done.stdout
 
 
@@ -177,6 +193,38 @@ def namespace_pids(pid: int) -> list[int]:
     return found
 
 
+def enforced(pid: int) -> dict[str, Any]:
+    """The CPU and memory limits the kernel enforces on process pid's cgroups: "cpus" as
+    CFS quota over period, "memory" in bytes (None: no limit), on cgroup v1 or v2."""
+    found: dict[str, Any] = {"cpus": None, "memory": None}
+    own = runtime_cgroup.own_cgroups(f"/proc/{pid}/cgroup")
+    for point, controllers in runtime_cgroup.hierarchies():
+        if controllers not in own:
+            continue
+        at = Path(point + own[controllers])
+        v2 = controllers == {""}
+        if v2 or "cpu" in controllers:
+            quota, period = ((_number(at / "cpu.max"), _number(at / "cpu.max", 1)) if v2 else
+                             (_number(at / "cpu.cfs_quota_us"), _number(at / "cpu.cfs_period_us")))
+            if quota and period:
+                found["cpus"] = quota / period
+        if v2 or "memory" in controllers:
+            memory = _number(at / ("memory.max" if v2 else "memory.limit_in_bytes"))
+            if memory is not None and memory < UNLIMITED:
+                found["memory"] = memory
+    return found
+
+
+def _number(path: Path, field: int = 0) -> int | None:
+    """The field-th word of a cgroup file as a number; None for none there ("max", v1's
+    "-1") or no file."""
+    try:
+        word = path.read_text().split()[field]
+    except (OSError, IndexError):
+        return None
+    return int(word) if word.isdigit() else None
+
+
 class Docker(Runtime):
     name = "docker"
     description = ("Docker (dockerd, containerd, runc): vmtax's rootfs imported as an image, "
@@ -211,6 +259,25 @@ class Docker(Runtime):
             return "vmtax must run as root to start dockerd and reach its socket"
         return why
 
+    @classmethod
+    def option_problems(cls, options: plugin.Options) -> list[tuple[str, str]]:
+        values = options.values()
+        cpus, memory = values.get("cpu_limit"), values.get("memory_limit")
+        found = []
+        if cpus is not None:
+            available = len(os.sched_getaffinity(0))
+            exact = Fraction(repr(cpus))
+            if not MIN_CPUS <= exact <= available:
+                found.append(("cpu_limit", f"from {float(MIN_CPUS):g} to {available} CPUs: "
+                              "Docker refuses more than the host has, and applies no limit "
+                              "at all below 0.01"))
+            elif (exact * 10**9).denominator != 1:
+                found.append(("cpu_limit", "at most 9 decimal places (Docker refuses a "
+                                           "finer --cpus)"))
+        if memory is not None and size_bytes(memory) < MIN_MEMORY:
+            found.append(("memory_limit", "at least 6M (Docker's minimum)"))
+        return found
+
     def __init__(self, binary: str, home: Path, cpus: list[int] | None = None):
         super().__init__(binary, home, cpus)
         self.id = uuid.uuid4().hex[:8]
@@ -224,6 +291,7 @@ class Docker(Runtime):
         self.jobs_address: str | None = None # its address on the bridge network
         self.jobs_pid: int | None = None     # its init, as the host sees it
         self._tokens: list[int] = []         # the network, then the job container
+        self._limits: dict[str, Any] = {}    # as Docker and the kernel report them applied
 
     # -- what the target sees ----------------------------------------------------------
 
@@ -263,6 +331,32 @@ class Docker(Runtime):
         must("starting the job container",
              *self.run_args(self.jobs, Job(HOLD), data=True))
         self.jobs_pid, self.jobs_address = self.state(self.jobs)
+        self._limits = self.applied_limits(self.jobs, self.jobs_pid)
+
+    def applied_limits(self, container: str, pid: int) -> dict[str, Any]:
+        """The container's limits as Docker reports them (its HostConfig) and as the kernel
+        enforces them (its cgroups); VmtaxError when a limit the plan asks for is not
+        enforced, so that no result passes for one measured under it."""
+        out = must("inspecting a container", "inspect", "--format",
+                   "{{json .HostConfig}}", container)
+        config = json.loads(out)
+        limits = {"docker": {key: config.get(key) for key in (
+                      "NanoCpus", "CpuQuota", "CpuPeriod", "CpusetCpus", "Memory",
+                      "MemorySwap")},
+                  "enforced": enforced(pid)}
+        wanted, applied = self.settings["cpu_limit"], limits["enforced"]["cpus"]
+        if wanted and (applied is None or abs(applied - wanted) > 1 / CFS_PERIOD_US):
+            raise VmtaxError(f"docker: cpu_limit {wanted:g} asked for, but the container's "
+                             f"cgroup enforces {f'{applied:g} CPUs' if applied else 'no limit'}")
+        memory, applied = self.settings["memory_limit"], limits["enforced"]["memory"]
+        if memory and (applied is None   # the kernel rounds it down to whole pages
+                       or abs(applied - size_bytes(memory)) >= os.sysconf("SC_PAGE_SIZE")):
+            raise VmtaxError(f"docker: memory_limit {memory} asked for, but the container's "
+                             f"cgroup enforces {f'{applied} bytes' if applied else 'no limit'}")
+        return limits
+
+    def limits(self) -> dict[str, Any]:
+        return dict(self._limits)
 
     def detach(self) -> None:
         while self._tokens and self.journal is not None:

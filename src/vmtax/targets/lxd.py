@@ -16,13 +16,17 @@ a count LXD places and balances; or `pin`, a set of host CPUs) and `limits.memor
 
 What vmtax makes in LXD it makes for itself and removes: a `dir` storage pool and a profile
 per target (the profile holds the root disk on that pool, the limits and read-only disks
-for the host trees the workloads read), the containers, and the daemon when none ran.
-Each is journaled before it is made and undone newest first, so on exit, Ctrl-C or after
-`kill -9` (the guardian) the containers go while LXD still answers, then the profile and
-the pool, and the daemon last. LXD's existing configuration (its default profile, its
-pools, its networks) is never read into a container nor changed, so no `lxd init` is
-needed: a never-initialised LXD stays uninitialised (`lxd init --auto` fails here anyway,
-finding no unused IPv4 subnet for lxdbr0). LXD still writes its database under
+for the host trees the workloads read), the containers with the log directory LXD keeps of
+each (/var/log/lxd/<name>, which LXD leaves when it deletes one), and the daemon when none
+ran. Each is journaled before it is made and undone newest first, so on exit, Ctrl-C or
+after `kill -9` (the guardian) the containers go while LXD still answers, then the profile
+and the pool, and the daemon last. What LXD refuses to delete yet (a container that failed
+to start is busy with LXD's own stop of it for seconds, its profile in use meanwhile) stays
+journaled, the daemon with it, and is retried in the same order. LXD's existing
+configuration (its default profile, its pools, its networks) is never read into a
+container nor changed, so no `lxd init` is needed: a never-initialised LXD stays
+uninitialised (`lxd init --auto` fails here anyway, finding no unused IPv4 subnet for
+lxdbr0). LXD still writes its database under
 /var/lib/lxd the first time it starts, and tries to fetch its instance types from
 images.linuxcontainers.org at each start (refused here: no network beyond the registries).
 
@@ -42,6 +46,7 @@ same journal discipline: the container (`lxc-stop --kill`), then its directory.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
@@ -334,7 +339,9 @@ class LxdTarget(Target):
                 "privileged": self.opts.privileged, "cpus": self.opts.cpus,
                 "pin": self.opts.pin, "memory": self.opts.memory}
         except BaseException:
-            self.cleanup()
+            # Why it failed is what is raised; what cleanup() cannot undo stays journaled.
+            with contextlib.suppress(Exception):
+                self.cleanup()
             raise
 
     def _versions(self) -> dict[str, Any]:
@@ -393,13 +400,16 @@ class LxdTarget(Target):
     def cleanup(self) -> None:
         for handle in list(self._servers):
             self.stop_server(Endpoint("", 0, handle=handle))
-        if self._main is not None:
-            self._main.stop()
-            self._main = None
-        for token in reversed(self._tokens):
-            self.ctx.journal.undo(token)
-        self._tokens = []
+        main, self._main = self._main, None
+        tokens, self._tokens = self._tokens, []
         self._source = self.image = self.lxcpath = None
+        # Newest first; the first that fails stops the rest, which need it gone (a profile
+        # in use by the container), and leaves them all journaled: the journal's undo
+        # retries them in the same order.
+        if main is not None:
+            main.stop()
+        for token in reversed(tokens):
+            self.ctx.journal.undo(token)
 
     def fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -59,6 +60,31 @@ def _parent(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def oom_killed(cgroup: str, kmsg: str = "/dev/kmsg") -> list[str]:
+    """The processes the kernel's OOM killer killed for want of memory in cgroup, by the
+    kernel's log ("lxd (pid 5118)"); none where that log cannot be read."""
+    pattern = re.compile(rf"oom_memcg={re.escape(cgroup)},.*?task=([^,]*),pid=(\d+)")
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return []
+    found = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode(errors="replace")
+            except BlockingIOError:   # read to its end
+                break
+            except OSError:           # a record overwritten while it was read: the next
+                continue
+            if not record:
+                break
+            found += [f"{m[1]} (pid {m[2]})" for m in pattern.finditer(record)]
+    finally:
+        os.close(fd)
+    return found
 
 
 def _last_words(exit_code: Any, out: str, err: str) -> str:
@@ -176,12 +202,19 @@ class LxdInstance(SystemContainer):
             "source": {"type": "image", "alias": self.image},
             # Never started again by a restarted daemon: vmtax's instances are its own.
             "config": {"boot.autostart": "false"}})
-        self.client.do("PUT", f"/1.0/instances/{self.lxd_name}/state",
-                       {"action": "start", "timeout": 30})
+        try:
+            self.client.start(self.lxd_name)
+        except lxd_api.LxdError as exc:
+            # Neither LXD nor LXC says that a process starting the container ran out of
+            # memory in it (`memory = "1K"`); the kernel's log does.
+            killed = oom_killed(f"/lxc.payload.{self.lxd_name}")
+            raise TargetError(f"{self.name}: {exc}" + (
+                f"; the kernel's OOM killer killed {', '.join(killed)} in the container's "
+                "memory cgroup: its memory limit is too small" if killed else "")) from None
         return self.client.init_pid(self.lxd_name)
 
     def _remove(self) -> None:
-        if self._token is not None:
+        if self._token is not None:   # stays journaled if LXD cannot delete it yet
             self.journal.undo(self._token)
             self._token = None
 

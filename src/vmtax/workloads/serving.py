@@ -272,8 +272,12 @@ class Serving(Workload):
 
     def server_job(self) -> Job:
         o = self.options
-        # Every address of the target, unless the target names one (the bare host: loopback).
-        argv = ["busybox", "sh", "-c", f'exec "$@" -listen "${{VMTAX_LISTEN:-}}:{PORT}"',
+        # Every address of the target, unless the target names one (the bare host: loopback);
+        # scratch files in the target's memory directory if it names one (the bare host:
+        # one it journaled), else in one the server makes in the target's /dev/shm.
+        memory = '${VMTAX_MEMORY_DIR:+-tmp "$VMTAX_MEMORY_DIR"}'
+        argv = ["busybox", "sh", "-c",
+                f'exec "$@" {memory} -listen "${{VMTAX_LISTEN:-}}:{PORT}"',
                 "httpd", str(serving_tools.httpd_path()), "-disk", "uploads",
                 "-max-body", str(size_bytes(o.max_body)),
                 "-max-download", str(size_bytes(o.download_size))]
