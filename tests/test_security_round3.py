@@ -205,3 +205,78 @@ def test_two_spellings_of_one_density_target_are_refused(tmp_path):
                     f'[targets."{CAFE_DECOMPOSED}"]\nkind = "container"\n')
     with pytest.raises(VmtaxError, match="are one name in Unicode's composed form"):
         cli_density.load_plan(str(path))
+
+
+# -- 6: symbols a profile found reach the terminal escaped --------------------------------
+
+PW = "evil\x1b]0:PW\x07"   # no ";": folded stacks split on it
+
+
+def test_profiled_symbols_reach_the_terminal_escaped(tmp_path):
+    from test_profile_cli import store_cell
+
+    from vmtax.results.store import Store
+
+    results = str(tmp_path / "r")
+    store = Store(results)
+    run = store.new_run({"name": "pair"}, {}, "test")
+    for target, (own, other) in (("native", (60, 40)), ("vm:tcg", (90, 10))):
+        store_cell(store, run, target, [("sysbench", f"sysbench;main;{PW}", own),
+                                        ("sysbench", "sysbench;main;x", other)], 100.0, 1.0)
+    store.finish_run(run, "done")
+    store.close()
+    for args in (["profile", "last:native"], ["profile", "diff", "last:native", "last:vm:tcg"]):
+        done = CliRunner().invoke(cli, [*args, "--results", results], env={"COLUMNS": "200"})
+        assert done.exit_code == 0, (done.output, done.exception)
+        assert "\x1b" not in done.output and "\x07" not in done.output, args
+        assert "evil\\x1b]0:PW\\x07" in done.output, args
+
+
+def test_markup_escapes_controls_and_markup():
+    from vmtax.core.text import markup
+
+    assert markup("[b]a\x1b[31m\nb") == "\\[b]a\\x1b[31m\nb"
+
+
+# -- 7: control characters in CSV cells are escaped as on the terminal ----------------------
+
+HOSTILE_REASON = "\x1b]0;PWN\x07\x1b[31mHLT"
+
+
+def test_an_imported_reports_reason_is_escaped_in_csv(tmp_path):
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "fixtures" / "perf_kvm" / "classic-vmx.txt").read_text()
+    hostile = tmp_path / "hostile.txt"
+    hostile.write_text(text.replace("HLT", HOSTILE_REASON, 1))
+    results = str(tmp_path / "r")
+    assert CliRunner().invoke(cli, ["exits", "import", str(hostile), "--label", "cap",
+                                    "--results", results]).exit_code == 0
+    for fmt in ("csv", "benchstat"):
+        done = CliRunner().invoke(cli, ["export", "cap", f"--{fmt}", "-", "--results", results])
+        if fmt == "benchstat":   # an imported report has no repetitions for benchstat
+            assert "imported perf kvm stat report" in str(done.exception)
+            continue
+        assert done.exit_code == 0, done.output
+        assert not [c for c in done.output if not (c.isprintable() or c == "\n")]
+        assert "\\x1b]0;PWN\\x07\\x1b[31mHLT" in done.output
+
+
+def test_a_fingerprint_with_escapes_is_escaped_in_csv_and_benchstat(tmp_path):
+    from vmtax.core.types import Metric
+    from vmtax.report import export
+    from vmtax.results.store import Store
+
+    store = Store(tmp_path)
+    run_id = store.new_run({"targets": [{"name": "vm", "kind": "vm", "options": {}}]},
+                           {"cpu_model": f"cpu{PW}"}, "0")
+    store.set_target(run_id, "vm", "vm", {"qemu_version": f"QEMU {PW}"})
+    store.add_rep(run_id, target="vm", workload="cpu", params={f"p{PW}": f"v{PW}"},
+                  phase="measure", idx=0, status="ok", argv=["x"], started=1.0,
+                  metrics=[Metric("events/s", 1.0, "events/s", True)])
+    store.finish_run(run_id, "done")
+    run = Store(tmp_path, readonly=True).load_run(run_id)
+    for data in (export.to_csv(run), export.to_benchstat(run)):
+        text = data.decode()
+        assert not [c for c in text if not (c.isprintable() or c == "\n")]
+        assert "evil\\x1b]0:PW\\x07" in text

@@ -16,7 +16,6 @@ import os
 import time
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
 from vmtax.cli import bounds
@@ -24,6 +23,7 @@ from vmtax.cli.density import err, out, results_option, session
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.core.types import Metric
 from vmtax.studies import boot as boottime
 from vmtax.studies.density import instance_specs, stored_plan

@@ -18,7 +18,6 @@ from typing import Any, Iterable, Iterator
 import click
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from vmtax.cli import bounds
@@ -26,6 +25,7 @@ from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import unique_names
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import ksm, proc
 from vmtax.results.store import Store
 from vmtax.studies import density, planfile

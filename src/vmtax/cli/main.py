@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -31,6 +30,7 @@ from vmtax.cli import bounds
 from vmtax.core.errors import VmtaxError
 from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import build_progress, guardian, journal, proc
 from vmtax.results.store import Store
 

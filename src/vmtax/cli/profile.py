@@ -10,11 +10,11 @@ from dataclasses import asdict
 import click
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from vmtax.cli import bounds
 from vmtax.analysis import profile
+from vmtax.cli import bounds
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.results.store import Store
 
 out = Console(highlight=False)

@@ -12,13 +12,13 @@ import math
 import sys
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
-from vmtax.cli import bounds
 from vmtax.analysis import tune as tuning
+from vmtax.cli import bounds
 from vmtax.cli.main import ProgressReporter, _csv, _print_json, err, out, results_option
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import guardian, journal, proc
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod

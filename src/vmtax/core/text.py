@@ -15,6 +15,8 @@ import os
 import stat
 import unicodedata
 
+from rich.markup import escape
+
 from vmtax.core.errors import VmtaxError
 
 
@@ -31,6 +33,12 @@ def printable(text: str, newlines: bool = False) -> str:
         return text
     return "".join(c if c.isprintable() or (newlines and c == "\n")
                    else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def markup(text: str) -> str:
+    """Text from outside (a name, a symbol, an error) as rich markup that prints it as it
+    is: its control characters escaped (`printable`, newlines kept) and its markup too."""
+    return escape(printable(text, newlines=True))
 
 
 def check_printable(text: str, what: str) -> str:
