@@ -17,7 +17,7 @@ from vmtax.host import kvm
     (["run", "--workloads", "nosuchload"],
      "vmtax: error: unknown workload 'nosuchload'; known workloads: "),
     (["run", "--runs", "many"],
-     "vmtax: error: --runs takes a whole number (1 or more) or 'auto', got 'many'"),
+     "vmtax: error: --runs takes a whole number from 1 to 1000000000 or 'auto', got 'many'"),
     (["run", "--runs", "auto", "--min-runs", "9", "--max-runs", "3"],
      "vmtax: error: --max-runs (3) must be at least --min-runs (9)"),
     (["run", "--targets", "vm", "--qemu", "/nonexistent/qemu-system-x86_64", "--workloads", "cpu"],

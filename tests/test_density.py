@@ -154,7 +154,8 @@ def test_plan_file_with_quick_form(tmp_path):
     (f"max = -1\n{TARGETS}", "max: expected"),
     ('[targets.c]\nkind = "nope"\n', "targets.c.kind: expected one of"),
     ('[targets.v]\nkind = "vm"\nvcpus = 0\n', "targets.v: vcpus: expected"),
-    ("max = \n", "not valid TOML"),
+    ("max = \n", "invalid TOML"),
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested more than 32 levels"),
     ('[targets."c\\u001b]0;x"]\nkind = "container"\n',
      r"targets: 'c\\x1b\]0;x' holds control characters"),
 ])

@@ -78,7 +78,7 @@ def test_defaults_and_plan_time():
     ({"jobs": ["read", "read"]}, "fio: jobs: expected a non-empty list of distinct jobs"),
     ({"jobs": ["randrw"]}, "fio: jobs:"),
     ({"size": "256"}, 'fio: size: expected a size like "2G"'),
-    ({"runtime": 0}, "fio: runtime: expected a whole number of at least 1"),
+    ({"runtime": 0}, "fio: runtime: expected a whole number from 1 to 86400"),
     ({"numjobs": 0}, "fio: numjobs:"),
     ({"direct": "yes"}, "fio: direct: expected true or false"),
     ({"block_size_seq": "1G"}, "fio: block_size_seq: expected a block size no larger than "

@@ -65,7 +65,7 @@ def test_a_bad_timeout_is_one_line(value, got):
     with pytest.raises(planfile.PlanError) as caught:
         planfile.loads(f"timeout = {value}\n" + BIG_MUTEX, "x.toml")
     assert str(caught.value) == ("x.toml:1: timeout: expected a positive number of seconds, "
-                                 f"got {got}")
+                                 f"at most 86400 (a day), got {got}")
 
 
 @pytest.mark.live

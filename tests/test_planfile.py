@@ -269,16 +269,16 @@ ERRORS = [
      'drop_caches, max_runs, ci_target, collect, timeout, name, targets, workloads, quick, '
      'got "rnus" (did you mean "runs"?)'),
     ("runs = 0\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
-     "x.toml:1: runs: expected a whole number of at least 1, got 0"),
+     "x.toml:1: runs: expected a whole number from 1 to 1000000000, got 0"),
     ("warmup = -1\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
-     "x.toml:1: warmup: expected a whole number of at least 0, got -1"),
+     "x.toml:1: warmup: expected a whole number from 0 to 1000000000, got -1"),
     ("runs = true\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
-     "x.toml:1: runs: expected a whole number of at least 1, got true"),
+     "x.toml:1: runs: expected a whole number from 1 to 1000000000, got true"),
     ("time = 1.5\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
-     "x.toml:1: time: expected a whole number of seconds, at least 1, or false for no limit, "
+     "x.toml:1: time: expected a whole number of seconds from 1 to 86400, or false for no limit, "
      "got 1.5"),
     ('time = "2"\n' + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
-     'x.toml:1: time: expected a whole number of seconds, at least 1, or false for no limit, '
+     'x.toml:1: time: expected a whole number of seconds from 1 to 86400, or false for no limit, '
      'got "2"'),
     ('interleave = "yes"\n' + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      'x.toml:1: interleave: expected true or false, got "yes"'),
@@ -307,17 +307,18 @@ ERRORS = [
     ("[targets.vm]\naccel = 'xen'\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm.accel: expected one of "auto", "kvm", "tcg", got "xen"'),
     ("[targets.vm]\nvcpus = [\n  1,\n  0,\n]\n[[workloads]]\nname = 'cpu'",
-     "x.toml:4: targets.vm.vcpus[1]: expected a whole number of at least 1, got 0"),
+     "x.toml:4: targets.vm.vcpus[1]: expected a whole number from 1 to 1000000000, got 0"),
     ("[targets.vm]\nvcpus = '2'\n[[workloads]]\nname = 'cpu'",
-     'x.toml:2: targets.vm.vcpus: expected a whole number of at least 1, got "2"'),
+     'x.toml:2: targets.vm.vcpus: expected a whole number from 1 to 1000000000, got "2"'),
     ("[targets.vm]\nmemory = 2048\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm.memory: expected a size like "2G", got 2048'),
     ("[targets.vm]\nboot_timeout = 0\n[[workloads]]\nname = 'cpu'",
-     "x.toml:2: targets.vm.boot_timeout: expected a positive number of seconds, got 0"),
+     "x.toml:2: targets.vm.boot_timeout: expected a positive number of seconds, at most "
+     "86400 (a day), got 0"),
     ("[targets.vm]\nhugepages = '4M'\n[[workloads]]\nname = 'cpu'",
      'x.toml:2: targets.vm.hugepages: expected one of "2M", "1G", "none", got "4M"'),
     ("[targets.vm]\nguest_hugepages = -1\n[[workloads]]\nname = 'cpu'",
-     "x.toml:2: targets.vm.guest_hugepages: expected a whole number of at least 0, got -1"),
+     "x.toml:2: targets.vm.guest_hugepages: expected a whole number from 0 to 1000000000, got -1"),
     ("[targets.vm]\npin = [0, 4096]\n[[workloads]]\nname = 'cpu'",
      "x.toml:2: targets.vm.pin: expected distinct host CPUs vmtax may use, as a list or a "
      f'cpuset like "0-1" (usable here: {option_types.cpulist(CPUS)}), or "none", got [0, 4096]'),
@@ -395,12 +396,13 @@ def test_each_problem_is_one_line_naming_file_line_and_key(text, message):
      'x.toml:6: workloads[0].params.memory-block-size: expected a size like "8K" or "1G", '
      'or a number of bytes, got "big"'),
     ("{ threads = 1.5 }",
-     "x.toml:6: workloads[0].params.threads: expected a whole number of at least 1, got 1.5"),
+     "x.toml:6: workloads[0].params.threads: expected a whole number from 1 to 1000000000, "
+     "got 1.5"),
     ("{ memory-hugetlb = 'yes' }",
      'x.toml:6: workloads[0].params.memory-hugetlb: expected "on", "off", true or false, '
      'got "yes"'),
     ("{ threads = [1, 'two'] }",
-     'x.toml:6: workloads[0].params.threads[1]: expected a whole number of at least 1, '
+     'x.toml:6: workloads[0].params.threads[1]: expected a whole number from 1 to 1000000000, '
      'got "two"'),
 ])
 def test_workload_params_are_checked_against_sysbench(params, message):
@@ -410,8 +412,8 @@ def test_workload_params_are_checked_against_sysbench(params, message):
 
 def test_a_problem_the_workload_finds_is_placed_at_its_param():
     [line] = problems(TWO_TARGETS + "[[workloads]]\nname = 'cpu'\nparams = { time = 0 }")
-    assert line == ("x.toml:6: workloads[0].params.time: expected a whole number of at least 1, "
-                    "got 0")
+    assert line == ("x.toml:6: workloads[0].params.time: expected a whole number from 1 to "
+                    "86400, got 0")
 
 
 def test_toml_syntax_errors_keep_line_and_column():
@@ -730,7 +732,7 @@ def test_quick_problems_are_named_and_placed_at_the_quick_table():
             .replace('"4K" }', '"4K", cpu-max-time = 1 }')
             + "    [quick.targets.nope]\n")
     assert problems(text) == [
-        "x.toml:14: quick.runs: expected a whole number of at least 1, got 0",
+        "x.toml:14: quick.runs: expected a whole number from 1 to 1000000000, got 0",
         'x.toml:16: quick: expected one of runs, warmup, time, baseline, interleave, '
         'drop_caches, max_runs, ci_target, collect, timeout, name, targets, params, got "extra"',
         'x.toml:17: quick.params: expected a param of a workload of the plan (cpu, memory), '
@@ -746,7 +748,8 @@ def test_both_forms_are_checked_and_a_shared_problem_is_reported_once():
                               'got "lots"']
     with pytest.raises(PlanError) as err:
         planfile.loads(textwrap.dedent(QUICK.replace("runs = 1", "runs = 0")), "x.toml")
-    assert err.value.lines == ["x.toml:14: quick.runs: expected a whole number of at least 1, "
+    assert err.value.lines == ["x.toml:14: quick.runs: expected a whole number from 1 to "
+                               "1000000000, "
                                "got 0"]
 
 

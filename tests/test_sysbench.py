@@ -342,9 +342,9 @@ def test_other_workloads_have_no_prepare_or_cleanup():
 
 
 @pytest.mark.parametrize("cls, params, message", [
-    (Cpu, {"time": 1.5}, "time: expected a whole number of at least 1"),
-    (Cpu, {"time": 0}, "time: expected a whole number of at least 1"),
-    (Threads, {"time": "10"}, "time: expected a whole number of at least 1"),
+    (Cpu, {"time": 1.5}, "time: expected a whole number from 1 to 86400"),
+    (Cpu, {"time": 0}, "time: expected a whole number from 1 to 86400"),
+    (Threads, {"time": "10"}, "time: expected a whole number from 1 to 86400"),
     (Cpu, {"cpu-max-prime": [2000, 4000]}, "cpu-max-prime: expected a whole number"),
     (Cpu, {"cpu-max-prime": None}, "cpu-max-prime: expected a whole number"),
     (Memory, {"memory-oper": ""}, 'memory-oper: expected one of "read", "write", "none"'),

@@ -576,7 +576,7 @@ def test_option_problems(options, problem):
 
 @pytest.mark.parametrize("option, value, expected", [
     ("hugepages", "4M", 'one of "2M", "1G", "none"'),
-    ("guest_hugepages", -1, "a whole number of at least 0"),
+    ("guest_hugepages", -1, "a whole number from 0 to 1000000000"),
     ("pin", [0, 0], "distinct host CPUs vmtax may use"),
     ("pin", [4096], "distinct host CPUs vmtax may use"),
     ("pin", "0-4096", "distinct host CPUs vmtax may use"),

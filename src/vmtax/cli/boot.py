@@ -16,13 +16,14 @@ import os
 import time
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
+from vmtax.cli import bounds
 from vmtax.cli.density import err, out, results_option, session
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.core.types import Metric
 from vmtax.studies import boot as boottime
 from vmtax.studies.density import instance_specs, stored_plan
@@ -60,11 +61,11 @@ def with_kernel(specs: dict[str, TargetSpec], kernel: str,
 @click.command("boot")
 @click.option("--target", "target_names", required=True, metavar="NAME[,NAME...]",
               help="Target(s) to start, e.g. vm:tcg or container,vm:tcg.")
-@click.option("--count", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--count", type=bounds.count(), default=20, show_default=True,
               help="Measured cold starts per target.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+@click.option("--warmup", type=bounds.count(0), default=1, show_default=True,
               help="Unrecorded starts first (builds the image and rootfs caches).")
-@click.option("--http-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+@click.option("--http-timeout", type=bounds.seconds(), default=60.0, show_default=True,
               help="Seconds an instance may take to answer HTTP.")
 @click.option("--kernel", metavar="KERNEL", help='Guest kernel of the vm targets: "debian", '
               '"debian-rt", "minimal" or a path. [default: the target\'s, "debian"]')

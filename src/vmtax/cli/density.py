@@ -13,19 +13,19 @@ import os
 import platform
 import sys
 import time
-import tomllib
 from typing import Any, Iterable, Iterator
 
 import click
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from vmtax.cli import bounds
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
-from vmtax.core.text import check_printable
+from vmtax.core.text import unique_names
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import ksm, proc
 from vmtax.results.store import Store
 from vmtax.studies import density, planfile
@@ -59,10 +59,7 @@ def session(results: str) -> Iterator[Session]:
 
 def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
     """(settings values, targets) of a density plan file; errors name the file and key."""
-    try:
-        data = tomllib.loads(planfile.read_text(path))
-    except tomllib.TOMLDecodeError as exc:
-        raise VmtaxError(f"{path}: not valid TOML: {exc}") from None
+    data = planfile.parse(planfile.read_text(path), path)
     if "workloads" in data:
         raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
                          f"run it with `vmtax run {path}`")
@@ -76,8 +73,8 @@ def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str,
             raise VmtaxError(f"{path}: quick: expected a table, got {quick_values!r}")
         data.update(quick_values)
     specs = {}
-    for name, table in tables.items():
-        check_printable(name, f"{path}: targets")   # a name is shown and stored
+    # A name is shown and stored: printable, composed (NFC), one of its kind.
+    for name, table in zip(unique_names(list(tables), f"{path}: targets"), tables.values()):
         if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
             kinds = " or ".join(f'"{kind}"' for kind in density.instance_kinds())
             raise VmtaxError(f"{path}: targets.{name}: expected a table with kind = "
@@ -194,11 +191,11 @@ def comparison_json(studies: list[density.StoredStudy]) -> dict[str, Any]:
 @click.option("--targets", "target_names", metavar="NAME,...",
               help="Targets to fill the host with, e.g. container,vm:tcg. [default: those "
                    "of the plan, else container]")
-@click.option("--max", "max_", type=click.IntRange(min=1), help="Start up to N instances. "
+@click.option("--max", "max_", type=bounds.count(), help="Start up to N instances. "
               "[default: 100]")
-@click.option("--batch", type=click.IntRange(min=1), help="Instances per step after the "
+@click.option("--batch", type=bounds.count(), help="Instances per step after the "
               "first ones, started singly. [default: 10]")
-@click.option("--singles", type=click.IntRange(min=1), help="Instances started one at a "
+@click.option("--singles", type=bounds.count(), help="Instances started one at a "
               "time first. [default: 10]")
 @click.option("--budget", metavar="PCT%|SIZE", help="Memory the instances may take. "
               "[default: 75%]")

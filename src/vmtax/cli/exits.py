@@ -28,6 +28,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from vmtax import __version__
+from vmtax.cli import bounds
+from vmtax.core.limits import MAX_SECONDS
 from vmtax.core import collector, workload
 from vmtax.core.errors import ParseError, VmtaxError
 from vmtax.core.text import printable, read_user_file
@@ -54,7 +56,7 @@ event_option = click.option(
     "--event", type=click.Choice(list(perf_kvm.EVENTS.values())), default="vmexit",
     show_default=True, help="Which event kind's table (the collector's `events` option).")
 vcpu_option = click.option(
-    "--vcpu", type=click.IntRange(min=0), metavar="N",
+    "--vcpu", type=bounds.count(0), metavar="N",
     help="One vCPU's table (recorded with the collector's per_vcpu option); default: all.")
 
 
@@ -373,7 +375,8 @@ def diff(a, b, event, vcpu, results, as_json) -> None:
 @click.option("--label", required=True, metavar="NAME",
               help="The name the report is stored, shown and diffed under: its target, "
                    "and a name of its run (a later import of the label takes the name).")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), metavar="S",
+@click.option("--seconds", type=bounds.seconds(0, low_open=True, high=30 * MAX_SECONDS),
+              metavar="S",
               help="How long the recording ran, for exits per second.")
 @results_option
 def import_command(file, label, seconds, results) -> None:

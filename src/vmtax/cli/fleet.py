@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.results.store import Store
 
 if TYPE_CHECKING:

@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from vmtax.core.text import markup as escape  # control characters too
 
 out = Console(highlight=False)
 

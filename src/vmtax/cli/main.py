@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,8 +26,11 @@ from rich.progress import (
 from rich.text import Text
 
 from vmtax import __version__
+from vmtax.cli import bounds
 from vmtax.core.errors import VmtaxError
+from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import build_progress, guardian, journal, proc
 from vmtax.results.store import Store
 
@@ -327,16 +329,16 @@ def cli(ctx: click.Context) -> None:
 @click.option("--runs", show_default=True, metavar="N|auto",
               help="Measured repetitions per target and workload; 'auto' repeats until the "
                    "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
-@click.option("--min-runs", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--min-runs", type=bounds.count(), default=5, show_default=True,
               help="With --runs auto: runs before precision is judged.")
-@click.option("--max-runs", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--max-runs", type=bounds.count(), default=20, show_default=True,
               help="With --runs auto: give up (and flag it) after this many runs.")
 @click.option("--ci-target", type=click.FloatRange(0, 100, min_open=True, max_open=True),
               default=2.0, show_default=True, metavar="PCT",
               help="With --runs auto: wanted CI half-width, percent of the median.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+@click.option("--warmup", type=bounds.count(0), default=1, show_default=True,
               help="Warm-up repetitions run first and discarded.")
-@click.option("--time", "time_", type=click.IntRange(min=1), show_default=True,
+@click.option("--time", "time_", type=bounds.seconds(whole=True), show_default=True,
               help="Seconds each time-bounded workload runs (its declared time option).")
 @click.option("--collect", metavar="NAME,...",
               help="Collectors recording on the host around each cell's measured "
@@ -380,10 +382,11 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
         check_run_name(name)
     if runs == "auto":
         repetitions = dict(runs=min_runs, max_runs=max_runs, ci_target=ci_target / 100)
-    elif runs.isdigit() and int(runs) >= 1:
+    elif runs.isdigit() and 1 <= int(runs) <= MAX_COUNT:
         repetitions = dict(runs=int(runs))
     else:
-        raise VmtaxError(f"--runs takes a whole number (1 or more) or 'auto', got {runs!r}")
+        raise VmtaxError(f"--runs takes a whole number from 1 to {MAX_COUNT} or 'auto', got "
+                         f"{runs!r}")
     target_options = {k: list(v) for k, v in target_options.items() if v}
     target_names, workload_names = _csv(targets, "--targets"), _csv(workloads, "--workloads")
     if quick and not plan_file:

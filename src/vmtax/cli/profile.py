@@ -10,10 +10,11 @@ from dataclasses import asdict
 import click
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from vmtax.analysis import profile
+from vmtax.cli import bounds
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.results.store import Store
 
 out = Console(highlight=False)
@@ -22,7 +23,7 @@ results_option = click.option(
     "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
     show_default=True, type=click.Path(), metavar="DIR",
     help="Results directory (one SQLite database in it).")
-top_option = click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,
+top_option = click.option("--top", type=bounds.count(), default=15, show_default=True,
                           help="Rows per table.")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print JSON instead of tables.")

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.report import export as export_mod
 from vmtax.results.store import IMPORTED, Run, Store
@@ -90,7 +91,9 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
             for rep in reports:
                 for chart in rep.charts:
                     stem = f"{rep.run.id}-{rep.host}" if rep.host else rep.run.id
-                    export_mod.write_file(out_dir / f"{stem}-{chart.slug}.{fmt}",
+                    # A host's name is the fleet's to say: never a path out of out_dir.
+                    export_mod.write_file(paths.under(out_dir, f"{stem}-{chart.slug}.{fmt}",
+                                                      "a figure file"),
                                           plots.render(chart, fmt))
                     written += 1
     click.echo(f"wrote {html_path}" + (f" and {written} figure files" if written else ""))

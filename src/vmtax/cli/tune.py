@@ -12,12 +12,13 @@ import math
 import sys
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
 from vmtax.analysis import tune as tuning
+from vmtax.cli import bounds
 from vmtax.cli.main import ProgressReporter, _csv, _print_json, err, out, results_option
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import guardian, journal, proc
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
@@ -128,7 +129,7 @@ def print_search(search: search_mod.Search) -> None:
                    "(vcpus=4). [default: every knob the target declares]")
 @click.option("--budget", metavar="DURATION",
               help='Time for the whole search, like "30m", "90s", "1h". [default: 30m]')
-@click.option("--time", "time_", type=click.IntRange(min=1),
+@click.option("--time", "time_", type=bounds.seconds(whole=True),
               help="Seconds each time-bounded workload runs.")
 @click.option("--method", type=click.Choice(["holm", "bh"]),
               help="Multiplicity adjustment of the verdicts. [default: holm]")

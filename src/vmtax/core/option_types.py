@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
 
+from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.plugin import Expect
 
 # A bare number is ambiguous (QEMU reads -m 512 as MiB), so a unit is required.
@@ -29,7 +30,8 @@ def size_bytes(size: str) -> int:
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
 
-Seconds = Annotated[float, Field(gt=0), Expect("a positive number of seconds")]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS),
+                    Expect(f"a positive number of seconds, at most {MAX_SECONDS} (a day)")]
 
 
 def cpulist(cpus: set[int] | list[int]) -> str:
@@ -71,9 +73,11 @@ HostCpus = Annotated[list[int], BeforeValidator(_parse_cpuset), AfterValidator(_
 
 
 def _on_path(value: str) -> str:
+    """A program's name as given, or its path made absolute ("../x" resolved from the
+    current directory): what a plan names is the same file wherever vmtax joins it."""
     if shutil.which(value) is None:
         raise ValueError("not found")
-    return value
+    return os.path.abspath(value) if "/" in value else value
 
 
 Program = Annotated[str, AfterValidator(_on_path),
@@ -90,7 +94,7 @@ def _is_file(value: str) -> str:
         found = False
     if not found:
         raise ValueError("missing")
-    return value
+    return os.path.abspath(os.path.expanduser(value))
 
 
 ExistingFile = Annotated[str, AfterValidator(_is_file), Expect("the path of an existing file")]

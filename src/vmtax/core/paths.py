@@ -1,4 +1,5 @@
-"""Where vmtax keeps its cache (guest images, kernels) and its runtime journal.
+"""Where vmtax keeps its cache (guest images, kernels) and its runtime journal, and how a
+path a user names joins a tree of vmtax's (`under`, `inside`: never outside it).
 
 The runtime directory holds the undo journal, whose entries vmtax carries out (it kills,
 removes and runs what they list): a directory another user could write to, or had made
@@ -7,10 +8,12 @@ user of vmtax. So it is made mode 0700 and checked on every use (`check_private`
 """
 
 import os
+import posixpath
 import stat
 from pathlib import Path
 
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import printable
 
 
 def cache_dir() -> Path:
@@ -97,3 +100,28 @@ def _problem(path: Path) -> str | None:
     except OSError as exc:
         return f"cannot be checked ({exc.strerror})"
     return None
+
+
+def inside(root: str, name: str, what: str) -> str:
+    """The POSIX path of name (absolute or relative) under root, as a path in another
+    tree (a remote's, a guest's, a container's): "/usr/bin/x" -> ROOT/usr/bin/x; a
+    VmtaxError naming what when name, once ".." is resolved, would land outside root (or on
+    it), as "../../x" would wherever root is."""
+    root = posixpath.normpath(root)
+    joined = posixpath.normpath(posixpath.join(root, name.lstrip("/")))
+    if posixpath.commonpath([root, joined]) != root or joined == root:
+        raise VmtaxError(f"{what}: '{printable(name)}' would land outside {printable(root)}; "
+                         "expected a path inside it")
+    return joined
+
+
+def under(root: str | os.PathLike[str], name: str | os.PathLike[str], what: str) -> Path:
+    """name joined under the local directory root, as `inside` does, and also refused when a
+    symbolic link already in root would take it outside."""
+    base = os.path.abspath(root)
+    dest = inside(base, os.fspath(name), what)
+    real = os.path.realpath(base)
+    if posixpath.commonpath([real, os.path.realpath(dest)]) != real:
+        raise VmtaxError(f"{what}: '{printable(os.fspath(name))}' leads outside {base} "
+                         "through a symbolic link in it; expected a path inside it")
+    return Path(dest)

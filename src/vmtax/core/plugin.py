@@ -39,10 +39,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from vmtax.core.errors import VmtaxError
+from vmtax.core.limits import MAX_COUNT, MAX_SECONDS
 
 ENTRY_POINT_GROUP = "vmtax.plugins"
 # Packages whose every module is scanned for built-in plugins.
 PACKAGES = ("vmtax.workloads", "vmtax.targets", "vmtax.collectors")
+
+# An option with a lower bound and none above gets this one (unit: its limit).
+_UPPER = {"s": MAX_SECONDS, "ms": MAX_SECONDS * 1000}
 
 
 class Invalid(Exception):
@@ -68,7 +72,12 @@ def option(default: Any, doc: str, *, unit: str | None = None, alias: str | None
 
     tune: the values `vmtax tune` tries for this option (a knob), each as a plan would write
     it; safety: what speed a value buys at the cost of safety, one note for every value or
-    a note per value ({"unsafe": "loses data on a host crash"})."""
+    a note per value ({"unsafe": "loses data on a host crash"}).
+
+    A number with a lower bound and none above is bounded by MAX_SECONDS (unit "s", "ms")
+    or MAX_COUNT, so no value a plan gives overflows what it feeds."""
+    if ({"ge", "gt"} & constraints.keys()) and not ({"le", "lt"} & constraints.keys()):
+        constraints["le"] = _UPPER.get(unit or "", MAX_COUNT)
     extra: dict[str, Any] = {}
     if unit:
         extra["unit"] = unit

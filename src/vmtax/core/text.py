@@ -1,6 +1,8 @@
 """Text from users: names as a terminal may show them, and files read within bounds.
 
-Control characters are refused where names come in (targets, runs, labels: `check_printable`);
+Control characters are refused where names come in (targets, runs, labels: `check_printable`),
+and names are taken in Unicode's composed form (`composed`: NFC), so "café" typed with a
+combining accent is one name, never a second column that looks the same (`unique_names`);
 names stored before that, or read from elsewhere, are shown escaped (`printable`), so an
 ESC or OSC sequence in a name cannot retitle the terminal, hide text or move the cursor.
 A file a user gives (a plan, a report to import) is read by `read_user_file`: a regular
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
+
+from rich.markup import escape
 
 from vmtax.core.errors import VmtaxError
 
@@ -30,6 +35,12 @@ def printable(text: str, newlines: bool = False) -> str:
                    else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def markup(text: str) -> str:
+    """Text from outside (a name, a symbol, an error) as rich markup that prints it as it
+    is: its control characters escaped (`printable`, newlines kept) and its markup too."""
+    return escape(printable(text, newlines=True))
+
+
 def check_printable(text: str, what: str) -> str:
     """text, or a VmtaxError naming what it is (`--name`, `plan.toml: targets`) when it
     holds a control character."""
@@ -37,6 +48,31 @@ def check_printable(text: str, what: str) -> str:
         raise VmtaxError(f"{what}: '{printable(text)}' holds control characters; "
                          "expected printable text")
     return text
+
+
+def composed(text: str) -> str:
+    """text in Unicode's composed form NFC: "cafe\u0301" (an e and a combining accent) is
+    "café", the name a terminal shows for both."""
+    return unicodedata.normalize("NFC", text)
+
+
+def unique_names(names: list[str], what: str) -> list[str]:
+    """names as vmtax keeps them: printable (else a VmtaxError naming what, as
+    `check_printable`) and composed; a VmtaxError names the first two that are one name
+    once composed, though written differently."""
+    written: dict[str, str] = {}
+    for name in names:
+        kept = composed(check_printable(name, what))
+        if written.setdefault(kept, name) != name:
+            raise VmtaxError(f"{what}: '{_code_points(written[kept])}' and "
+                             f"'{_code_points(name)}' are one name in Unicode's composed form "
+                             "(NFC); expected names that differ")
+    return [composed(name) for name in names]
+
+
+def _code_points(text: str) -> str:
+    """text with all but ASCII as escapes: names that look the same, told apart."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def read_user_file(path: str | os.PathLike[str], what: str, limit: int,

@@ -276,12 +276,14 @@ def user_kernel(path: str | Path, cache: Path) -> Kernel:
         else:   # already an ELF, or a format we cannot unpack: QEMU gets the file as is
             boot_path = str(src.resolve())
         version = kernel_version(elf if elf is not None else data) or "unknown"
-        tree = Path("/lib/modules") / version
+        # The release string is the file's to say: a "../" in it must not lead elsewhere.
+        tree = paths.under("/lib/modules", version, f"kernel {path}: its release string")
         modules = ({} if not (tree / "modules.dep").exists()
                    else select_modules(Path("/"), version, tmp / "modules"))
+        config = paths.under("/boot", f"config-{version}", f"kernel {path}: its release string")
         (tmp / "meta.json").write_text(json.dumps(
             {"path": boot_path, "version": version, "sha256": _sha256_bytes(elf or data),
-             "modules": modules, "hz": config_hz(Path("/boot") / f"config-{version}"),
+             "modules": modules, "hz": config_hz(config),
              "source": str(src.resolve())}, indent=1))
         publish_dir(tmp, dest)
     except BaseException:

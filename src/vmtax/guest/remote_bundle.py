@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from vmtax.core import paths
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.guest import rootfs
 from vmtax.host import ssh_session
@@ -65,8 +66,10 @@ def make(binaries: Iterable[str]) -> Bundle:
     loader = None
     for name in sorted(set(binaries)):
         path = rootfs.which(name)
-        programs[name] = f"bin/{name}"
-        files[f"bin/{name}"] = path
+        # bin/NAME with NAME's own path (absolute, or "../x"): never outside the bundle.
+        inside = paths.inside("bin", name, "a program to ship")
+        programs[name] = inside
+        files[inside] = path
         for lib in rootfs.shared_libraries(path):
             inside = f"lib/{lib.name}"
             if files.get(inside, lib).resolve() != lib.resolve():

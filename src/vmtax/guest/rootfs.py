@@ -18,6 +18,7 @@ from typing import Iterable
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import printable
 from vmtax.guest.kernel_cache import build_lock
 
 FORMAT = "1"   # bump when the layout changes, to invalidate caches
@@ -28,11 +29,14 @@ DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "tmp"
 
 
 def which(binary: str) -> Path:
+    """The absolute path of a program: a name on PATH, or a path (a relative one from the
+    current directory, its ".." resolved, so it is the same file wherever it is joined)."""
     found = shutil.which(binary)
     if found is None:
-        raise VmtaxError(f"{binary} is not installed on this host; install it "
-                         f"(Debian: apt-get install {binary}) or run `make run` which does")
-    return Path(found)
+        raise VmtaxError(f"{printable(binary)} is not installed on this host; install it "
+                         f"(Debian: apt-get install {printable(binary)}) or run `make run` "
+                         "which does")
+    return Path(os.path.abspath(found))
 
 
 def busybox() -> Path:
@@ -83,14 +87,14 @@ def populate(root: Path, files: dict[str, Path]) -> None:
     for d in DIRS:
         (root / d).mkdir(parents=True, exist_ok=True)
     for guest_path, host_path in files.items():
-        dest = root / guest_path.lstrip("/")
+        dest = paths.under(root, guest_path, "a program or library for the rootfs")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(host_path, dest)   # follows symlinks: the real bytes
         dest.chmod(0o755)
     applets = subprocess.run([str(files["/bin/busybox"]), "--list-full"],
                              capture_output=True, text=True, check=True).stdout.split()
     for applet in applets:
-        link = root / applet
+        link = paths.under(root, applet, "a busybox applet")
         if not link.exists() and not link.is_symlink():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to("/bin/busybox")

@@ -94,7 +94,7 @@ def bind_readonly(journal: Journal, tree: Path, root: Path) -> int:
     if hidden:
         raise TargetError(f"{tree} is under {hidden}, which containers mount a file system "
                           "of their own on: move it (VMTAX_CACHE)")
-    dest = root / str(tree).lstrip("/")
+    dest = paths.under(root, tree, "a read-only tree for a container")
     dest.mkdir(parents=True, exist_ok=True)
     token = journal.add(type="umount", path=str(dest))
     for argv in (["mount", "--bind", str(tree), str(dest)],

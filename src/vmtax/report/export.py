@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import printable
 from vmtax.core.types import Metric
 from vmtax.results.store import Run
 
@@ -109,21 +110,23 @@ def _is_number(text: str) -> bool:
 
 
 def _csv_value(value: Any) -> Any:
-    """A cell's text; a text that a spreadsheet would take for a formula gets a leading
-    single quote, as spreadsheets expect (numbers, -1.5 too, stay numbers)."""
+    """A cell's text: its control characters escaped as JSON and the terminal escape them
+    (`printable`: "\x1b]0;x", so `export --csv -` cannot drive a terminal either; a
+    newline stays, quoted as CSV does); a text that a spreadsheet would take for a formula
+    gets a leading single quote, as spreadsheets expect (numbers, -1.5 too, stay numbers)."""
     if isinstance(value, (list, dict)):
         value = json.dumps(value)
     if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _is_number(value):
-        return "'" + value
-    return value
+        value = "'" + value
+    return printable(value, newlines=True) if isinstance(value, str) else value
 
 
 def to_csv(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     columns, rows = _rows(run, per_host)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in rows)
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([_csv_value(c) for c in columns])   # parameter names come from plans
+    writer.writerows([_csv_value(row.get(c, "")) for c in columns] for row in rows)
     return buf.getvalue().encode()
 
 
@@ -161,7 +164,8 @@ def to_benchstat(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     one such block per host, its `vmtax-host:` line a column benchstat can split by."""
     if per_host:
         return b"\n".join(to_benchstat(r).replace(b"pkg: vmtax\n",
-                                                  f"pkg: vmtax\nvmtax-host: {_token(h)}\n"
+                                                  f"pkg: vmtax\nvmtax-host: "
+                                                  f"{printable(_token(h))}\n"
                                                   .encode(), 1)
                           for h, r in per_host.items())
     procs = run.host.get("logical_cpus") or 1
@@ -192,7 +196,8 @@ def to_benchstat(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
             values.append(f"{m.value!r} {unit}")
         body.append(f"{name}/{'/'.join(parts)}-{procs} 1 " + " ".join(values))
     lines += [f"Unit {u} better={'higher' if hib else 'lower'}" for u, hib in units.items()]
-    return ("\n".join(lines + [""] + body) + "\n").encode()
+    # Names, parameters and the CPU's model come from outside: escaped, as on the terminal.
+    return "".join(printable(line) + "\n" for line in lines + [""] + body).encode()
 
 
 def write_file(path: str | os.PathLike, data: bytes) -> None:

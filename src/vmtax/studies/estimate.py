@@ -23,6 +23,9 @@ UNBOUNDED_RUN = 1.0     # s per repetition without a time bound or an estimate o
 # hung: estimates are native speed, and a TCG guest runs 5-20 times slower than that.
 TIMEOUT_FACTOR = 10.0
 TIMEOUT_MARGIN = 60.0
+# The longest any job waits: a workload's own timeout follows from its options (loops times
+# interval), and a poll's timeout over about 24 days overflows (OverflowError).
+MAX_TIMEOUT = 20 * 86_400.0
 
 
 @dataclass
@@ -72,13 +75,14 @@ def estimate(plan: Plan, runs: int | None = None) -> Estimate:
 def job_timeout(workload: Workload, job: Job, phase: str, setting: float | None) -> float:
     """How long job (of workload, in phase prepare, warmup or measure) may run: the plan's
     `timeout` for a repetition when it sets one; else the estimate of the job times
-    TIMEOUT_FACTOR plus TIMEOUT_MARGIN, never less than the workload's own timeout."""
+    TIMEOUT_FACTOR plus TIMEOUT_MARGIN, never less than the workload's own timeout (at
+    most MAX_TIMEOUT)."""
     if setting is not None and phase != "prepare":
         return setting
     expected = workload.prepare_seconds() if phase == "prepare" else workload.run_seconds()
     if not expected:
-        return job.timeout
-    return max(job.timeout, expected * TIMEOUT_FACTOR + TIMEOUT_MARGIN)
+        return min(job.timeout, MAX_TIMEOUT)
+    return min(max(job.timeout, expected * TIMEOUT_FACTOR + TIMEOUT_MARGIN), MAX_TIMEOUT)
 
 
 def duration(seconds: float) -> str:

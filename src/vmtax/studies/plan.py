@@ -16,7 +16,7 @@ from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.core.errors import VmtaxError
-from vmtax.core.text import check_printable
+from vmtax.core.text import unique_names
 from vmtax.core.target import Feature
 from vmtax.core.workload import Workload
 
@@ -158,9 +158,9 @@ def target_specs(names: list[str], options: dict[str, list[str]]) -> list[Target
 
 def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetSpec]:
     labeled = [_label(value, i) for i, value in enumerate(values, 1)]
-    for label, _ in labeled:   # a label becomes part of a target's name
-        check_printable(label, f"--{key.replace('_', '-')} label")
-    labels = [label for label, _ in labeled]
+    # A label becomes part of a target's name: printable, composed, one of its kind.
+    labels = unique_names([label for label, _ in labeled], f"--{key.replace('_', '-')} label")
+    labeled = list(zip(labels, [value for _, value in labeled]))
     if len(set(labels)) != len(labels):
         raise VmtaxError(f"--{key.replace('_', '-')} labels must be unique, got "
                          f"{', '.join(labels)}")

@@ -68,9 +68,10 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core import workload as workloads
+from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.errors import VmtaxError
 from vmtax.core.option_types import NonEmpty, Seconds
-from vmtax.core.text import read_user_file
+from vmtax.core.text import composed, read_user_file
 from vmtax.host import hugepages
 from vmtax.studies.plan import (
     DEFAULT_RUNS,
@@ -104,10 +105,10 @@ class PlanError(VmtaxError):
 
 # -- the plan's own settings, checked like a plugin's options ------------------------------
 
-TimeLimit = Annotated[Annotated[int, Field(ge=1)] | None,
+TimeLimit = Annotated[Annotated[int, Field(ge=1, le=MAX_SECONDS)] | None,
                       BeforeValidator(lambda v: None if v is False else v),
-                      plugin.Expect("a whole number of seconds, at least 1, or false for "
-                                    "no limit")]
+                      plugin.Expect(f"a whole number of seconds from 1 to {MAX_SECONDS}"
+                                    ", or false for no limit")]
 
 
 def _known_collector(name: str) -> str:
@@ -361,6 +362,8 @@ class _Reader:
         if (settings.get("max_runs") or runs) < runs:   # "none" is no adaptive runs
             self.bad(("max_runs",), f"at least runs ({runs})", str(settings["max_runs"]))
         names = [t.name for t in target_specs]
+        if settings.get("baseline"):   # named as the targets are kept: composed
+            settings["baseline"] = composed(settings["baseline"])
         if "baseline" in settings and targets_ok and settings["baseline"] not in names:
             self.bad(("baseline",), "one of the targets (" + ", ".join(names) + ")",
                      show(settings["baseline"]))
@@ -493,10 +496,16 @@ class _Reader:
         if self.table(("targets",), tables, "[targets.NAME] tables") is None:
             return []
         specs: list[TargetSpec] = []
-        for name, table in tables.items():
-            path: KeyPath = ("targets", name)
-            if not name.isprintable():
-                self.bad(path, "a target name without control characters", show(name))
+        written: dict[str, str] = {}   # a name composed (NFC) -> as the plan wrote it
+        for raw, table in tables.items():
+            path: KeyPath = ("targets", raw)
+            if not raw.isprintable():
+                self.bad(path, "a target name without control characters", show(raw))
+                continue
+            name = composed(raw)
+            if written.setdefault(name, raw) != raw:
+                self.bad(path, "target names that differ in Unicode's composed form (NFC)",
+                         f"{show(raw)}, the same name as {show(written[name])}")
                 continue
             if self.table(path, table, "a table of target options") is None:
                 continue
@@ -611,13 +620,38 @@ def _syntax_error(source: str, text: str, exc: tomllib.TOMLDecodeError) -> str:
     return f"{source}:{max(1, len(text.splitlines()))}: invalid TOML: {message} (at the end)"
 
 
-def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
-    """Validate and expand a plan file's text, or with quick its [quick] form; raises
-    PlanError naming every problem of either form."""
+# Tables and arrays nested deeper than this in a plan mean nothing to vmtax (a sweep of a
+# list option is five levels down); much deeper ones would recurse past Python's limit in
+# the parser or in what reads the values.
+MAX_DEPTH = 32
+
+
+def parse(text: str, source: str = "<plan>") -> dict[str, Any]:
+    """A plan file's TOML as data; a one-line PlanError for invalid TOML and for nesting
+    deeper than MAX_DEPTH (which, deep enough, the parser itself cannot follow)."""
+    too_deep = PlanError(source, [f"{source}: tables or arrays nested more than {MAX_DEPTH} "
+                                  "levels deep; expected a plan"])
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(source, [_syntax_error(source, text, exc)]) from None
+    except RecursionError:
+        raise too_deep from None
+    todo: list[tuple[Any, int]] = [(data, 1)]
+    while todo:   # no recursion: the check must not fail as the parser did
+        value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise too_deep
+        children = value.values() if isinstance(value, dict) else (
+            value if isinstance(value, list) else ())
+        todo += [(child, depth + 1) for child in children]
+    return data
+
+
+def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
+    """Validate and expand a plan file's text, or with quick its [quick] form; raises
+    PlanError naming every problem of either form."""
+    data = parse(text, source)
     other = _other_command(data, source)
     if other is not None:
         raise PlanError(source, [other])

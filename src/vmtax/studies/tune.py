@@ -27,7 +27,6 @@ import hashlib
 import json
 import re
 import time
-import tomllib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
@@ -35,7 +34,9 @@ from vmtax.analysis import tune as tuning
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.collector import Collector
+from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import composed
 from vmtax.core.workload import Workload
 from vmtax.host import hugepages
 from vmtax.host.journal import Journal
@@ -54,12 +55,18 @@ TUNE_KEYS = ("baseline", "knobs", "budget", "alpha", "method")
 Method = Literal["holm", "bh"]
 
 
+# The longest search: thirty days (a longer one overflows nothing, but is no search).
+MAX_BUDGET = 30 * MAX_SECONDS
+
+
 def parse_budget(text: str) -> float:
-    """"30m", "90s", "1h", "1.5h" -> seconds; VmtaxError for anything else."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", str(text))
-    if not m or float(m[1]) <= 0:
-        raise ValueError(f'a duration like "30m", "90s" or "1h", got {show(text)}')
-    return float(m[1]) * {"s": 1, "m": 60, "h": 3600}[m[2]]
+    """"30m", "90s", "1h", "1.5h" -> seconds; ValueError for anything else."""
+    m = re.fullmatch(r"\s*(\d{1,12}(?:\.\d{1,12})?)\s*([smh])\s*", str(text))
+    seconds = float(m[1]) * {"s": 1, "m": 60, "h": 3600}[m[2]] if m else 0
+    if not 0 < seconds <= MAX_BUDGET:
+        raise ValueError(f'a duration like "30m", "90s" or "1h", at most '
+                         f'{MAX_BUDGET // 3600}h, got {show(text)}')
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -297,8 +304,8 @@ def load(path: str, knobs: list[str] | None = None, budget: str | None = None) -
     alpha, method ("holm" or "bh"). Flags given on the command line win."""
     text = planfile.read_text(path)
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+        data = planfile.parse(text, path)
+    except planfile.PlanError:
         data = {}   # planfile.loads says where
     table = data.get("tune", {})
     where = Locator(text) if "tune" in data else None
@@ -315,7 +322,9 @@ def load(path: str, knobs: list[str] | None = None, budget: str | None = None) -
     base = planfile.loads(_without_tune_table(text), path)
     if base.max_runs is None:
         base.runs = max(base.runs, MIN_RUNS) if "runs" in data else MIN_RUNS
-    baseline, native = _split_targets(base, table.get("baseline"), at("baseline"))
+    named = table.get("baseline")   # as the plan's target names are kept: composed (NFC)
+    baseline, native = _split_targets(base, composed(named) if isinstance(named, str) else named,
+                                      at("baseline"))
     asked = knobs if knobs is not None else table.get("knobs")
     if asked is not None and knobs is None and (
             not isinstance(asked, list) or not all(isinstance(k, str) for k in asked)):

@@ -1,0 +1,53 @@
+"""Numbers the flags take, bounded above as plan keys are (vmtax.core.limits): a value out
+of range is vmtax's one-line error naming the flag, never an overflow later (a wait of
+3000 years is more than a poll can take)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+from vmtax.core.errors import VmtaxError
+from vmtax.core.limits import MAX_COUNT, MAX_SECONDS
+from vmtax.core.text import printable
+
+
+class Bounded(click.ParamType):
+    """A whole number or a number from low to high (above low when low_open)."""
+
+    def __init__(self, kind: type[int] | type[float], low: float, high: float,
+                 unit: str = "", low_open: bool = False):
+        self.kind, self.low, self.high, self.low_open = kind, low, high, low_open
+        self.name = "integer" if kind is int else "float"
+        self.words = (f"{'a whole number' if kind is int else 'a number'}"
+                      f"{' of ' + unit if unit else ''} "
+                      f"{'above' if low_open else 'from'} {low} "
+                      f"{'and at most' if low_open else 'to'} {high}")
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "N" if self.kind is int else "S"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        flag = param.opts[0] if param is not None and param.opts else "a value"
+        try:
+            number = self.kind(value)
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if not (self.low < number if self.low_open else self.low <= number) \
+                or not number <= self.high:   # NaN fails both
+            raise VmtaxError(f"{flag}: expected {self.words}, got {printable(str(value))}")
+        return number
+
+
+def count(low: int = 1) -> Bounded:
+    """A count (of repetitions, instances, lines): a whole number from low to MAX_COUNT."""
+    return Bounded(int, low, MAX_COUNT)
+
+
+def seconds(low: float = 1, whole: bool = False, low_open: bool = False,
+            high: float = MAX_SECONDS) -> Bounded:
+    """A duration in seconds, from low to high (above low when low_open)."""
+    return Bounded(int if whole else float, low, high, "seconds", low_open)
