@@ -282,3 +282,13 @@ def test_a_relative_ray_temp_dir_is_given_to_ray_absolute(tmp_path, monkeypatch)
     monkeypatch.setattr(fleet, "_ray_exe", lambda: "ray")
     for argv in (fleet.head_argv(6379, "../t"), fleet.join_argv("h:1", "h1", "../t")):
         assert argv[argv.index("--temp-dir") + 1] == str(tmp_path.parent / "t")
+
+
+def test_an_ssh_key_and_known_hosts_a_plan_names_are_kept_absolute(tmp_path, monkeypatch):
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+
+    monkeypatch.chdir(tmp_path)
+    infos = plugin.option_infos(targets.get("ssh").Options)
+    assert infos["identity"].check("../k") == str(tmp_path.parent / "k")
+    assert infos["known_hosts"].check("~/kh") == os.path.expanduser("~/kh")
