@@ -1476,8 +1476,6 @@ def path_traversal_attack(env: Env, outcome: Outcome, quick: bool) -> None:
         if strays:
             outcome.fail(f"{what}: wrote outside what it names: {strays[:3]}")
         outcome.note(f"exit {done.returncode}")
-        if os.environ.get("SEC_A_DEBUG"):
-            print(what, done.returncode, done.stderr.strip()[-150:])
     for name in ("out/r.html", "out/x.csv", "out/x.json", "out/x.jsonl", "out/x.txt"):
         if not (base / name).is_file() and not quick:
             outcome.fail(f"{name}: not written where its option named it")
