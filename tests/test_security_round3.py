@@ -292,3 +292,14 @@ def test_an_ssh_key_and_known_hosts_a_plan_names_are_kept_absolute(tmp_path, mon
     infos = plugin.option_infos(targets.get("ssh").Options)
     assert infos["identity"].check("../k") == str(tmp_path.parent / "k")
     assert infos["known_hosts"].check("~/kh") == os.path.expanduser("~/kh")
+
+
+@pytest.mark.parametrize("setting", [{"time": 10 ** 12}, {"runs": 10 ** 12},
+                                     {"warmup": 10 ** 12}, {"timeout": 1e300}])
+def test_a_plan_made_elsewhere_is_bounded_too(setting):
+    """A plan read back from a store or sent to a fleet host is checked as it is made."""
+    from vmtax.studies.plan import Plan, TargetSpec, WorkloadSpec
+
+    with pytest.raises(VmtaxError, match=r"must be .*(to|at most) "):
+        Plan(targets=[TargetSpec("native", "native", {})], workloads=[WorkloadSpec("cpu")],
+             **setting)
