@@ -303,3 +303,12 @@ def test_a_plan_made_elsewhere_is_bounded_too(setting):
     with pytest.raises(VmtaxError, match=r"must be .*(to|at most) "):
         Plan(targets=[TargetSpec("native", "native", {})], workloads=[WorkloadSpec("cpu")],
              **setting)
+
+
+def test_what_cleanup_recovered_reaches_the_terminal_escaped(monkeypatch):
+    from vmtax.host import journal
+
+    monkeypatch.setattr(journal, "recover", lambda: [f"removed [b]{PW}"])
+    done = CliRunner().invoke(cli, ["cleanup"])
+    assert done.exit_code == 0 and "\x1b" not in done.output and "\x07" not in done.output
+    assert "removed [b]evil\\x1b]0:PW\\x07" in done.output
