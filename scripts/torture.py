@@ -1468,6 +1468,455 @@ def password_attack(env: Env, outcome: Outcome, quick: bool) -> None:
     outcome.note(f"oltp run: {len(passwords)} password(s) seen in environments only")
 
 
+# -- attacks: paths out of their tree, huge numbers, deep TOML, one name spelt twice, ------
+# -- escapes from profiled symbols and in CSV (issue #35, items 1, 6, 7, 8, 9, 12) ---------
+
+def _files(root: Path) -> set[str]:
+    """Every file, directory and link below root, as paths relative to it."""
+    found = set()
+    for top, dirs, files in os.walk(root):
+        found.update(os.path.relpath(os.path.join(top, n), root) for n in dirs + files)
+    return found
+
+
+def _path_options() -> dict[tuple[str, ...], str]:
+    """(command words..., option or argument) -> how it shows in --help, for every
+    option and argument of every vmtax command that names a file or directory."""
+    import click
+
+    from vmtax.cli.main import cli
+
+    found: dict[tuple[str, ...], str] = {}
+
+    def walk(command: click.Command, words: tuple[str, ...], ctx: click.Context) -> None:
+        if isinstance(command, click.Group):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                if sub is not None:
+                    walk(sub, (*words, name), click.Context(sub, parent=ctx))
+            return
+        for param in command.params:
+            names = param.metavar or ""
+            if isinstance(param.type, click.Path) or any(w in names for w in ("FILE", "DIR",
+                                                                              "PLAN")):
+                found[(*words, param.opts[0] if param.opts else param.name or "")] = names
+    walk(cli, (), click.Context(cli))
+    return found
+
+
+def _path_typed_options() -> list[tuple[str, str, bool]]:
+    """(target kind, option, takes a list) of every target option that names a host file
+    or program (vmtax.core.option_types: Program(s), ExistingFile, GuestKernel, LocalPath)."""
+    import typing
+
+    from vmtax.core import option_types, plugin
+    from vmtax.core import target as targets
+
+    def expects(annotation: Any) -> set[str]:
+        if typing.get_origin(annotation) is typing.Annotated:
+            inner, *meta = typing.get_args(annotation)
+            return {m.text for m in meta if isinstance(m, plugin.Expect)} | expects(inner)
+        return {t for a in typing.get_args(annotation) for t in expects(a)}
+    texts = set().union(*(expects(t) for t in (
+        option_types.Program, option_types.Programs, option_types.ExistingFile,
+        option_types.GuestKernel, option_types.LocalPath)))
+    return [(kind, key, info.takes_list) for kind in targets.kinds()
+            for key, info in plugin.option_infos(targets.get(kind).Options).items()
+            if info.expected() in texts]
+
+
+@contextlib.contextmanager
+def _in_directory(path: Path):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _traversal_store(results: Path) -> None:
+    """A run of two native targets, for report and export to read."""
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store
+
+    store = Store(results)
+    run_id = store.new_run({"targets": [{"name": n, "kind": "native", "options": {}}
+                                        for n in ("native", "other")], "baseline": "native",
+                            "workloads": [{"name": "cpu"}]}, {}, "0")
+    for name in ("native", "other"):
+        store.set_target(run_id, name, "native", {"bare_host": name == "native"})
+        for idx in range(3):
+            store.add_rep(run_id, target=name, workload="cpu", params={}, phase="measure",
+                          idx=idx, status="ok", argv=["x"], started=1.0,
+                          metrics=[Metric("events/s", 100.0 + idx, "events/s", True)])
+    store.finish_run(run_id, "done")
+    store.close()
+
+
+def path_traversal_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Item 1: every option that names a path, given as "../../../NAME" from three levels
+    down. A program, kernel or key a plan names is kept by its absolute path; a rootfs and
+    an ssh bundle built with such a program hold it inside themselves; and every command
+    whose options name files reads and writes where they say and nowhere else (its whole
+    sandbox is compared before and after). Not quick: the issue's container run, whose copy
+    once landed outside every tree of vmtax's."""
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+    from vmtax.core.errors import VmtaxError
+    from vmtax.guest import remote_bundle, rootfs
+
+    base = env.work / "traversal"
+    cwd = base / "d" / "a" / "b"
+    cwd.mkdir(parents=True)
+    (base / "x").mkdir()
+    program = base / "x" / "h"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    up = "../../../"
+    (base / "p.toml").write_text('[targets.native]\n[[workloads]]\nname = "cpu"\n')
+    (base / "t.toml").write_text('[targets.vm]\naccel = "tcg"\n[[workloads]]\nname = "cpu"\n'
+                                 '[tune]\nbaseline = "vm"\n')
+    (base / "out").mkdir()   # a directory of the user's, named from elsewhere
+    _profiled_store(base / "r-profile", "f")
+    (base / "bad-density.toml").write_text("maxx = 1\n")
+    shutil.copy(ROOT / "tests" / "fixtures" / "perf_kvm" / "classic-vmx.txt", base / "rep.txt")
+    _traversal_store(base / "r")
+    cache = base / "cache"
+
+    # A target option that names a file or program: kept absolute, whatever kind.
+    for kind, key, takes_list in _path_typed_options():
+        outcome.cases += 1
+        given = [up + "x/h"] if takes_list else up + "x/h"
+        try:
+            with _in_directory(cwd):
+                kept = plugin.option_infos(targets.get(kind).Options)[key].check(given)
+        except plugin.Invalid as exc:
+            outcome.fail(f"{kind}.{key} = {given!r}: refused: {exc}")
+            continue
+        if kept != ([str(program)] if takes_list else str(program)):
+            outcome.fail(f"{kind}.{key} = {given!r}: kept as {kept!r}, not {program}")
+    # What is built with such a program keeps it inside.
+    outcome.cases += 2
+    before = _files(base)
+    with _in_directory(cwd):
+        tree = rootfs.build([up + "x/h"], cache)
+        if not (tree / str(program).lstrip("/")).is_file():
+            outcome.fail(f"rootfs of {up}x/h: the program is not at {program} inside it")
+        try:
+            bundle = remote_bundle.make([up + "x/h"])
+            outcome.fail(f"ssh bundle of {up}x/h: made, as {sorted(bundle.files)}")
+        except VmtaxError:
+            outcome.note("a relative program out of an ssh bundle refused")
+    strays = [p for p in _files(base) - before if not p.startswith("cache")]
+    if strays:
+        outcome.fail(f"a rootfs build wrote outside its cache: {strays[:3]}")
+
+    # Every command's path options, as "../../../" from cwd: (args, created files allowed).
+    out = up + "out/"
+    cases: dict[tuple[str, ...], tuple[list[str], tuple[str, ...]]] = {
+        ("run", "plan_file"): (["run", up + "p.toml", "--dry-run"], ()),
+        ("run", "--results"): (["run", "--targets", "native", "--workloads", "cpu",
+                                "--results", up + "r", "--dry-run"], ()),
+        ("show", "--results"): (["show", "last", "--results", up + "r"], ()),
+        ("runs", "--results"): (["runs", "--results", up + "r"], ()),
+        ("compare", "--results"): (["compare", "last:native", "last:other", "--results",
+                                    up + "r"], ()),
+        ("composite", "--results"): (["composite", "last", "--results", up + "r"], ()),
+        ("plan", "plan_file"): (["plan", up + "p.toml"], ()),
+        ("tune", "plan_file"): (["tune", up + "t.toml", "--dry-run"], ()),
+        ("tune", "--results"): (["tune", "--targets", "vm", "--workloads", "cpu",
+                                 "--dry-run", "--results", up + "r"], ()),
+        ("density", "args"): (["density", up + "bad-density.toml"], ()),
+        ("density", "--results"): (["density", "show", "last", "--results", up + "r"], ()),
+        ("boot", "--results"): (["boot", "--target", "nope", "--results", up + "r"], ()),
+        ("exits", "import", "file"): (["exits", "import", up + "rep.txt", "--label", "cap",
+                                       "--results", up + "exits-r"], ("exits-r",)),
+        ("exits", "import", "--results"): (["exits", "import", up + "rep.txt", "--label",
+                                            "cap2", "--results", up + "exits-r"], ("exits-r",)),
+        ("exits", "show", "--results"): (["exits", "show", "cap", "--results", up + "exits-r"],
+                                         ()),
+        ("exits", "diff", "--results"): (["exits", "diff", "cap", "cap2", "--results",
+                                          up + "exits-r"], ()),
+        ("profile", "show", "--results"): (["profile", "show", "last", "--results",
+                                            up + "r-profile"], ("r-profile",)),
+        ("profile", "diff", "--results"): (["profile", "diff", "last:native", "last:vm:tcg",
+                                            "--results", up + "r-profile"], ("r-profile",)),
+        ("report", "--html"): (["report", "last", "--html", out + "r.html", "--png",
+                                out + "png", "--svg", out + "svg", "--results", up + "r"],
+                               ("out",)),
+        ("export", "--csv"): (["export", "last", "--csv", out + "x.csv", "--json",
+                               out + "x.json", "--jsonl", out + "x.jsonl", "--benchstat",
+                               out + "x.txt", "--results", up + "r"], ("out",)),
+        ("fleet", "join", "--results"): (["fleet", "join", "999.1.1.1:1", "--name", "h1",
+                                          "--results", up + "fleet-r", "--ray-temp-dir",
+                                          up + "ray"], ("fleet-r",)),
+        ("fleet", "show", "--results"): (["fleet", "show", "last", "--results", up + "r"], ()),
+    }
+    covers = {("report", "--png"): ("report", "--html"), ("report", "--svg"): ("report", "--html"),
+              ("report", "--results"): ("report", "--html"),
+              ("export", "--json"): ("export", "--csv"), ("export", "--jsonl"): ("export", "--csv"),
+              ("export", "--benchstat"): ("export", "--csv"),
+              ("export", "--results"): ("export", "--csv"),
+              ("fleet", "join", "--ray-temp-dir"): ("fleet", "join", "--results")}
+    for option in _path_options():
+        if option not in cases and option not in covers and option != ("fleet", "start",
+                                                                       "--ray-temp-dir"):
+            outcome.fail(f"vmtax {' '.join(option)}: no path traversal case attacks it")
+    for option, (args, allowed) in cases.items():
+        if quick and option[0] not in ("run", "report", "export", "exits"):
+            continue
+        outcome.cases += 1
+        before = _files(base)
+        done = subprocess.run([*VMTAX, *args], cwd=cwd, text=True, capture_output=True,
+                              timeout=300, env={**env.env, "VMTAX_CACHE": str(cache)})
+        what = f"vmtax {' '.join(args)}"
+        check_output(outcome, what, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        if done.returncode not in (0, 2) or done.returncode == 2 and len(lines) != 1:
+            outcome.fail(f"{what}: exit {done.returncode}: {done.stderr.strip()[-200:]}")
+        strays = [p for p in _files(base) - before
+                  if not p.startswith(("cache", "r" + os.sep, *allowed))]
+        if strays:
+            outcome.fail(f"{what}: wrote outside what it names: {strays[:3]}")
+        outcome.note(f"exit {done.returncode}")
+    for name in ("out/r.html", "out/x.csv", "out/x.json", "out/x.jsonl", "out/x.txt"):
+        if not (base / name).is_file() and not quick:
+            outcome.fail(f"{name}: not written where its option named it")
+    # fleet start would start Ray's head: its --ray-temp-dir is checked where it is made.
+    from vmtax.studies import fleet
+    outcome.cases += 1
+    with _in_directory(cwd):
+        argv = fleet.head_argv(1, up + "ray")
+    if argv[argv.index("--temp-dir") + 1] != str(base / "ray"):
+        outcome.fail(f"fleet start --ray-temp-dir {up}ray: Ray is given {argv[-1]}")
+    if quick:
+        return
+    # The issue's reproduction: a container whose plan names ../../../x/h.
+    outcome.cases += 1
+    (cwd / "plan.toml").write_text(f'[targets.c]\nkind = "container"\nruntime = "runc"\n'
+                                   f'binaries = ["{up}x/h"]\n[[workloads]]\nname = "cpu"\n')
+    before = _files(base)
+    done = subprocess.run([*VMTAX, "run", "plan.toml", "--runs", "1", "--warmup", "0",
+                           "--time", "1", "--results", str(base / "r")], cwd=cwd, text=True,
+                          capture_output=True, timeout=600,
+                          env={**env.env, "VMTAX_CACHE": str(cache)})
+    check_output(outcome, "the issue's container run", done.stderr)
+    strays = [p for p in _files(base) - before
+              if not p.startswith(("cache", "r" + os.sep, os.path.join("d", "a", "b")))]
+    if done.returncode not in (0, 2) or strays:
+        outcome.fail(f"the issue's container run: exit {done.returncode}, outside its "
+                     f"trees: {strays[:3]}: {done.stderr.strip()[-200:]}")
+
+
+HUGE = "9" * 400
+
+
+def huge_number_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Item 8: durations and counts far past what anything can wait or count, on the
+    command line and in plan keys: one line each, never an overflow's traceback, and
+    nothing started."""
+    plan = env.work / "huge.toml"
+    cases = [["tune", "--targets", "vm", "--workloads", "cpu", "--budget", f"{HUGE}h",
+              "--dry-run"],
+             ["run", "--targets", "native", "--workloads", "cpu", "--time", "99999999999"],
+             ["run", "--targets", "native", "--workloads", "cpu", "--runs", HUGE],
+             ["run", "--targets", "native", "--workloads", "cpu", "--warmup", "1e400"],
+             ["boot", "--target", "vm:tcg", "--count", HUGE],
+             ["density", "--max", HUGE], ["profile", "last", "--top", HUGE],
+             ["exits", "import", str(ROOT / "tests/fixtures/perf_kvm/classic-vmx.txt"),
+              "--label", "x", "--seconds", "inf"],
+             ["run", str(plan)], ["tune", str(plan), "--dry-run"]]
+    workload = '[targets.native]\n[[workloads]]\nname = "cpu"\n'
+    plans = [f"time = 99999999999\n{workload}", f"runs = 99999999999\n{workload}",
+             f"timeout = 1e300\n{workload}", f"max_runs = {HUGE[:18]}\n{workload}",
+             workload + "params = { cpu-max-prime = 999999999999 }\n",
+             f'{workload}[tune]\nbudget = "{HUGE}h"\n']
+    if quick:
+        cases, plans = cases[:3] + cases[-2:], plans[:2]
+    for i, text in enumerate(plans):
+        plan.write_text(text)
+        for args in cases:
+            if str(plan) not in args and i or "budget" in text and args[0] != "tune":
+                continue
+            outcome.cases += 1
+            started = time.monotonic()
+            what = f"vmtax {' '.join(args)[:80]}" + (f" ({text.splitlines()[-1]})"
+                                                     if str(plan) in args else "")
+            try:
+                done = env.run(*args, "--results", str(env.work / "huge-r"), timeout=60)
+            except subprocess.TimeoutExpired:
+                outcome.fail(f"{what}: still running after 60 s")
+                continue
+            one_line_refusal(outcome, what, done, "--runs" if "--runs" in args else
+                             "expected")
+            outcome.note(f"{time.monotonic() - started:.0f} s")
+
+
+def deep_toml_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Item 9: arrays and tables nested 100,000 deep, and 1,000 inside a workload's
+    params, given to every command that reads a plan: one line each."""
+    texts = {"100,000 nested arrays": "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
+             "1,000 levels in params": '[targets.native]\n[[workloads]]\nname = "cpu"\n'
+                                       "params = { threads = " + "[" * 1000 + "1" + "]" * 1000
+                                       + " }\n",
+             "300 nested tables": "a = " + "{ b = " * 300 + "1" + " }" * 300 + "\n"}
+    commands = [["plan"], ["run", "--dry-run"], ["tune", "--dry-run"], ["density"]]
+    for what, text in texts.items():
+        path = env.work / "deep.toml"
+        path.write_text(text)
+        for command in commands[:2] if quick else commands:
+            outcome.cases += 1
+            args = [command[0], str(path), *command[1:]]
+            done = env.run(*args, *(["--results", str(env.work / "deep-r")]
+                                    if command[0] != "plan" else []), timeout=60)
+            one_line_refusal(outcome, f"vmtax {command[0]} with {what}", done, "nested")
+
+
+def one_name_twice_attack(env: Env, outcome: Outcome) -> None:
+    """Item 12: "café" composed and decomposed, as two targets of a plan, two labels of
+    --qemu and two targets of a density plan: refused in one line, naming both."""
+    cafe, decomposed = "caf\u00e9", "cafe\u0301"
+    plan = env.work / "cafe.toml"
+    plan.write_text(f'[targets."{cafe}"]\nkind = "native"\n[targets."{decomposed}"]\n'
+                    'kind = "native"\n[[workloads]]\nname = "cpu"\n')
+    density = env.work / "cafe-density.toml"
+    density.write_text(f'[targets."{cafe}"]\nkind = "container"\n[targets."{decomposed}"]\n'
+                       'kind = "container"\n')
+    for args in (["plan", str(plan)], ["run", str(plan), "--dry-run"],
+                 ["run", "--targets", "vm", "--workloads", "cpu", "--qemu",
+                  f"{cafe}=/bin/true", "--qemu", f"{decomposed}=/bin/true", "--dry-run"],
+                 ["density", str(density)]):
+        outcome.cases += 1
+        done = env.run(*args, timeout=60)
+        one_line_refusal(outcome, f"vmtax {args[0]} with {args[1][-20:]}", done, "NFC")
+
+
+def _profiled_store(results: Path, symbol: str) -> None:
+    """A run of two cells profiled as the profile collector stores them, whose hottest
+    function is symbol."""
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store
+
+    store = Store(results)
+    run_id = store.new_run({"name": "evil"}, {}, "0")
+    for target, own in (("native", 60), ("vm:tcg", 90)):
+        for idx in range(3):
+            store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                          idx=idx, status="ok", argv=["sysbench"], started=0.0,
+                          host_elapsed=2.0, metrics=[Metric("events/s", 100.0, "events/s",
+                                                            True)])
+        store.set_target(run_id, target, target.partition(":")[0], {})
+        metrics = [Metric("class samples", 100, "samples", False, {"class": "sysbench"})]
+        for leaf, n in ((symbol, own), ("x", 100 - own)):
+            metrics += [Metric("stack samples", n, "samples", False,
+                               {"class": "sysbench", "stack": f"sysbench;main;{leaf}"}),
+                        Metric("function samples", n, "samples", False,
+                               {"class": "sysbench", "function": leaf, "dso": "sysbench"})]
+        metrics += [Metric("sampled cpu", 1.0, "s", False), Metric("unresolved share", 0.0,
+                                                                     "%", False),
+                    Metric("profile overhead", 1.5, "%", False)]
+        store.add_rep(run_id, target=target, workload="cpu", params={}, phase="collect",
+                      idx=0, status="ok", argv=["profile"], started=0.0, metrics=metrics)
+    store.finish_run(run_id, "done")
+    store.close()
+
+
+def _evil_sysbench(directory: Path) -> Path | None:
+    """A `sysbench` whose hottest function is named `evil ESC ]0;PW BEL` (gas takes a
+    quoted symbol), that spins 1.5 s in it and then runs the host's sysbench."""
+    if not (shutil.which("gcc") and shutil.which("sysbench")):
+        return None
+    source = directory / "evil.c"
+    source.write_text(
+        "#include <time.h>\n#include <unistd.h>\nvolatile unsigned long sink;\n"
+        "__attribute__((noinline)) void spin(void) __asm__(\"EVILSYMBOL\");\n"
+        "void spin(void) { struct timespec a, b; clock_gettime(CLOCK_MONOTONIC, &a);\n"
+        "  do { for (int i = 0; i < 100000; i++) sink += i;\n"
+        "       clock_gettime(CLOCK_MONOTONIC, &b); }\n"
+        "  while ((b.tv_sec - a.tv_sec) * 1000000000L + b.tv_nsec - a.tv_nsec < 1500000000L); }\n"
+        f'int main(int c, char **v) {{ spin(); v[0] = "{shutil.which("sysbench")}";\n'
+        "  execv(v[0], v); return 1; }\n")
+    assembly = directory / "evil.s"
+    if subprocess.run(["gcc", "-O1", "-S", "-o", str(assembly), str(source)],
+                      capture_output=True).returncode != 0:
+        return None
+    assembly.write_text(assembly.read_text().replace("EVILSYMBOL", '"evil\x1b]0;PW\x07"'))
+    binary = directory / "sysbench"
+    if subprocess.run(["gcc", "-o", str(binary), str(assembly)],
+                      capture_output=True).returncode != 0:
+        return None
+    return binary
+
+
+def _raw_controls(text: str) -> list[str]:
+    return [c for c in text if not (c.isprintable() or c == "\n")]
+
+
+def outside_strings_attack(env: Env, outcome: Outcome, quick: bool) -> None:
+    """Items 6 and 7: a profiled symbol holding an OSC sequence, shown by `vmtax profile`
+    and `profile diff`; an imported perf report whose reason holds one, and a --qemu
+    wrapper whose --version prints one, exported as CSV to stdout. Nothing reaches the
+    terminal or a cell raw. Not quick: the symbol comes from a real binary first on PATH
+    as sysbench, profiled by a real run."""
+    results = env.work / "evil-profile"
+    _profiled_store(results, "evil\x1b]0:PW\x07")
+    commands = [["profile", "last:native"], ["profile", "diff", "last:native", "last:vm:tcg"]]
+    for command in commands:
+        outcome.cases += 1
+        code, output, exc = in_process(*command, "--results", str(results))
+        if code != 0 or _raw_controls(output):
+            outcome.fail(f"vmtax {' '.join(command)}: exit {code}, raw: "
+                         f"{_raw_controls(output)[:4]!r} {exc}")
+    report = env.work / "evil-report.txt"
+    report.write_text((ROOT / "tests/fixtures/perf_kvm/classic-vmx.txt").read_text()
+                      .replace("HLT", "\x1b]0;PWN\x07\x1b[31mHLT", 1))
+    exits_results = str(env.work / "evil-exits")
+    in_process("exits", "import", str(report), "--label", "cap", "--results", exits_results)
+    outcome.cases += 1
+    code, output, exc = in_process("export", "cap", "--csv", "-", "--results", exits_results)
+    if code != 0 or _raw_controls(output) or "\\x1b]0;PWN\\x07" not in output:
+        outcome.fail(f"export --csv - of a hostile perf report: exit {code}, raw: "
+                     f"{_raw_controls(output)[:4]!r} {exc}")
+    if quick:
+        return
+    wrapper = env.work / "evil-qemu"
+    wrapper.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then printf 'QEMU emulator "
+                       "version 8.2.0\\033]0;PWN\\007\\033[31m\\n'; exit 0; fi\n"
+                       "exec qemu-system-x86_64 \"$@\"\n")
+    wrapper.chmod(0o755)
+    qemu_results = env.work / "evil-qemu-r"
+    outcome.cases += 1
+    done = env.run("run", "--targets", "vm:tcg", "--workloads", "cpu", "--qemu", str(wrapper),
+                   "--runs", "1", "--warmup", "0", "--time", "1", "--results",
+                   str(qemu_results))
+    check_output(outcome, "a run with a --qemu wrapper printing escapes", done.stderr)
+    for fmt in ("csv", "benchstat"):
+        code, output, exc = in_process("export", "last", f"--{fmt}", "-", "--results",
+                                       str(qemu_results))
+        if code != 0 or _raw_controls(output):
+            outcome.fail(f"export --{fmt} - of a run with an escaping --qemu: exit {code}, "
+                         f"raw: {_raw_controls(output)[:4]!r} {exc}")
+        outcome.note(f"{fmt}: {len(output.splitlines())} lines")
+    evil_bin = env.work / "evil-bin"
+    evil_bin.mkdir()
+    if _evil_sysbench(evil_bin) is None or not shutil.which("perf"):
+        outcome.note("no gcc, sysbench or perf: no live profile")
+        return
+    outcome.cases += 1
+    live = env.work / "evil-live"
+    done = subprocess.run([*VMTAX, "run", "--targets", "native", "--workloads", "cpu",
+                           "--collect", "profile", "--runs", "1", "--warmup", "0", "--time",
+                           "2", "--results", str(live)], text=True, capture_output=True,
+                          timeout=600, env={**env.env, "PATH": f"{evil_bin}:{os.environ['PATH']}"})
+    check_output(outcome, "a profiled run of an evil sysbench", done.stderr)
+    for command in commands[:1]:
+        code, output, exc = in_process(*command, "--results", str(live))
+        if code != 0 or _raw_controls(output) or "evil\\x1b" not in output:
+            outcome.fail(f"vmtax {' '.join(command)} of a live evil profile: exit {code}, "
+                         f"raw: {_raw_controls(output)[:4]!r} {exc}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=16)
@@ -1532,6 +1981,13 @@ def main() -> int:
         attack("fleet join at a bad address", lambda o: fleet_address_attack(env, o, quick))
         attack("report and export of an imported run", lambda o: imported_run_attack(env, o))
         attack("a workload's password", lambda o: password_attack(env, o, quick))
+        attack("paths out of their tree (#35)",
+               lambda o: path_traversal_attack(env, o, quick))
+        attack("huge durations and counts (#35)", lambda o: huge_number_attack(env, o, quick))
+        attack("deeply nested TOML (#35)", lambda o: deep_toml_attack(env, o, quick))
+        attack("one name spelt twice (#35)", lambda o: one_name_twice_attack(env, o))
+        attack("escapes from profiles, reports, wrappers (#35)",
+               lambda o: outside_strings_attack(env, o, quick))
 
     table = Table(title=f"vmtax torture (seed {args.seed}{', quick' if quick else ''})")
     for column in ("attack", "cases", "outcomes", "problems"):

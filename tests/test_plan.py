@@ -38,7 +38,7 @@ def test_target_variants_and_command_line_options_set_options():
     (dict(target_names=["container:lxc"]), "unknown target 'container:lxc'"),
     (dict(workload_names=["cpu", "tpcc"]), "unknown workload 'tpcc'; known workloads: "),
     (dict(target_names=["native", "native"]), "target names must be unique"),
-    (dict(runs=0), "--runs must be at least 1"),
+    (dict(runs=0), "--runs must be from 1 to 1000000000"),
     (dict(time=-1), "--time must be a whole number of seconds"),
     (dict(time=1.5), "--time must be a whole number of seconds"),
     (dict(baseline="vm", target_names=["native"]), "baseline 'vm' is not one of the targets"),

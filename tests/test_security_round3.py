@@ -79,13 +79,6 @@ def test_the_ssh_bundle_keeps_programs_in_its_bin(program_above, monkeypatch):
         remote_bundle.make(["../../../x/h"])
 
 
-def test_a_figure_file_named_by_a_fleet_host_stays_in_its_directory(tmp_path):
-    out = tmp_path / "figures"
-    out.mkdir()
-    with pytest.raises(VmtaxError, match="a figure file"):
-        paths.under(out, "20260101-000000-abcd-../../../x-cpu-ratio.png", "a figure file")
-
-
 # -- 8: durations and counts are bounded ----------------------------------------------
 
 
@@ -280,3 +273,42 @@ def test_a_fingerprint_with_escapes_is_escaped_in_csv_and_benchstat(tmp_path):
         text = data.decode()
         assert not [c for c in text if not (c.isprintable() or c == "\n")]
         assert "evil\\x1b]0:PW\\x07" in text
+
+
+def test_a_relative_ray_temp_dir_is_given_to_ray_absolute(tmp_path, monkeypatch):
+    from vmtax.studies import fleet
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fleet, "_ray_exe", lambda: "ray")
+    for argv in (fleet.head_argv(6379, "../t"), fleet.join_argv("h:1", "h1", "../t")):
+        assert argv[argv.index("--temp-dir") + 1] == str(tmp_path.parent / "t")
+
+
+def test_an_ssh_key_and_known_hosts_a_plan_names_are_kept_absolute(tmp_path, monkeypatch):
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+
+    monkeypatch.chdir(tmp_path)
+    infos = plugin.option_infos(targets.get("ssh").Options)
+    assert infos["identity"].check("../k") == str(tmp_path.parent / "k")
+    assert infos["known_hosts"].check("~/kh") == os.path.expanduser("~/kh")
+
+
+@pytest.mark.parametrize("setting", [{"time": 10 ** 12}, {"runs": 10 ** 12},
+                                     {"warmup": 10 ** 12}, {"timeout": 1e300}])
+def test_a_plan_made_elsewhere_is_bounded_too(setting):
+    """A plan read back from a store or sent to a fleet host is checked as it is made."""
+    from vmtax.studies.plan import Plan, TargetSpec, WorkloadSpec
+
+    with pytest.raises(VmtaxError, match=r"must be .*(to|at most) "):
+        Plan(targets=[TargetSpec("native", "native", {})], workloads=[WorkloadSpec("cpu")],
+             **setting)
+
+
+def test_what_cleanup_recovered_reaches_the_terminal_escaped(monkeypatch):
+    from vmtax.host import journal
+
+    monkeypatch.setattr(journal, "recover", lambda: [f"removed [b]{PW}"])
+    done = CliRunner().invoke(cli, ["cleanup"])
+    assert done.exit_code == 0 and "\x1b" not in done.output and "\x07" not in done.output
+    assert "removed [b]evil\\x1b]0:PW\\x07" in done.output

@@ -107,7 +107,7 @@ def warn_left_behind(refuse: bool = True) -> None:
             raise
         line = str(exc)
     if line:
-        click.echo(f"vmtax: warning: {line}", err=True)
+        click.echo(f"vmtax: warning: {printable(line)}", err=True)
 
 
 def _print_json(data: Any) -> None:
@@ -427,7 +427,7 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                                    _run_json if as_json else None)
         return
     for line in journal.recover():
-        err.print(f"[yellow]recovered:[/yellow] {line}")
+        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
     own = journal.Journal()
     from vmtax.host import quiet
     from vmtax.studies import estimate
@@ -651,7 +651,7 @@ def cleanup() -> None:
     mounts, huge pages. (`vmtax run` does it too, before it starts.)"""
     lines = journal.recover()
     for line in lines:
-        out.print(line)
+        out.print(escape(line))
     if not lines:
         out.print("nothing to clean up")
 

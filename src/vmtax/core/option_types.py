@@ -94,10 +94,20 @@ def _is_file(value: str) -> str:
         found = False
     if not found:
         raise ValueError("missing")
-    return os.path.abspath(os.path.expanduser(value))
+    return _absolute(value)
 
 
 ExistingFile = Annotated[str, AfterValidator(_is_file), Expect("the path of an existing file")]
+
+
+def _absolute(value: str) -> str:
+    return os.path.abspath(os.path.expanduser(value))
+
+
+# A file on this host vmtax reads or writes (an ssh key, a known_hosts file): kept absolute,
+# "~" and "../" resolved where vmtax was started, so a stored plan names the same file.
+LocalPath = Annotated[str, StringConstraints(min_length=1, pattern=r"\S"),
+                      AfterValidator(_absolute), Expect("a path of a file on this host")]
 
 
 # Guest kernels by name (vmtax.guest.image.DEBIAN_KERNELS says which Debian package each is).

@@ -90,13 +90,20 @@ def check_name(name: str) -> str:
 def head_argv(port: int, temp_dir: str | None) -> list[str]:
     return [_ray_exe(), "start", "--head", "--block", "--port", str(port), "--num-cpus", "0",
             "--num-gpus", "0", "--include-dashboard", "false", "--disable-usage-stats",
-            *(["--temp-dir", temp_dir] if temp_dir else [])]
+            *_temp_dir(temp_dir)]
 
 
 def join_argv(address: str, name: str, temp_dir: str | None) -> list[str]:
     return [_ray_exe(), "start", "--address", address, "--block", "--num-cpus", "0",
             "--num-gpus", "0", "--resources", json.dumps({RESOURCE + name: 1}),
-            "--disable-usage-stats", *(["--temp-dir", temp_dir] if temp_dir else [])]
+            "--disable-usage-stats", *_temp_dir(temp_dir)]
+
+
+def _temp_dir(temp_dir: str | None) -> list[str]:
+    """Ray's --temp-dir for --ray-temp-dir, made absolute ("../t" from where vmtax was
+    started): the one directory whichever of Ray's processes, in whatever directory, reads
+    it."""
+    return ["--temp-dir", os.path.abspath(temp_dir)] if temp_dir else []
 
 
 # A host name's labels (RFC 1123); its last is never all digits, which an IPv4 address is.

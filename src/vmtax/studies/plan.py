@@ -16,6 +16,7 @@ from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.core.errors import VmtaxError
+from vmtax.core.limits import MAX_COUNT, MAX_SECONDS
 from vmtax.core.text import unique_names
 from vmtax.core.target import Feature
 from vmtax.core.workload import Workload
@@ -86,21 +87,23 @@ class Plan:
         names = [t.name for t in self.targets]
         if len(set(names)) != len(names):
             raise VmtaxError(f"target names must be unique, got {', '.join(names)}")
-        if self.runs < 1:
-            raise VmtaxError(f"--runs must be at least 1, got {self.runs}")
+        if not 1 <= self.runs <= MAX_COUNT:
+            raise VmtaxError(f"--runs must be from 1 to {MAX_COUNT}, got {self.runs}")
         if self.max_runs is not None and self.max_runs < self.runs:
             raise VmtaxError(f"--max-runs ({self.max_runs}) must be at least --min-runs "
                              f"({self.runs})")
         if not 0 < self.ci_target < 1:
             raise VmtaxError("--ci-target must be a percentage between 0 and 100, "
                              f"got {self.ci_target:.0%}")
-        if self.warmup < 0:
-            raise VmtaxError(f"--warmup must be 0 or more, got {self.warmup}")
-        if self.time is not None and (not isinstance(self.time, int) or self.time < 1):
-            raise VmtaxError("--time must be a whole number of seconds (1 or more), "
-                             f"got {self.time}")
-        if self.timeout is not None and not self.timeout > 0:
-            raise VmtaxError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        if not 0 <= self.warmup <= MAX_COUNT:
+            raise VmtaxError(f"--warmup must be from 0 to {MAX_COUNT}, got {self.warmup}")
+        if self.time is not None and (not isinstance(self.time, int)
+                                      or not 1 <= self.time <= MAX_SECONDS):
+            raise VmtaxError(f"--time must be a whole number of seconds from 1 to "
+                             f"{MAX_SECONDS}, got {self.time}")
+        if self.timeout is not None and not 0 < self.timeout <= MAX_SECONDS:
+            raise VmtaxError(f"timeout must be a positive number of seconds, at most "
+                             f"{MAX_SECONDS}, got {self.timeout}")
         if self.baseline is None:   # the bare host when the plan has it
             self.baseline = next((t.name for t in self.targets
                                   if targets.get(t.kind).bare_host), names[0])

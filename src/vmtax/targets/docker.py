@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vmtax.core import paths, plugin
-from vmtax.core.option_types import size_bytes
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.instance import Instance
+from vmtax.core.option_types import size_bytes
 from vmtax.core.runtime import (
     CAPABILITIES,
     HOSTNAME,

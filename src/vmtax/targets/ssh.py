@@ -27,7 +27,7 @@ from pydantic import StringConstraints
 
 from vmtax.core import plugin
 from vmtax.core.errors import TargetError
-from vmtax.core.option_types import NonEmpty
+from vmtax.core.option_types import LocalPath, NonEmpty
 from vmtax.core.plugin import Expect
 from vmtax.core.target import Target, TargetContext
 from vmtax.core.types import Endpoint, Job, JobResult
@@ -142,9 +142,9 @@ class SshOptions(plugin.Options):
         None, "The machine: [USER@]HOST[:PORT] (user and port may also be set on their own)")
     port: int | None = plugin.option(None, "SSH port (default 22)", ge=1, le=65535)
     user: NonEmpty | None = plugin.option(None, "Remote user (default: the current one)")
-    identity: NonEmpty | None = plugin.option(
+    identity: LocalPath | None = plugin.option(
         None, "Private key file; none: the SSH agent and ~/.ssh keys", cli=True)
-    known_hosts: NonEmpty = plugin.option(
+    known_hosts: LocalPath = plugin.option(
         "~/.ssh/known_hosts", "Known hosts file the host key must be in", cli=True)
     host_key_check: Literal["strict", "accept-new"] = plugin.option(
         "strict", "strict: the host key must be known; accept-new: an unknown one is "
