@@ -1,5 +1,6 @@
 import pytest
 
+from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.studies import plan
 
@@ -33,8 +34,10 @@ def test_target_variants_and_command_line_options_set_options():
         ("native", {}), ("container", {"runtime": "runc"}), ("vm", {"accel": "tcg", "vcpus": 1})]
 
 
+@pytest.mark.plugin_lists
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(target_names=["native", "xen"]), "unknown target 'xen'; known targets: container, "),
+    (dict(target_names=["native", "xen"]),
+     "unknown target 'xen'; known targets: " + ", ".join(targets.known_names())),
     (dict(target_names=["container:lxc"]), "unknown target 'container:lxc'"),
     (dict(workload_names=["cpu", "tpcc"]), "unknown workload 'tpcc'; known workloads: "),
     (dict(target_names=["native", "native"]), "target names must be unique"),
