@@ -73,11 +73,16 @@ SCHEMA = (
 
 def _v1_dimensions_and_bare_host(db: sqlite3.Connection) -> None:
     """Metrics gain dimensions; fingerprints say whether the target is the bare host, so
-    that analysis need not know which target kinds are."""
+    that analysis need not know which target kinds are. A stored kind is the bare host if
+    its plugin declares it (Target.bare_host); a kind no longer registered is not."""
+    from vmtax.core import target as target_kinds   # the registry: only an old database needs it
+
+    kinds = target_kinds.kinds()
     db.execute("ALTER TABLE metrics ADD COLUMN dimensions TEXT NOT NULL DEFAULT '{}'")
     targets = db.execute("SELECT run_id, name, kind, fingerprint FROM targets").fetchall()
     db.executemany("UPDATE targets SET fingerprint = ? WHERE run_id = ? AND name = ?",
-                   [(json.dumps({**json.loads(fingerprint), "bare_host": kind == "native"}),
+                   [(json.dumps({**json.loads(fingerprint),
+                                 "bare_host": kind in kinds and kinds[kind].bare_host}),
                      run_id, name) for run_id, name, kind, fingerprint in targets])
 
 
