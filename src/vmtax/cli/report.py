@@ -73,10 +73,10 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     per_host = _per_host(store, runs[0]) if len(runs) == 1 else None
     spread = None
     if per_host:
-        from vmtax.studies import fleet
+        from vmtax.analysis.spread import spread as spread_of
 
         reports = [htmlreport.build(run, host=name) for name, run in per_host.items()]
-        spread = fleet.spread(per_host)
+        spread = spread_of(per_host)
     else:
         reports = [htmlreport.build(run) for run in runs]
     # Two runs: the second against the first, metric by metric, as `vmtax compare` does.

@@ -229,7 +229,8 @@ _ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.me
 
 def render_html(reports: list[RunReport], comparison: RunComparison | None = None,
                 spread: list[Any] | None = None) -> str:
-    """spread: a fleet run set's fleet.SpreadRow list (reports then has one per host)."""
+    """spread: a fleet run set's vmtax.analysis.spread.SpreadRow list (reports then has one
+    per host)."""
     svgs = {(i, c.slug): plots.inline_svg(c, prefix=f"r{i}-{c.slug}-")
             for i, r in enumerate(reports) for c in r.charts}
     return _ENV.get_template("report.html.j2").render(

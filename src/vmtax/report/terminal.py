@@ -529,7 +529,7 @@ def verdict_line(rows, alpha: float) -> Text:
 
 def print_spread(console: Console, rows, hosts: list[str], title: str) -> None:
     """A fleet run set: per headline metric and target, its ratio to the baseline on each
-    host, then the spread across hosts (median, min–max). rows: fleet.SpreadRow."""
+    host, then the spread across hosts (median, min–max). rows: vmtax.analysis.spread.SpreadRow."""
     console.print(Text(printable(title), style="bold"))
     if not rows:
         console.print("[dim]no target besides the baseline: no ratio to spread[/dim]")
