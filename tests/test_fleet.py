@@ -1,7 +1,6 @@
 """The fleet's pieces that need no Ray cluster (tests/test_fleet_live.py runs a real one)."""
 
 import json
-import queue
 import socket
 import types
 
@@ -75,21 +74,6 @@ def _rep(**over):
                status="ok", argv=["sysbench"], started=1.0, host_elapsed=1.0,
                metrics=[Metric("events/s", 10.0, "1/s", True)])
     return {**rep, **over}
-
-
-def test_the_local_store_streams_what_it_stores(tmp_path):
-    events: queue.Queue = queue.Queue()
-    store = fleet._StreamingStore(str(tmp_path), events)
-    run_id = store.new_run({"p": 1}, FP, "0")
-    store.set_target(run_id, "native", "native", {"bare_host": True})
-    store.add_rep(run_id, **_rep())
-    got = [events.get_nowait() for _ in range(3)]
-    assert [k for k, _ in got] == ["run", "target", "rep"]
-    assert got[0][1] == {"local_run": run_id, "fingerprint": FP}
-    assert got[2][1]["metrics"] == [Metric("events/s", 10.0, "1/s", True)]
-    # The identity the driver computes is the one the Runner skips by.
-    (stored,) = store.load_run(run_id).reps
-    assert fleet.rep_key(vars(stored)) == fleet.rep_key(got[2][1])
 
 
 class _FakeRay:

@@ -40,12 +40,13 @@ from typing import Any, Iterator
 
 from vmtax import __version__
 from vmtax.analysis import summary as analysis
-from vmtax.host import guardian, journal
 from vmtax.results.store import Run, Store
 from vmtax.studies.fleet_ray import (RESOURCE, FleetError, Host, connected, hosts, identity,
                                      kv_del, kv_put, node_hosts)
 from vmtax.studies.plan import Plan
-from vmtax.studies.runner import QuietReporter, Reporter, Runner, _params_key, schedule
+from vmtax.studies.runner import (QuietReporter, Reporter, Runner, _params_key, rep_key,
+                                  schedule)
+from vmtax.studies.session import guarded_journal
 
 SPREADS = ("hosts", "cells")
 # How often the driver checks that the hosts it waits on are still there.
@@ -53,41 +54,6 @@ _POLL = 2.0
 
 
 # -- on a host -------------------------------------------------------------------------------
-class _StreamingStore(Store):
-    """The host's local store, which also hands every run, target and repetition it stores
-    to the task streaming them to the driver."""
-
-    def __init__(self, results_dir: str, events: queue.Queue):
-        super().__init__(results_dir)
-        self.events = events
-
-    def new_run(self, plan: dict[str, Any], host: dict[str, Any], version: str) -> str:
-        run_id = super().new_run(plan, host, version)
-        self.events.put(("run", {"local_run": run_id, "fingerprint": host}))
-        return run_id
-
-    def set_target(self, run_id: str, name: str, kind: str, fingerprint: dict[str, Any]) -> None:
-        super().set_target(run_id, name, kind, fingerprint)
-        self.events.put(("target", {"name": name, "kind": kind, "fingerprint": fingerprint}))
-
-    def add_rep(self, run_id: str, **rep: Any) -> int | None:
-        rep["metrics"] = list(rep.get("metrics", ()))
-        rep_id = super().add_rep(run_id, **rep)
-        self.events.put(("rep", rep))
-        return rep_id
-
-
-class _FleetRunner(Runner):
-    """The Runner, skipping the repetitions the head already has (a re-queued cell)."""
-
-    def __init__(self, *args: Any, skip: set[tuple], **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.skip = skip
-
-    def _already_done(self) -> set[tuple]:
-        return set(self.skip)
-
-
 class _BusyReporter(QuietReporter):
     """What the host is doing, for `vmtax fleet status`; warnings go to the driver."""
 
@@ -111,15 +77,14 @@ def host_task(plan: dict[str, Any], skip: list[tuple], label: str,
 
     def work() -> None:
         try:
-            store = _StreamingStore(os.environ.get("VMTAX_RESULTS", "results"), events)
-            for line in journal.recover():
-                events.put(("warn", f"recovered: {line}"))
-            own = journal.Journal()
+            store = Store(os.environ.get("VMTAX_RESULTS", "results"))
             try:
-                with guardian.guard(own.path):
-                    runner = _FleetRunner(Plan.from_dict(plan), store,
-                                          _BusyReporter(name, label, events), journal=own,
-                                          skip={tuple(k) for k in skip})
+                with guarded_journal(lambda line: events.put(("warn", f"recovered: {line}"))
+                                     ) as own:
+                    runner = Runner(Plan.from_dict(plan), store,
+                                    _BusyReporter(name, label, events), journal=own,
+                                    events=lambda kind, record: events.put((kind, record)),
+                                    skip={tuple(k) for k in skip})
                     run_id = runner.execute()
             finally:
                 store.close()    # Ray reuses the worker process for later tasks
@@ -196,12 +161,6 @@ class _Job:
     head: _HeadRun
     host: str | None       # pinned (--spread hosts), or any free host (cells)
     local_run: str | None = None
-
-
-def rep_key(rep: dict[str, Any]) -> tuple:
-    """A repetition's identity within a run, as the Runner's skip set has it."""
-    return (rep["target"], rep["workload"], _params_key(rep["params"]), rep["phase"],
-            rep["idx"])
 
 
 def _complete(plan: Plan, keys: set[tuple]) -> bool:
