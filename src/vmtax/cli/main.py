@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -29,7 +29,7 @@ from rich.text import Text
 from vmtax import __version__
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
-from vmtax.host import build_progress, guardian, journal, proc
+from vmtax.host import build_progress, journal, proc
 from vmtax.results.store import Store
 
 DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
@@ -106,6 +106,17 @@ def warn_left_behind(refuse: bool = True) -> None:
         line = str(exc)
     if line:
         click.echo(f"vmtax: warning: {line}", err=True)
+
+
+def recovered(line: str) -> None:
+    """Say what a crashed run left behind and was now undone (guarded_journal's report)."""
+    err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
+
+
+def stopped(message: str) -> NoReturn:
+    """End a study that Ctrl-C or SIGTERM stopped: say what was kept, exit as stopped."""
+    err.print(message)
+    sys.exit(proc.stopped_exit_code())
 
 
 def _print_json(data: Any) -> None:
@@ -423,28 +434,24 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                                    lambda s, r: _show(s, r, False, show_all),
                                    _run_json if as_json else None)
         return
-    for line in journal.recover():
-        err.print(f"[yellow]recovered:[/yellow] {line}")
-    own = journal.Journal()
     from vmtax.host import quiet
     from vmtax.studies import estimate
+    from vmtax.studies.session import guarded_journal
 
-    before = quiet.snapshot()
-    reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
-                                the_plan.warmup + the_plan.runs)
-    reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
-    with reporter as progress, guardian.guard(own.path):
-        runner = Runner(the_plan, store, progress, resume=resume, journal=own)
-        try:
-            run_id = runner.execute()
-            store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
-        except KeyboardInterrupt:
-            if runner.run_id:
-                err.print(f"interrupted; what finished is stored in run {runner.run_id} "
-                          f"(continue it with: vmtax run --resume {runner.run_id})")
-            else:
-                err.print("interrupted before the first run; nothing stored")
-            sys.exit(proc.stopped_exit_code())
+    with guarded_journal(recovered) as own:
+        before = quiet.snapshot()
+        reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
+                                    the_plan.warmup + the_plan.runs)
+        reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
+        with reporter as progress:
+            runner = Runner(the_plan, store, progress, resume=resume, journal=own)
+            try:
+                run_id = runner.execute()
+                store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
+            except KeyboardInterrupt:
+                stopped(f"interrupted; what finished is stored in run {runner.run_id} "
+                        f"(continue it with: vmtax run --resume {runner.run_id})"
+                        if runner.run_id else "interrupted before the first run; nothing stored")
     _show(store, run_id, as_json, show_all)
 
 

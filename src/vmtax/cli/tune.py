@@ -9,16 +9,16 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
 from vmtax.analysis import tune as tuning
-from vmtax.cli.main import ProgressReporter, _csv, _print_json, err, out, results_option
+from vmtax.cli.main import (ProgressReporter, _csv, _print_json, err, out, recovered,
+                             results_option, stopped)
+from vmtax.studies.session import guarded_journal
 from vmtax.core.errors import VmtaxError
-from vmtax.host import guardian, journal, proc
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
 
@@ -162,20 +162,16 @@ def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, re
         print_search(search)
         return
     store = Store(results)
-    for line in journal.recover():
-        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
-    own = journal.Journal()
 
     def said(stage: str, text: str) -> None:
         err.print(f"tune · {stage}: {escape(text)}")
 
     try:
-        with ProgressReporter() as progress, guardian.guard(own.path):
+        with guarded_journal(recovered) as own, ProgressReporter() as progress:
             outcome = search_mod.run(search, store, progress, own, resume, said)
     except KeyboardInterrupt:
-        err.print("interrupted; every repetition so far is stored (continue the search with "
-                  "the same command and --resume)")
-        sys.exit(proc.stopped_exit_code())
+        stopped("interrupted; every repetition so far is stored (continue the search with "
+                "the same command and --resume)")
     if as_json:
         _print_json(outcome.summary.to_json())
     else:
