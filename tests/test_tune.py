@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import stats
 from vmtax.analysis import tune as tuning
 from vmtax.core import plugin
@@ -320,7 +321,7 @@ def test_forest_plot_and_tax_recovered_in_the_report(tmp_path):
                             name="tune-test-combined")
     charts = plots.tune_forest(store.load_run(combined), {})
     assert [c.slug for c in charts] == ["tune-forest", "tune-tax-recovered"]
-    page = html.render_html([html.build(store.load_run(combined))])
+    page = html.render_html([html.build(analyse(store.load_run(combined)))])
     assert "tune: tax recovered per class" in page and "Tax recovered by the combination" in page
     assert plots.tune_forest(store.load_run(store_search(
         store, {"vm": [1.0, 2.0]}, {"vm": base}, name="plain")), {}) == []

@@ -472,17 +472,18 @@ def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> N
     if as_json:
         _print_json(_run_json(store, run_id))
         return
-    from vmtax.analysis import summary as analysis
     from vmtax.report import terminal as tables
 
     run_rec = store.load_run(run_id)
-    summary = analysis.summarize_run(run_rec)
     if show_all:
-        tables.print_summary(out, run_rec, summary)
+        from vmtax.analysis import summary as analysis
+
+        tables.print_summary(out, run_rec, analysis.summarize_run(run_rec))
     else:
+        from vmtax.analysis.model import analyse
         from vmtax.host import quiet
 
-        tables.print_headline(out, run_rec, summary, quiet.during(run_rec.host))
+        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host))
 
 
 @cli.command()
