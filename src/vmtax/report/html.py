@@ -111,7 +111,7 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
                              + plots.run_charts(run, labels)),   # E4: density, start-up
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
-                     flags_line=report.flags_line(summary.rows, quiet.during(run.host)),
+                     flags_line=report.flags_line(model.headline, quiet.during(run.host)),
                      host=host,
                      composite=model.classes if len(summary.targets) > 1 else [],
                      explained=explained)

@@ -181,10 +181,10 @@ FLAG_WHY = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
 
 
 def flags_line(rows: list[Row], context: str = "") -> str:
-    """The flags of these rows' primary metrics (the headline's rows: every view counts
-    these, so a report and the terminal give one count) in one line: "primary metrics: 3
-    cells noisy (CV > 5%), 1 clock skew"."""
-    counts = flag_counts(analysis.headline(rows))
+    """The flags of the headline's rows, the primary metrics (RunModel.headline: every view
+    counts these, so a report and the terminal give one count) in one line: "primary
+    metrics: 3 cells noisy (CV > 5%), 1 clock skew"."""
+    counts = flag_counts(rows)
     if not counts:
         return ""
     parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({FLAG_WHY[flag]})" if flag in FLAG_WHY
@@ -240,7 +240,7 @@ def print_headline(console: Console, model: RunModel, context: str = "") -> None
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
     _print_verdicts(console, classes, model.explanations if classes else [])
-    line = flags_line(summary.rows, context)
+    line = flags_line(rows, context)
     if line:
         console.print(Text(line, style=FLAG_STYLE))
     _print_failures(console, summary)
