@@ -500,11 +500,10 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from vmtax.cli import tune as cli_tune
+    from vmtax.report import tune_table
 
     shown = StringIO()
-    monkeypatch.setattr(cli_tune, "out", Console(file=shown, width=200, highlight=False))
-    cli_tune.print_summary(summary)
+    tune_table.print_summary(Console(file=shown, width=200, highlight=False), summary)
     text = shown.getvalue()
     assert "1 │ machine=q35" in text and "control (A vs A)" in text
     assert "stayed ~, as it must" in text
@@ -564,7 +563,7 @@ def test_dry_run_says_what_the_search_would_try_and_runs_nothing(tmp_path):
 
 
 def test_a_not_significant_change_whose_interval_excludes_zero_is_marked_and_explained():
-    from vmtax.cli import tune as cli_tune
+    from vmtax.report import tune_table as cli_tune
 
     def effect(ci: tuple[float, float], verdict: str) -> tuning.Effect:
         return tuning.Effect("iperf3", {}, "throughput", "network", stats.Comparison(
