@@ -38,7 +38,7 @@ from vmtax.core.option_types import (
     Size,
     cpulist,
 )
-from vmtax.core.target import TargetContext
+from vmtax.core.target import SERVES, Feature, TargetContext
 from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.guest.image import AGENT_PORT, GuestImage
 from vmtax.guest.libvirt_xml import DomainSpec
@@ -229,6 +229,13 @@ class LibvirtTarget(GuestTarget):
         masked = " with /dev/kvm masked" if libvirt.kvm_masked() else ""
         return True, (f"no libvirtd runs: vmtax starts one{masked} (and virtlogd) when a "
                       f"libvirt target needs it, and stops it after; {domains}")
+
+    @classmethod
+    def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
+        opts: LibvirtOptions = options  # type: ignore[assignment]
+        if opts.domain is not None:
+            return {SERVES: "an existing domain: its address is the user's network's"}
+        return {SERVES: 'network = "none"'} if opts.network == "none" else {}
 
     @classmethod
     def host_hugepages(cls, options: plugin.Options) -> dict[str, int]:

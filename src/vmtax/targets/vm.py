@@ -30,7 +30,7 @@ from vmtax.core.option_types import (
     Size,
     cpulist,
 )
-from vmtax.core.target import TargetContext
+from vmtax.core.target import SERVES, Feature, TargetContext
 from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.guest.image import GuestImage
 from vmtax.guest.qemu import (
@@ -234,6 +234,11 @@ class VmTarget(GuestTarget):
         if opts.hugepages is None:
             return {}
         return {opts.hugepages: hugepages.pages_needed(parse_size(opts.memory), opts.hugepages)}
+
+    @classmethod
+    def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
+        opts: VmOptions = options  # type: ignore[assignment]
+        return {SERVES: 'network = "none"'} if opts.network == "none" else {}
 
     @classmethod
     def workload_hugepages(cls, options: plugin.Options) -> int | None:
