@@ -1684,10 +1684,10 @@ def path_traversal_attack(env: Env, outcome: Outcome, quick: bool) -> None:
         if not (base / name).is_file() and not quick:
             outcome.fail(f"{name}: not written where its option named it")
     # fleet start would start Ray's head: its --ray-temp-dir is checked where it is made.
-    from vmtax.studies import fleet
+    from vmtax.studies import fleet_ray
     outcome.cases += 1
     with _in_directory(cwd):
-        argv = fleet.head_argv(1, up + "ray")
+        argv = fleet_ray.head_argv(1, up + "ray")
     if argv[argv.index("--temp-dir") + 1] != str(base / "ray"):
         outcome.fail(f"fleet start --ray-temp-dir {up}ray: Ray is given {argv[-1]}")
     if quick:

@@ -26,6 +26,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip, append=False)
 
 
+def builtin(group: str) -> dict:
+    """name -> class of vmtax's own plugins of a group, from the registry: a test that checks
+    the built-ins' facts reads them here, so a third-party plugin needs no test edit."""
+    from vmtax.core import plugin
+
+    return {name: cls for name, cls in plugin.plugins(group).items()
+            if cls.__module__.startswith("vmtax.")}
+
+
+def known(group: str) -> str:
+    """The registry's names of a group as messages list them ("a, b, c")."""
+    from vmtax.core import plugin
+
+    return ", ".join(plugin.plugins(group))
+
+
 @pytest.fixture(autouse=True)
 def _private_runtime(tmp_path, monkeypatch):
     """Each test gets its own journal directory, so tests never undo each other's changes."""

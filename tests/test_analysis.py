@@ -1,6 +1,7 @@
 import pytest
 from rich.console import Console
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
 from vmtax.core import workload as workloads
@@ -210,7 +211,7 @@ def test_below_resolution_is_what_the_table_and_the_html_say(tmp_path, quantized
     table = console.export_text()
     body = table.split("median [95% CI]")[0]   # the caption explains ×ratios
     assert body.count("below resolution") == 2 and "×" not in body
-    html = htmlreport.render_html([htmlreport.build(run)])
+    html = htmlreport.render_html([htmlreport.build(analyse(run))])
     assert html.count('data-no-ratio="below resolution"') == 2
 
 

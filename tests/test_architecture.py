@@ -22,7 +22,6 @@ OTHER_MEANING = {
     ("analysis/summary.py", "memory"): "a class of performance (MetricSpec.group)",
     ("studies/density.py", "memory"): "why a density step stopped: the host's memory",
     ("helpers/perf_kvm.py", "exits"): "the name of perf kvm stat's metric",
-    ("results/store.py", "native"): "migrating runs stored before targets said bare_host",
     ("helpers/serving_tools.py", "serving"): "the serving workload's own tools, named for it",
     ("cli/main.py", "exits"): "the name of the `vmtax exits` command",
     ("cli/main.py", "profile"): "the name of the `vmtax profile` command",

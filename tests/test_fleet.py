@@ -1,7 +1,6 @@
 """The fleet's pieces that need no Ray cluster (tests/test_fleet_live.py runs a real one)."""
 
 import json
-import queue
 import socket
 import types
 
@@ -10,7 +9,8 @@ from conftest import vmtax
 
 from vmtax.core.types import Metric
 from vmtax.results.store import Store
-from vmtax.studies import fleet
+from vmtax.analysis.spread import spread
+from vmtax.studies import fleet, fleet_ray
 from vmtax.studies.plan import from_names
 from vmtax.studies.runner import QuietReporter, schedule
 
@@ -19,9 +19,9 @@ FP = {"cpu_model": "EPYC", "logical_cpus": 2, "kernel": "6.1", "hostname": "h1",
 
 
 def test_the_head_runs_nothing_and_a_host_advertises_its_resource_only():
-    head = fleet.head_argv(6379, None)
+    head = fleet_ray.head_argv(6379, None)
     assert head[head.index("--num-cpus") + 1] == "0" and "--resources" not in head
-    join = fleet.join_argv("10.0.0.1:6379", "h1", "/tmp/r")
+    join = fleet_ray.join_argv("10.0.0.1:6379", "h1", "/tmp/r")
     assert join[join.index("--num-cpus") + 1] == "0"
     assert json.loads(join[join.index("--resources") + 1]) == {"vmtax-host:h1": 1}
     assert join[join.index("--temp-dir") + 1] == "/tmp/r" and "--block" in join
@@ -30,13 +30,13 @@ def test_the_head_runs_nothing_and_a_host_advertises_its_resource_only():
 @pytest.mark.parametrize("name", ["", "a b", "-x", "a/b", "x" * 64])
 def test_bad_host_names_are_refused(name):
     with pytest.raises(fleet.FleetError, match="--name: expected"):
-        fleet.check_name(name)
+        fleet_ray.check_name(name)
 
 
 def test_identity_ignores_what_differs_between_identical_hosts():
-    assert fleet.identity(FP) == fleet.identity({**FP, "hostname": "h2",
+    assert fleet_ray.identity(FP) == fleet_ray.identity({**FP, "hostname": "h2",
                                                   "memory_bytes": 2**34 - 4096})
-    assert fleet.identity(FP) != fleet.identity({**FP, "kernel": "6.2"})
+    assert fleet_ray.identity(FP) != fleet_ray.identity({**FP, "kernel": "6.2"})
 
 
 def _hosts(monkeypatch, *found):
@@ -44,9 +44,9 @@ def _hosts(monkeypatch, *found):
 
 
 def test_choosing_hosts(monkeypatch):
-    a = fleet.Host("a", True, FP, None, None)
-    b = fleet.Host("b", True, {**FP, "hostname": "h2"}, None, None)
-    gone = fleet.Host("c", False, FP, None, None)
+    a = fleet_ray.Host("a", True, FP, None, None)
+    b = fleet_ray.Host("b", True, {**FP, "hostname": "h2"}, None, None)
+    gone = fleet_ray.Host("c", False, FP, None, None)
     _hosts(monkeypatch, a, b, gone)
     assert list(fleet._choose(None, None, "hosts")) == ["a", "b"]
     assert list(fleet._choose(None, ["all"], "cells")) == ["a", "b"]
@@ -54,7 +54,7 @@ def test_choosing_hosts(monkeypatch):
     with pytest.raises(fleet.FleetError, match=r"no live host named c, x in the fleet; "
                                                r"it has: a, b"):
         fleet._choose(None, ["a", "c", "x"], "hosts")
-    _hosts(monkeypatch, a, fleet.Host("k", True, {**FP, "kernel": "6.2"}, None, None))
+    _hosts(monkeypatch, a, fleet_ray.Host("k", True, {**FP, "kernel": "6.2"}, None, None))
     with pytest.raises(fleet.FleetError, match="identical hosts, but k and a differ in kernel"):
         fleet._choose(None, None, "cells")
     assert list(fleet._choose(None, None, "hosts")) == ["a", "k"]
@@ -65,8 +65,8 @@ def test_choosing_hosts(monkeypatch):
 
 def test_addresses_are_checked_before_ray_is_asked():
     with pytest.raises(fleet.FleetError, match="expected HOST:PORT"):
-        fleet._host_port("head")
-    assert fleet._host_port("10.0.0.1:6379") == ("10.0.0.1", 6379)
+        fleet_ray._host_port("head")
+    assert fleet_ray._host_port("10.0.0.1:6379") == ("10.0.0.1", 6379)
 
 
 def _rep(**over):
@@ -74,21 +74,6 @@ def _rep(**over):
                status="ok", argv=["sysbench"], started=1.0, host_elapsed=1.0,
                metrics=[Metric("events/s", 10.0, "1/s", True)])
     return {**rep, **over}
-
-
-def test_the_local_store_streams_what_it_stores(tmp_path):
-    events: queue.Queue = queue.Queue()
-    store = fleet._StreamingStore(str(tmp_path), events)
-    run_id = store.new_run({"p": 1}, FP, "0")
-    store.set_target(run_id, "native", "native", {"bare_host": True})
-    store.add_rep(run_id, **_rep())
-    got = [events.get_nowait() for _ in range(3)]
-    assert [k for k, _ in got] == ["run", "target", "rep"]
-    assert got[0][1] == {"local_run": run_id, "fingerprint": FP}
-    assert got[2][1]["metrics"] == [Metric("events/s", 10.0, "1/s", True)]
-    # The identity the driver computes is the one the Runner skips by.
-    (stored,) = store.load_run(run_id).reps
-    assert fleet.rep_key(vars(stored)) == fleet.rep_key(got[2][1])
 
 
 class _FakeRay:
@@ -200,7 +185,7 @@ def test_a_fleet_run_set_is_its_hosts_runs_and_each_ratio_spreads_across_them(fl
     store, ids, local = fleet_store
     per_host = fleet.host_runs(store, store.load_run(ids["b"]))
     assert {h: r.id for h, r in per_host.items()} == ids
-    (row,) = fleet.spread(per_host)
+    (row,) = spread(per_host)
     assert (row.workload, row.metric, row.target) == ("cpu", "events/s", "container")
     assert {h: round(v, 3) for h, v in row.ratios.items() if v} == {"a": 0.5, "b": 0.8,
                                                                      "c": 0.9}
@@ -222,7 +207,7 @@ def test_a_cells_run_is_split_by_the_host_that_ran_each_repetition(tmp_path):
     per_host = fleet.host_runs(store, store.load_run(run_id))
     assert {h: sorted({r.idx for r in run.reps}) for h, run in per_host.items()} == {
         "a": [0, 1], "b": [2]}
-    (row,) = fleet.spread(per_host)
+    (row,) = spread(per_host)
     assert set(row.ratios) == {"a", "b"} and row.low is not None and row.low < 0.6
 
 

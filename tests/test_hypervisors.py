@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from test_macro_composite import store_dd_run
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import summary as analysis
 from vmtax.cli import main as cli
 from vmtax.cli import plan as cli_plan
@@ -153,7 +154,7 @@ def test_show_prints_the_index_recommendation_and_the_page_cache_explanation(dd_
 def test_html_report_has_the_composite_table_and_explains_the_win_in_its_card(dd_run):
     results, run_id = dd_run
     run = Store(results, readonly=True).load_run(run_id)
-    html = htmlreport.render_html([htmlreport.build(run)])
+    html = htmlreport.render_html([htmlreport.build(analyse(run))])
     card = re.search(r'<div class="card" data-class="disk I/O".*?</div>\s*</div>', html,
                      re.DOTALL)
     assert card, html

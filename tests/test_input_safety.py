@@ -18,7 +18,7 @@ from vmtax.core.text import check_printable, printable, read_user_file
 from vmtax.core.types import Metric
 from vmtax.report import export
 from vmtax.results.store import Store
-from vmtax.studies import fleet, plan, planfile
+from vmtax.studies import fleet, fleet_ray, plan, planfile
 
 ESC_TITLE = "\x1b]0;pwned\x07"
 FORMULA = '=HYPERLINK("http://evil.example/","click")'
@@ -131,7 +131,7 @@ def test_the_progress_line_shows_names_escaped():
 ])
 def test_a_fleet_address_is_checked_as_written(address, why):
     with pytest.raises(fleet.FleetError, match=why):
-        fleet.check_head(address)
+        fleet_ray.check_head(address)
 
 
 def test_fleet_join_fails_at_once_where_no_head_listens(tmp_path):
@@ -147,7 +147,7 @@ def test_fleet_join_fails_at_once_where_no_head_listens(tmp_path):
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
-        fleet.check_head(f"127.0.0.1:{listening.getsockname()[1]}")
+        fleet_ray.check_head(f"127.0.0.1:{listening.getsockname()[1]}")
 
 
 def test_report_and_export_of_an_imported_run(tmp_path):

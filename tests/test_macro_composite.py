@@ -10,6 +10,7 @@ from vmtax.analysis import composite
 from vmtax.analysis.composite import Index, combine
 from vmtax.analysis.stats import RatioSummary
 from vmtax.analysis.summary import Cell, Row, RunSummary
+from vmtax.report.composite_table import print_composite
 
 
 def cell(value, low, high) -> Cell:
@@ -99,7 +100,7 @@ def test_cells_without_a_ratio_are_left_out_and_said():
     assert set(disk.by_target) == {"native", "container"}
     assert disk.skipped == ["throughput of dbench on vm: no ratio (failed or missing runs)"]
     console = Console(record=True, width=200)
-    composite.print_composite(console, summary(rows))
+    print_composite(console, summary(rows))
     text = console.export_text()
     assert "0.9 [0.8, 1]" in text and "not counted: throughput of dbench on vm" in text
     assert "disk I/O: no significant difference" in text

@@ -17,6 +17,7 @@ from vmtax.cli import density as cli_density
 from vmtax.cli import fleet as cli_fleet
 from vmtax.cli.main import cli
 from vmtax.results.store import Store
+from vmtax.analysis.spread import SpreadRow
 from vmtax.studies import density, fleet
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -108,7 +109,7 @@ def test_run_on_a_fleet_prints_one_json_document(tmp_path, monkeypatch, capsys):
     ids = [store_study(store, "container", "container", (4.0, 4.0)) for _ in range(2)]
     monkeypatch.setattr(fleet, "run", lambda *args: fleet.Outcome(
         [(ids[0], "host a"), (ids[1], "host b")], ["host c left the fleet mid-plan"]))
-    row = fleet.SpreadRow("cpu", {}, "events/s", "vm", {"a": 0.5, "b": 0.6})
+    row = SpreadRow("cpu", {}, "events/s", "vm", {"a": 0.5, "b": 0.6})
     head = SimpleNamespace(host={"fleet": {"id": ids[0], "spread": "hosts"}})
     monkeypatch.setattr(cli_fleet, "spread_of", lambda store, spec: (head, {}, [row]))
     cli_fleet.run_on_fleet(None, store, "head:6379", None, None, None, None,

@@ -8,6 +8,7 @@ import pytest
 from rich.console import Console
 from test_ux import store_classic
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import summary as analysis
 from vmtax.report import terminal as report
 from vmtax.results.store import Store
@@ -35,7 +36,7 @@ def test_the_headline_prints_every_ratio_within_its_interval(tmp_path):
     run_id = store_classic(tmp_path, keeps={"native": 1.0, "container": 1.0057, "vm": 0.6})
     run = Store(tmp_path).load_run(run_id)
     console = Console(record=True, width=120)
-    report.print_headline(console, run, analysis.summarize_run(run))
+    report.print_headline(console, analyse(run))
     text = console.export_text()
     for shown, low, high in re.findall(r"([\d.]+) \[([\d.]+)–([\d.]+)\]", text):
         assert float(low) <= float(shown) <= float(high), text
@@ -59,7 +60,7 @@ def test_a_failed_baseline_leaves_no_raw_value_in_a_ratio_column(tmp_path, basel
     why = "native failed" if baseline_status == "failed" else "not run on native"
     assert cell.no_ratio == f"no ratio: {why}"
     console = Console(record=True, width=120)
-    report.print_headline(console, run, summary)
+    report.print_headline(console, analyse(run))
     text = console.export_text()
     assert f"no ratio: {why}" in text
     assert report.fmt(cell.summary.median) not in text.split("no ratio")[0].splitlines()[-1]

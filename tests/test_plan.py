@@ -1,5 +1,6 @@
 import pytest
 
+from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.studies import plan
 
@@ -33,8 +34,10 @@ def test_target_variants_and_command_line_options_set_options():
         ("native", {}), ("container", {"runtime": "runc"}), ("vm", {"accel": "tcg", "vcpus": 1})]
 
 
+@pytest.mark.plugin_lists
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(target_names=["native", "xen"]), "unknown target 'xen'; known targets: container, "),
+    (dict(target_names=["native", "xen"]),
+     "unknown target 'xen'; known targets: " + ", ".join(targets.known_names())),
     (dict(target_names=["container:lxc"]), "unknown target 'container:lxc'"),
     (dict(workload_names=["cpu", "tpcc"]), "unknown workload 'tpcc'; known workloads: "),
     (dict(target_names=["native", "native"]), "target names must be unique"),
@@ -85,3 +88,21 @@ def test_command_line_workloads_meet_the_same_host_check_as_plan_files(monkeypat
     with pytest.raises(VmtaxError, match=r"^--workloads compile: this host cannot run it: "
                        r"objects: expected a Linux source tarball .*linux-source-9\.9"):
         classic(target_names=["native"], workload_names=["compile"])
+
+
+@pytest.mark.parametrize("name, kind, options, why", [
+    ("vm", "vm", {"network": "none"}, 'network = "none"'),
+    ("libvirt:dom", "libvirt", {"domain": "dom"}, "an existing domain"),
+])
+def test_a_target_that_cannot_serve_host_clients_is_refused_at_the_plan_check(name, kind,
+                                                                              options, why):
+    """A client-server workload on a target whose options give its server no way to a
+    client on the host: refused before anything runs, not when the server starts."""
+    with pytest.raises(VmtaxError, match=f"iperf3: {name} refuses serving host clients "
+                                         rf"\({why}"):
+        plan.Plan(targets=[plan.TargetSpec("native", "native", {}),
+                           plan.TargetSpec(name, kind, options)],
+                  workloads=[plan.WorkloadSpec("iperf3", {})])
+    # A one-role workload runs there.
+    plan.Plan(targets=[plan.TargetSpec(name, kind, options)],
+              workloads=[plan.WorkloadSpec("cpu", {})])

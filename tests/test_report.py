@@ -7,6 +7,7 @@ from conftest import vmtax
 from matplotlib.collections import PathCollection
 from PIL import Image
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.core.workload import Metric
@@ -79,7 +80,7 @@ def run(tmp_path):
 
 def test_findings_name_the_best_target_per_class_and_every_flag(run):
     summary = analysis.summarize_run(run)
-    f = htmlreport.findings(summary)
+    f = htmlreport.findings(analyse(run))
     # the classes of the composite index: cpu's latencies are no primary metric
     assert list(f.classes) == ["CPU", "memory", "disk I/O"]
     assert [s.target for s in f.classes["CPU"]] == ["container", "vm"]
@@ -101,10 +102,10 @@ def test_the_cards_give_the_composite_tables_figure(run):
     """One class, one figure: a card's share is the composite index, not another mean."""
     summary = analysis.summarize_run(run)
     indices = {ci.cls: ci.by_target for ci in composite.composite(summary)}
-    cards = htmlreport.findings(summary).classes
+    cards = htmlreport.findings(analyse(run)).classes
     assert cards and all(s.keeps == indices[cls][s.target].value
                          for cls, standings in cards.items() for s in standings)
-    html = htmlreport.render_html([htmlreport.build(run)])
+    html = htmlreport.render_html([htmlreport.build(analyse(run))])
     card = html[html.index('data-class="disk I/O" data-best='):]
     disk = indices["disk I/O"]["vm"].value
     assert f'<span class="val">{htmlreport.pct(disk)}</span>' in card[:card.index('class="rec"')]
@@ -131,7 +132,7 @@ def test_figures_cover_each_workload_and_the_sweep(run):
 
 
 def test_html_is_self_contained_and_shows_everything(run):
-    html = htmlreport.render_html([htmlreport.build(run)])
+    html = htmlreport.render_html([htmlreport.build(analyse(run))])
     for target in TARGETS:
         assert f'data-fingerprint="{target}"' in html
     assert "crun" in html and "Synthetic CPU" in html and "qemu.version" in html

@@ -15,7 +15,7 @@ from vmtax.core.workload import Workload
 from vmtax.host import proc
 from vmtax.results.store import Store
 from vmtax.studies import plan as plan_mod
-from vmtax.studies.runner import Runner, schedule
+from vmtax.studies.runner import Runner, rep_key, schedule
 
 
 class EchoOptions(plugin.Options):
@@ -97,6 +97,27 @@ def test_failures_are_stored_with_raw_output_and_the_plan_goes_on(tmp_path, mode
     if mode == "garbage":
         assert first.stdout == "no number here\n"
     assert second.status == "ok"
+
+
+def test_the_event_sink_hears_each_record_as_stored_and_skipped_reps_are_not_run(tmp_path):
+    """The Runner's extension points the fleet builds on: its host task streams every
+    record to the driver, and a re-queued cell skips what the head already has."""
+    heard = []
+    store = Store(tmp_path)
+    elsewhere = Store(tmp_path / "elsewhere")
+    warmup = elsewhere.load_run(Runner(make_plan(value=7), elsewhere).execute()).reps[0]
+    skip = {rep_key(vars(warmup))}
+    run_id = Runner(make_plan(value=7), store, events=lambda kind, record: heard.append(
+        (kind, record)), skip=skip).execute()
+    run = store.load_run(run_id)
+    assert [(r.phase, r.idx) for r in run.reps] == [("measure", 1), ("measure", 2),
+                                                     ("measure", 3)]
+    kinds = [k for k, _ in heard]
+    assert kinds[:2] == ["run", "target"] and kinds.count("rep") == 3
+    assert heard[0][1]["local_run"] == run_id and heard[0][1]["fingerprint"] == run.host
+    reps = [r for k, r in heard if k == "rep"]
+    assert [rep_key(r) for r in reps] == [rep_key(vars(r)) for r in run.reps]
+    assert reps[-1]["metrics"] == [Metric("value", 7.0, "u", True)]
 
 
 def test_interrupt_keeps_committed_reps_and_cleans_up(tmp_path):

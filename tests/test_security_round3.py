@@ -276,7 +276,7 @@ def test_a_fingerprint_with_escapes_is_escaped_in_csv_and_benchstat(tmp_path):
 
 
 def test_a_relative_ray_temp_dir_is_given_to_ray_absolute(tmp_path, monkeypatch):
-    from vmtax.studies import fleet
+    from vmtax.studies import fleet_ray as fleet
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(fleet, "_ray_exe", lambda: "ray")

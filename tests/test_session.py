@@ -2,8 +2,8 @@
 studies read through the contract instead of guessing them from a kind's name."""
 
 import pytest
+from conftest import builtin
 
-from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.core.instance import Instance
 from vmtax.host.journal import Journal
@@ -80,8 +80,9 @@ def test_a_targets_options_are_checked_through_its_kind():
 
 # -- the facts each kind declares -----------------------------------------------------------
 
+@pytest.mark.plugin_lists
 def test_target_facts_are_declared_by_each_kind():
-    kinds = targets.kinds()
+    kinds = builtin("target")
     assert {k for k, c in kinds.items()
             if c.shares_host_page_cache} == {"native", "container", "lxd"}
     assert {k for k, c in kinds.items() if c.ksm_mergeable} == {"vm", "libvirt"}

@@ -8,6 +8,7 @@ import pytest
 from vmtax.analysis import summary as analysis
 from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
+from vmtax.results import schema as schema_mod
 from vmtax.results import store as store_mod
 from vmtax.results.store import DB_NAME, LATEST, Store
 
@@ -218,7 +219,8 @@ def test_migration_steps_run_in_order_and_a_failed_step_leaves_its_version(tmp_p
     def broken_step(db):
         db.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("step 2 broke")
-    monkeypatch.setattr(store_mod, "MIGRATIONS", (*store_mod.MIGRATIONS, broken_step))
+    monkeypatch.setattr(schema_mod, "MIGRATIONS", (*schema_mod.MIGRATIONS, broken_step))
+    monkeypatch.setattr(schema_mod, "LATEST", LATEST + 1)
     monkeypatch.setattr(store_mod, "LATEST", LATEST + 1)
     results = v0_copy(tmp_path)
     with pytest.raises(RuntimeError, match="step 2 broke"):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import stats
 from vmtax.analysis import tune as tuning
 from vmtax.core import plugin
@@ -320,7 +321,7 @@ def test_forest_plot_and_tax_recovered_in_the_report(tmp_path):
                             name="tune-test-combined")
     charts = plots.tune_forest(store.load_run(combined), {})
     assert [c.slug for c in charts] == ["tune-forest", "tune-tax-recovered"]
-    page = html.render_html([html.build(store.load_run(combined))])
+    page = html.render_html([html.build(analyse(store.load_run(combined)))])
     assert "tune: tax recovered per class" in page and "Tax recovered by the combination" in page
     assert plots.tune_forest(store.load_run(store_search(
         store, {"vm": [1.0, 2.0]}, {"vm": base}, name="plain")), {}) == []
@@ -499,11 +500,10 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from vmtax.cli import tune as cli_tune
+    from vmtax.report import tune_table
 
     shown = StringIO()
-    monkeypatch.setattr(cli_tune, "out", Console(file=shown, width=200, highlight=False))
-    cli_tune.print_summary(summary)
+    tune_table.print_summary(Console(file=shown, width=200, highlight=False), summary)
     text = shown.getvalue()
     assert "1 │ machine=q35" in text and "control (A vs A)" in text
     assert "stayed ~, as it must" in text
@@ -563,7 +563,7 @@ def test_dry_run_says_what_the_search_would_try_and_runs_nothing(tmp_path):
 
 
 def test_a_not_significant_change_whose_interval_excludes_zero_is_marked_and_explained():
-    from vmtax.cli import tune as cli_tune
+    from vmtax.report import tune_table as cli_tune
 
     def effect(ci: tuple[float, float], verdict: str) -> tuning.Effect:
         return tuning.Effect("iperf3", {}, "throughput", "network", stats.Comparison(

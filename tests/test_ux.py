@@ -14,6 +14,7 @@ from conftest import vmtax
 from rich.console import Console
 from scipy import stats as scipy_stats
 
+from vmtax.analysis.model import analyse
 from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
 from vmtax.cli import main as cli
@@ -72,7 +73,7 @@ def store_classic(results, *, runs=5, keeps=None, name=None, noisy_secondary=Tru
 
 def _headline(run, width=80):
     console = Console(record=True, width=width)
-    report.print_headline(console, run, analysis.summarize_run(run))
+    report.print_headline(console, analyse(run))
     return console.export_text()
 
 
@@ -467,7 +468,7 @@ def test_report_hides_secondary_metrics_collapses_flags_and_compares_two_runs(tm
         if r.target == "vm":
             r.metrics[:] = [Metric(m.name, m.value * (1 + 0.3 * (r.idx % 2)), m.unit,
                                    m.higher_is_better) for m in r.metrics]
-    built = htmlreport.build(noisy)
+    built = htmlreport.build(analyse(noisy))
     assert [c.slug for c in built.charts] == ["cpu-ratio", "cpu-repetitions", "memory-ratio",
                                               "memory-repetitions"]   # strips beside bars
     page = htmlreport.render_html([built])

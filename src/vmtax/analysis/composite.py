@@ -24,9 +24,8 @@ then the workload's own explanation (Workload.explain_win: dd's buffered copy wi
 where its O_DIRECT copy does not is the host's page cache), and for other disk-bound wins
 the page cache or fewer fsyncs reaching the disk.
 
-`composite(summary)` and `explanations(summary)` are what views print; `print_composite`
-is the terminal form (`vmtax composite RUN`), and a report can add it through the same
-function.
+`composite(summary)` and `explanations(summary)` are what views print; the terminal form
+(`vmtax composite RUN`) is vmtax.report.composite_table.print_composite.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from rich.console import Console
-from rich.table import Table
 
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.summary import Cell, Row, RunSummary
@@ -313,32 +310,3 @@ def _workload_explanation(summary: RunSummary, row: Row, target: str) -> str | N
               if other is not row and other.workload == row.workload
               and other.params == row.params and (cell := other.cells.get(target)) is not None]
     return cls.explain_win(_outcome(row, row.cells[target]), others, summary.baseline)
-
-
-def print_composite(console: Console, summary: RunSummary) -> None:
-    """The composite index per class and target, then the recommendations."""
-    classes = composite(summary)
-    if not classes:
-        console.print("no workload of this run has a ratio to the baseline in a class")
-        return
-    table = Table(title=f"composite index: ratio to {summary.baseline}, geometric mean "
-                  "[95% CI]; below 1 = worse")
-    table.add_column("class")
-    table.add_column("workloads", justify="right")
-    for target in summary.targets:
-        table.add_column(target, justify="right")
-    for ci in classes:
-        counted = max((len(i.parts) for i in ci.by_target.values()), default=0)
-        cells = []
-        for target in summary.targets:
-            index = ci.by_target.get(target)
-            cells.append("" if index is None else "1" if target == summary.baseline else
-                         f"{index.value:.3g} [{index.ci_low:.3g}, {index.ci_high:.3g}]")
-        table.add_row(ci.cls, str(counted), *cells)
-    console.print(table)
-    for ci in classes:
-        console.print(ci.recommendation)
-        for why in ci.skipped if ci.cls != OVERALL else []:
-            console.print(f"  not counted: {why}")
-    for line in explanations(summary):
-        console.print(f"suspicious win: {line}")

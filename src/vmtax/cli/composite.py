@@ -38,4 +38,6 @@ def composite_command(run_id, baseline, as_json, results) -> None:
     if as_json:
         click.echo(json.dumps({"run": run.id, **composite.to_json(summary)}, indent=2))
     else:
-        composite.print_composite(Console(), summary)
+        from vmtax.report.composite_table import print_composite
+
+        print_composite(Console(), summary)

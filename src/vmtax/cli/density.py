@@ -27,6 +27,7 @@ from vmtax.core.errors import VmtaxError
 from vmtax.core.text import unique_names
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import ksm, proc
+from vmtax.results import study_records as records
 from vmtax.results.store import Store
 from vmtax.studies import density, planfile
 from vmtax.studies import session as sessions
@@ -293,7 +294,7 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
                                idx=idx) -> None:
                     err.print(escape(_step_line(name, with_ksm, step)))
                     s.store.add_rep(run_id, target=name, workload=density.WORKLOAD,
-                                    params=density.params(with_ksm), phase="step",
+                                    params=density.params(with_ksm), phase=records.STEP,
                                     idx=idx[0], status="ok", argv=["density"],
                                     started=time.time(), stdout=density.json_step(step),
                                     metrics=density.step_metrics(step))

@@ -46,7 +46,7 @@ def fleet_command() -> None:
 @temp_dir_option
 def start(port, ray_temp_dir) -> None:
     """Start the fleet's head here, until Ctrl-C. It runs no workload itself."""
-    from vmtax.studies import fleet
+    from vmtax.studies import fleet_ray
 
     address = f"127.0.0.1:{port}"
 
@@ -57,8 +57,8 @@ def start(port, ray_temp_dir) -> None:
                    f"  vmtax fleet join {head}:{port} --name NAME\n"
                    "Ctrl-C stops the head.", err=True)
 
-    _serve(fleet.head_argv(port, ray_temp_dir), fleet.ray_log(f"head-{port}"), address, None,
-           None, up)
+    _serve(fleet_ray.head_argv(port, ray_temp_dir), fleet_ray.ray_log(f"head-{port}"), address,
+           None, None, up)
 
 
 @fleet_command.command()
@@ -71,10 +71,10 @@ def start(port, ray_temp_dir) -> None:
 @temp_dir_option
 def join(head, name, results, ray_temp_dir) -> None:
     """Join the fleet at HEAD_ADDRESS as benchmark host NAME, until Ctrl-C."""
-    from vmtax.studies import fleet
+    from vmtax.studies import fleet_ray
 
-    fleet.check_name(name)
-    fleet.check_head(head)    # before Ray, which would retry a wrong address for minutes
+    fleet_ray.check_name(name)
+    fleet_ray.check_head(head)    # before Ray, which would retry a wrong address for minutes
     results = os.path.abspath(results)
     Store(results).close()    # a results directory that cannot be written fails here
     env = {**os.environ, "VMTAX_RESULTS": results,   # for the runner in Ray's workers
@@ -84,19 +84,19 @@ def join(head, name, results, ray_temp_dir) -> None:
            "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "false"}
 
     def up(ray) -> None:
-        fleet.register(name, results)
+        fleet_ray.register(name, results)
         click.echo(f"joined the fleet at {head} as {name} (results kept in {results}); "
                    "Ctrl-C leaves it.", err=True)
 
-    _serve(fleet.join_argv(head, name, ray_temp_dir), fleet.ray_log(f"join-{name}"), head,
+    _serve(fleet_ray.join_argv(head, name, ray_temp_dir), fleet_ray.ray_log(f"join-{name}"), head,
            name, env, up)
 
 
 def _serve(argv, log, address, name, env, up) -> None:
-    from vmtax.studies import fleet
+    from vmtax.studies import fleet_ray
 
     try:
-        fleet.serve(argv, log, address, name, env, up)
+        fleet_ray.serve(argv, log, address, name, env, up)
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
 
@@ -111,10 +111,10 @@ def _since(ts: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(address, as_json) -> None:
     """The fleet's hosts: up or gone, their fingerprints, and what each is running."""
-    from vmtax.studies import fleet
+    from vmtax.studies import fleet_ray
 
-    with fleet.connected(address) as ray:
-        found = fleet.hosts(ray)
+    with fleet_ray.connected(address) as ray:
+        found = fleet_ray.hosts(ray)
     if as_json:
         import json
         click.echo(json.dumps([vars(h) for h in found], indent=2))
@@ -171,11 +171,12 @@ def run_on_fleet(plan: "Plan", store: Store, address: str | None, hosts: list[st
 def spread_of(store: Store, spec: str) -> tuple[Any, dict[str, Any], list[Any]]:
     """The run spec names (as `vmtax show` takes it), its fleet run set per host, and the
     spread of each target's ratio across those hosts."""
+    from vmtax.analysis.spread import spread
     from vmtax.studies import fleet
 
     run = store.load_run(spec)
     per_host = fleet.host_runs(store, run)
-    return run, per_host, fleet.spread(per_host)
+    return run, per_host, spread(per_host)
 
 
 def print_spread(store: Store, spec: str) -> None:

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -31,7 +31,7 @@ from vmtax.core.errors import VmtaxError
 from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
 from vmtax.core.text import markup as escape  # control characters too
-from vmtax.host import build_progress, guardian, journal, proc
+from vmtax.host import build_progress, journal, proc
 from vmtax.results.store import Store
 
 DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
@@ -108,6 +108,17 @@ def warn_left_behind(refuse: bool = True) -> None:
         line = str(exc)
     if line:
         click.echo(f"vmtax: warning: {printable(line)}", err=True)
+
+
+def recovered(line: str) -> None:
+    """Say what a crashed run left behind and was now undone (guarded_journal's report)."""
+    err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
+
+
+def stopped(message: str) -> NoReturn:
+    """End a study that Ctrl-C or SIGTERM stopped: say what was kept, exit as stopped."""
+    err.print(message)
+    sys.exit(proc.stopped_exit_code())
 
 
 def _print_json(data: Any) -> None:
@@ -426,28 +437,24 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                                    lambda s, r: _show(s, r, False, show_all),
                                    _run_json if as_json else None)
         return
-    for line in journal.recover():
-        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
-    own = journal.Journal()
     from vmtax.host import quiet
     from vmtax.studies import estimate
+    from vmtax.studies.session import guarded_journal
 
-    before = quiet.snapshot()
-    reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
-                                the_plan.warmup + the_plan.runs)
-    reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
-    with reporter as progress, guardian.guard(own.path):
-        runner = Runner(the_plan, store, progress, resume=resume, journal=own)
-        try:
-            run_id = runner.execute()
-            store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
-        except KeyboardInterrupt:
-            if runner.run_id:
-                err.print(f"interrupted; what finished is stored in run {runner.run_id} "
-                          f"(continue it with: vmtax run --resume {runner.run_id})")
-            else:
-                err.print("interrupted before the first run; nothing stored")
-            sys.exit(proc.stopped_exit_code())
+    with guarded_journal(recovered) as own:
+        before = quiet.snapshot()
+        reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
+                                    the_plan.warmup + the_plan.runs)
+        reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
+        with reporter as progress:
+            runner = Runner(the_plan, store, progress, resume=resume, journal=own)
+            try:
+                run_id = runner.execute()
+                store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
+            except KeyboardInterrupt:
+                stopped(f"interrupted; what finished is stored in run {runner.run_id} "
+                        f"(continue it with: vmtax run --resume {runner.run_id})"
+                        if runner.run_id else "interrupted before the first run; nothing stored")
     _show(store, run_id, as_json, show_all)
 
 
@@ -468,17 +475,18 @@ def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> N
     if as_json:
         _print_json(_run_json(store, run_id))
         return
-    from vmtax.analysis import summary as analysis
     from vmtax.report import terminal as tables
 
     run_rec = store.load_run(run_id)
-    summary = analysis.summarize_run(run_rec)
     if show_all:
-        tables.print_summary(out, run_rec, summary)
+        from vmtax.analysis import summary as analysis
+
+        tables.print_summary(out, run_rec, analysis.summarize_run(run_rec))
     else:
+        from vmtax.analysis.model import analyse
         from vmtax.host import quiet
 
-        tables.print_headline(out, run_rec, summary, quiet.during(run_rec.host))
+        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host))
 
 
 @cli.command()

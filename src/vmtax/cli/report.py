@@ -10,6 +10,7 @@ import click
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.report import export as export_mod
+from vmtax.analysis.model import analyse
 from vmtax.results.store import IMPORTED, Run, Store
 
 # Paths are plain click.Path(): writing them reports a bad one as vmtax's usual one-line
@@ -74,12 +75,12 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     per_host = _per_host(store, runs[0]) if len(runs) == 1 else None
     spread = None
     if per_host:
-        from vmtax.studies import fleet
+        from vmtax.analysis.spread import spread as spread_of
 
-        reports = [htmlreport.build(run, host=name) for name, run in per_host.items()]
-        spread = fleet.spread(per_host)
+        reports = [htmlreport.build(analyse(run), host=name) for name, run in per_host.items()]
+        spread = spread_of(per_host)
     else:
-        reports = [htmlreport.build(run) for run in runs]
+        reports = [htmlreport.build(analyse(run)) for run in runs]
     # Two runs: the second against the first, metric by metric, as `vmtax compare` does.
     comparison = htmlreport.compare_runs(runs[0], runs[1]) if len(runs) == 2 else None
     export_mod.write_file(html_path,

@@ -8,95 +8,17 @@
 
 from __future__ import annotations
 
-import math
-import sys
-
 import click
-from rich.table import Table
 
-from vmtax.analysis import tune as tuning
 from vmtax.cli import bounds
-from vmtax.cli.main import ProgressReporter, _csv, _print_json, err, out, results_option
+from vmtax.cli.main import (ProgressReporter, _csv, _print_json, err, out, recovered,
+                            results_option, stopped)
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
-from vmtax.host import guardian, journal, proc
+from vmtax.report.tune_table import print_summary
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
-
-VERDICT_STYLE = {"better": "green", "worse": "red"}
-
-
-# Beside a `~` whose interval excludes 0: the interval is one comparison's, the verdict is
-# adjusted across the search (and racing may have stopped it early, as no win): not a
-# contradiction, said under the table.
-UNADJUSTED = "*"
-
-
-def _unadjusted_only(effect: tuning.Effect) -> bool:
-    g = effect.gain
-    return effect.comparison.verdict == "~" and (g.low > 0 or g.high < 0)
-
-
-def _effect(effect: tuning.Effect) -> str:
-    g, verdict = effect.gain, effect.comparison.verdict
-    if not math.isfinite(g.value):
-        return verdict
-    text = (f"{g.value:+.1%} [{g.low:+.1%}, {g.high:+.1%}] {verdict}"
-            + (UNADJUSTED if _unadjusted_only(effect) else ""))
-    style = VERDICT_STYLE.get(verdict)
-    return f"[{style}]{escape(text)}[/{style}]" if style else escape(text)
-
-
-def _column(effect: tuning.Effect, several: bool) -> str:
-    return f"{effect.group}: {effect.workload}" if several else effect.group
-
-
-def print_summary(summary: tuning.TuneSummary) -> None:
-    first = summary.knobs[0].effects if summary.knobs else []
-    groups = [e.group for e in first]
-    several = len(set(groups)) != len(groups)
-    table = Table(title=f"knobs of {summary.baseline} ({summary.kind}): gain over the "
-                        f"baseline, {100 * (1 - summary.alpha):g}% CI, verdict after "
-                        f"{summary.method.upper() if summary.method == 'bh' else 'Holm'}",
-                  title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("knob=value")
-    for e in first:
-        table.add_column(escape(_column(e, several)))
-    table.add_column("safety")
-    rank = 0
-    for knob in summary.knobs:
-        rank += 0 if knob.control else 1
-        table.add_row("–" if knob.control else str(rank),
-                      "control (A vs A)" if knob.control else escape(knob.label),
-                      *(_effect(e) for e in knob.effects), escape(knob.safety or ""))
-    out.print(table)
-    effects = [e for knob in summary.knobs for e in knob.effects]
-    if any(_unadjusted_only(e) for e in effects):
-        out.print(f"[dim]{UNADJUSTED} its interval excludes 0, but the change is not "
-                  f"significant once adjusted for the {len(effects)} comparisons above, or "
-                  "racing stopped it early as no win[/dim]")
-    out.print(escape(tuning.control_note(summary)))
-    if summary.combined_run is not None:
-        tuned = ", ".join(tuning.knob_label(k, v) for k, v in summary.tuned.items())
-        out.print(f"\ncombined ({escape(tuned)}) against {escape(summary.baseline)}: "
-                  + "; ".join(f"{escape(_column(e, several))} {_effect(e)}"
-                              for e in summary.vs_baseline))
-        if summary.vs_best:
-            out.print(f"against the best single ({escape(summary.best or '')}): "
-                      + "; ".join(f"{escape(_column(e, several))} {_effect(e)}"
-                                  for e in summary.vs_best))
-        for line in summary.interactions:
-            out.print(escape(line))
-        if summary.tax_recovered:
-            out.print("tax recovered (tuned − baseline) / (native − baseline): " + ", ".join(
-                f"{group} {value:.0%}" for group, value in summary.tax_recovered.items()
-                if value is not None))
-    for note in summary.notes:
-        out.print(f"[dim]note: {escape(note)}[/dim]")
-    out.print("\nrecommended configuration" + (" (the baseline: nothing was confirmed)"
-                                               if not summary.confirmed else "") + ":")
-    out.print(escape(summary.recommended()), soft_wrap=True)
+from vmtax.studies.session import guarded_journal
 
 
 def print_search(search: search_mod.Search) -> None:
@@ -163,21 +85,17 @@ def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, re
         print_search(search)
         return
     store = Store(results)
-    for line in journal.recover():
-        err.print(f"[yellow]recovered:[/yellow] {escape(line)}")
-    own = journal.Journal()
 
     def said(stage: str, text: str) -> None:
         err.print(f"tune · {stage}: {escape(text)}")
 
     try:
-        with ProgressReporter() as progress, guardian.guard(own.path):
+        with guarded_journal(recovered) as own, ProgressReporter() as progress:
             outcome = search_mod.run(search, store, progress, own, resume, said)
     except KeyboardInterrupt:
-        err.print("interrupted; every repetition so far is stored (continue the search with "
-                  "the same command and --resume)")
-        sys.exit(proc.stopped_exit_code())
+        stopped("interrupted; every repetition so far is stored (continue the search with "
+                "the same command and --resume)")
     if as_json:
         _print_json(outcome.summary.to_json())
     else:
-        print_summary(outcome.summary)
+        print_summary(out, outcome.summary)

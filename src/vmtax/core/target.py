@@ -29,8 +29,11 @@ MEMORY_DIR_ENV = "VMTAX_MEMORY_DIR"
 # (vmtax.core.workload.Workload.needs) and a target, or a container runtime, may refuse
 # (Target.refuses, vmtax.core.runtime.Runtime.refuses). Named in one place, so that the
 # plan check matches one against the other without knowing either plugin.
-Feature = Literal["real-time scheduling"]
+Feature = Literal["real-time scheduling", "serving host clients"]
 REALTIME: Feature = "real-time scheduling"
+# A server in the target that a client on the host reaches: what every client-server
+# workload needs (Workload.all_needs), refused by a target whose options give it no way.
+SERVES: Feature = "serving host clients"
 
 
 @dataclass(frozen=True)

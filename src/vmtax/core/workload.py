@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 from vmtax.core import plugin
 from vmtax.core.errors import ParseError, VmtaxError
 from vmtax.core.figures import Figure
-from vmtax.core.target import Need
+from vmtax.core.target import SERVES, Need
 from vmtax.core.types import Endpoint, Job, JobResult, Metric, MetricSpec
 
 
@@ -148,6 +148,13 @@ class Workload(plugin.Plugin, abc.ABC):
     def prepare_jobs(self) -> list[Job]:
         """Jobs run once per target before the repetitions (parsed by parse_prepare)."""
         return []
+
+    def all_needs(self) -> list[Need]:
+        """What the plan check matches against its targets' refusals: needs(), and for a
+        client-server workload a server in the target its client on the host reaches."""
+        serves = ([Need(SERVES, "for its server, which its client on the host reaches")]
+                  if self.server_job() is not None else [])
+        return [*self.needs(), *serves]
 
     def run_job(self) -> Job:
         """The measured command, run in the target (a client-server workload has none:

@@ -1,8 +1,8 @@
 """One self-contained HTML file per report: findings, figures (inline SVG), the summary
 table of every metric, fingerprints and failures of one or more stored runs.
 
-Everything shown comes from `analysis.summarize_run`, like the terminal table and
-`vmtax show --json`, so the three always agree. The page has no scripts and loads
+Everything shown comes from one analysis of each run (`analysis.model.analyse`), like the
+terminal table and `vmtax show --json`, so the three always agree. The page has no scripts and loads
 nothing: it opens offline and can be mailed as one file.
 """
 
@@ -19,6 +19,7 @@ from vmtax import __version__
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import Standing
+from vmtax.analysis.model import RunModel
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core.errors import VmtaxError
 from vmtax.report import flamegraph, plots
@@ -46,31 +47,16 @@ class Findings:
     failures: list[dict[str, Any]]        # grouped: target, workload, phase, error, count
 
 
-def findings(summary: RunSummary) -> Findings:
-    worst: dict[str, tuple[Row, Cell]] = {}
-    for row in summary.rows:
-        spec = analysis.metric_spec(row.workload, row.metric)
-        if spec is None or spec.group is None:
-            continue
-        for target, cell in row.cells.items():
-            r = cell.ratio
-            if (r is not None and math.isfinite(r.value) and r.value > 0
-                    and (target not in worst or r.value < _ratio(worst[target]))):
-                worst[target] = (row, cell)
+def findings(model: RunModel) -> Findings:
     # The flags report.flags_line counts: those of the primary metrics.
     flags = [Flag(kind, target, row, _flag_detail(kind, cell))
-             for row in analysis.headline(summary.rows) for target, cell in row.cells.items()
+             for row in model.headline for target, cell in row.cells.items()
              for kind in cell.flags]
     grouped: dict[tuple, dict[str, Any]] = {}
-    for f in summary.failures:
+    for f in model.summary.failures:
         key = tuple(f[k] for k in FAILURE_KEYS)
         grouped.setdefault(key, {**dict(zip(FAILURE_KEYS, key)), "count": 0})["count"] += 1
-    return Findings(composite.standings(summary), worst, flags, list(grouped.values()))
-
-
-def _ratio(pair: tuple[Row, Cell]) -> float:
-    assert pair[1].ratio is not None
-    return pair[1].ratio.value
+    return Findings(model.standings, model.worst, flags, list(grouped.values()))
 
 
 def _flag_detail(kind: str, cell: Cell) -> str:
@@ -111,24 +97,23 @@ class RunReport:
     explained: dict[str | None, list[str]] = field(default_factory=dict)
 
 
-def build(run: Run, host: str | None = None) -> RunReport:
+def build(model: RunModel, host: str | None = None) -> RunReport:
     from vmtax.host import quiet
 
-    summary = analysis.summarize_run(run)
+    run, summary = model.run, model.summary
     labels = {t: report.target_label(run, t) for t in summary.targets}
     explained: dict[str | None, list[str]] = {}
-    for cls, line in composite.explained(summary):
+    for cls, line in model.explained:
         explained.setdefault(cls, []).append(line)
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
                      charts=(_paired(plots.charts(summary, labels))
                              + plots.run_charts(run, labels)),   # E4: density, start-up
-                     findings=findings(summary),
+                     findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
-                     flags_line=report.flags_line(summary.rows, quiet.during(run.host)),
+                     flags_line=report.flags_line(model.headline, quiet.during(run.host)),
                      host=host,
-                     composite=(composite.composite(summary) if len(summary.targets) > 1
-                                else []),
+                     composite=model.classes if len(summary.targets) > 1 else [],
                      explained=explained)
 
 
@@ -229,7 +214,8 @@ _ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.me
 
 def render_html(reports: list[RunReport], comparison: RunComparison | None = None,
                 spread: list[Any] | None = None) -> str:
-    """spread: a fleet run set's fleet.SpreadRow list (reports then has one per host)."""
+    """spread: a fleet run set's vmtax.analysis.spread.SpreadRow list (reports then has one
+    per host)."""
     svgs = {(i, c.slug): plots.inline_svg(c, prefix=f"r{i}-{c.slug}-")
             for i, r in enumerate(reports) for c in r.charts}
     return _ENV.get_template("report.html.j2").render(

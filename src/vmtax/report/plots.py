@@ -34,6 +34,7 @@ from vmtax.analysis.summary import Row, RunSummary
 from vmtax.core import figures
 from vmtax.core import workload as workloads
 from vmtax.host.ksm import unmarked_note
+from vmtax.results import study_records as records
 
 # Figure sizes in inches at DPI: PNGs are exactly size × DPI pixels (no tight bbox).
 DPI = 150
@@ -606,8 +607,8 @@ def inline_svg(chart: Chart, prefix: str) -> str:
 # Their numbers are per step of a density study (reps of phase "step", metrics keyed by the
 # instance count) and per cold start (`vmtax boot`), not medians of repetitions: drawn from
 # the stored run itself.
-DENSITY = "density"
-BOOT = "boot"
+DENSITY = records.DENSITY
+BOOT = records.BOOT
 
 
 def _run_colors(targets: list[str]) -> dict[str, str]:
@@ -618,12 +619,12 @@ def _density_lines(run: Any, metric: str) -> dict[tuple[str, str], list[tuple[fl
     """(target, KSM on|off) -> [(instances, value)] of a density run's steps."""
     lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for rep in run.reps:
-        if rep.workload != DENSITY or rep.phase != "step":
+        if rep.workload != DENSITY or rep.phase != records.STEP:
             continue
         for m in rep.metrics:
-            if m.name == metric and "instances" in m.dimensions:
-                lines.setdefault((rep.target, str(rep.params.get("ksm", "off"))), []).append(
-                    (float(m.dimensions["instances"]), m.value))
+            if m.name == metric and records.INSTANCES in m.dimensions:
+                lines.setdefault((rep.target, str(rep.params.get(records.KSM, "off"))),
+                                 []).append((float(m.dimensions[records.INSTANCES]), m.value))
     return {key: sorted(points) for key, points in lines.items()}
 
 
@@ -651,11 +652,11 @@ def _density_figure(title: str, ylabel: str,
 def density_memory(run: Any, labels: dict[str, str]) -> list[Chart]:
     """Host used memory (delta) against the instance count, and PSS per instance: one
     line per target and KSM setting."""
-    used = _density_lines(run, "used delta")
+    used = _density_lines(run, records.USED_DELTA)
     if not used:
         return []
     pss = {key: [(n, v / n) for n, v in points if n > 0]
-           for key, points in _density_lines(run, "pss total").items()}
+           for key, points in _density_lines(run, records.PSS_TOTAL).items()}
     # Containers measured with KSM on: why their lines do not move.
     note = unmarked_note([run.targets.get(t, {}).get("kind", "") for t, on in used
                           if on == "on"], str(run.host.get("kernel", "")))

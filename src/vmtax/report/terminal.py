@@ -15,6 +15,7 @@ from rich.text import Text
 
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
+from vmtax.analysis.model import RunModel
 from vmtax.analysis.summary import TOO_SHORT, Cell, Row, RunSummary
 from vmtax.core.text import printable
 from vmtax.report.export import flatten
@@ -180,10 +181,10 @@ FLAG_WHY = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
 
 
 def flags_line(rows: list[Row], context: str = "") -> str:
-    """The flags of these rows' primary metrics (the headline's rows: every view counts
-    these, so a report and the terminal give one count) in one line: "primary metrics: 3
-    cells noisy (CV > 5%), 1 clock skew"."""
-    counts = flag_counts(analysis.headline(rows))
+    """The flags of the headline's rows, the primary metrics (RunModel.headline: every view
+    counts these, so a report and the terminal give one count) in one line: "primary
+    metrics: 3 cells noisy (CV > 5%), 1 clock skew"."""
+    counts = flag_counts(rows)
     if not counts:
         return ""
     parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({FLAG_WHY[flag]})" if flag in FLAG_WHY
@@ -192,13 +193,13 @@ def flags_line(rows: list[Row], context: str = "") -> str:
     return "⚠ primary metrics: " + ", ".join(parts) + (f": {context}" if context else "")
 
 
-def print_headline(console: Console, run: Run, summary: RunSummary, context: str = "") -> None:
+def print_headline(console: Console, model: RunModel, context: str = "") -> None:
     """The answer on one screen: per workload its primary metric, the baseline's median and
     each target's ratio to it with its 95% CI, then each class's composite index (E3's
     geometric mean of its workloads' ratios, with its CI) and overall; one recommendation
     line per class, each suspicious win explained, every flag in one line. `vmtax show
     --all` has every metric."""
-    rows = analysis.headline(summary.rows)
+    run, summary, rows = model.run, model.summary, model.headline
     others = [t for t in summary.targets if t != summary.baseline]
     # The title on a line of its own: a table's title wraps at the table's width.
     console.print(Text(_title(run), style="bold"))
@@ -219,7 +220,7 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
         table.add_row(shown_text(row.workload + (f" {tags}" if tags else "")),
                       f"{'↑' if row.higher_is_better else '↓'} {shown_text(row.metric)}{unit}",
                       cell_median(base), *[_ratio_text(row.cells.get(t)) for t in others])
-    classes = composite.composite(summary) if others else []
+    classes = model.classes
     if classes:
         table.add_section()
         for ci in classes:
@@ -238,8 +239,8 @@ def print_headline(console: Console, run: Run, summary: RunSummary, context: str
                   "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)"
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
-    _print_verdicts(console, classes, composite.explanations(summary) if classes else [])
-    line = flags_line(summary.rows, context)
+    _print_verdicts(console, classes, model.explanations if classes else [])
+    line = flags_line(rows, context)
     if line:
         console.print(Text(line, style=FLAG_STYLE))
     _print_failures(console, summary)
@@ -529,7 +530,7 @@ def verdict_line(rows, alpha: float) -> Text:
 
 def print_spread(console: Console, rows, hosts: list[str], title: str) -> None:
     """A fleet run set: per headline metric and target, its ratio to the baseline on each
-    host, then the spread across hosts (median, min–max). rows: fleet.SpreadRow."""
+    host, then the spread across hosts (median, min–max). rows: vmtax.analysis.spread.SpreadRow."""
     console.print(Text(printable(title), style="bold"))
     if not rows:
         console.print("[dim]no target besides the baseline: no ratio to spread[/dim]")

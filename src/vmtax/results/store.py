@@ -15,13 +15,16 @@ its side files get the umask's mode, readable by whom the user shares results wi
 The schema is versioned by SQLite's `PRAGMA user_version`: a new database is created at
 the newest schema (SCHEMA), an older one is brought to it by MIGRATIONS, one transaction
 per step, when it is opened.
+
+This module is the store's API (runs, their lifecycle, and resolving a run spec); the
+schema and its migrations are in vmtax.results.schema, opening and guarding the database
+in vmtax.results.connection, the side file in vmtax.results.pending and the masking of
+secrets in vmtax.results.masking.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -31,23 +34,22 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.host.proc import process_start_time, running
+from vmtax.results.connection import StoreError as StoreError  # the store's API
+from vmtax.results.connection import connect, guarded, problem
+from vmtax.results.masking import masker
+from vmtax.results.pending import ELSEWHERE as ELSEWHERE
+from vmtax.results.pending import PENDING_NAME as PENDING_NAME
+from vmtax.results.pending import PendingSideFile
+from vmtax.results.schema import LATEST as LATEST
+from vmtax.results.schema import bring_up_to_date, schema_version
 
 DB_NAME = "vmtax.sqlite"
-PENDING_NAME = "vmtax.pending.jsonl"
-# A line of PENDING_NAME that names the runtime side file a run's later records went to.
-ELSEWHERE = "elsewhere"
-_RUNTIME_SIDE_FILE = re.compile(r"pending-[0-9a-f]{16}\.jsonl")
-
-
-class StoreError(VmtaxError):
-    """The results database cannot be read or written."""
-
 
 # A run's name (`vmtax run --name`) and an imported report's label start with a letter, so
 # they never read as a run id (ids start with the date) or a prefix of one, and hold no ':'
@@ -65,191 +67,6 @@ def check_run_name(name: str, option: str = "--name") -> str:
                          f"(at most 64, not 'last'), got {name!r}")
     return name
 
-
-# The newest schema, one statement each: it is created inside one transaction, which
-# executescript() would commit first. Change it only together with a new MIGRATIONS step.
-SCHEMA = (
-    """CREATE TABLE runs (
-        id TEXT PRIMARY KEY,
-        created REAL NOT NULL,
-        finished REAL,
-        status TEXT NOT NULL,            -- running | done | interrupted | failed
-        plan TEXT NOT NULL,              -- JSON: the plan as run
-        host TEXT NOT NULL,              -- JSON: host fingerprint
-        version TEXT NOT NULL,
-        pid INTEGER,                     -- the process running it, while it runs,
-        pid_start INTEGER                -- and that process's start time (pids are reused)
-    )""",
-    """CREATE TABLE targets (
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        name TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,       -- JSON; "bare_host": true for the bare host
-        PRIMARY KEY (run_id, name)
-    )""",
-    """CREATE TABLE reps (
-        id INTEGER PRIMARY KEY,
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        target TEXT NOT NULL,
-        workload TEXT NOT NULL,
-        params TEXT NOT NULL,            -- JSON: the workload's parameters
-        phase TEXT NOT NULL,             -- prepare | warmup | measure
-        idx INTEGER NOT NULL,
-        status TEXT NOT NULL,            -- ok | failed | timeout
-        error TEXT,
-        exit_code INTEGER,
-        host_elapsed REAL,
-        guest_elapsed REAL,
-        started REAL NOT NULL,
-        argv TEXT NOT NULL,              -- JSON
-        stdout TEXT,
-        stderr TEXT
-    )""",
-    "CREATE INDEX reps_run ON reps(run_id)",
-    """CREATE TABLE metrics (
-        rep_id INTEGER NOT NULL REFERENCES reps(id),
-        name TEXT NOT NULL,
-        value REAL NOT NULL,
-        unit TEXT NOT NULL,
-        higher_is_better INTEGER NOT NULL,
-        dimensions TEXT NOT NULL DEFAULT '{}'   -- JSON object: {"percentile": "99"}
-    )""",
-    "CREATE INDEX metrics_rep ON metrics(rep_id)",
-    """CREATE TABLE flags (              -- sanity flags of a finished run, as last computed
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        target TEXT NOT NULL,
-        workload TEXT NOT NULL,
-        params TEXT NOT NULL,            -- JSON: the parameters that vary within the run
-        metric TEXT NOT NULL,
-        flag TEXT NOT NULL
-    )""",
-)
-
-
-def _v1_dimensions_and_bare_host(db: sqlite3.Connection) -> None:
-    """Metrics gain dimensions; fingerprints say whether the target is the bare host, so
-    that analysis need not know which target kinds are."""
-    db.execute("ALTER TABLE metrics ADD COLUMN dimensions TEXT NOT NULL DEFAULT '{}'")
-    targets = db.execute("SELECT run_id, name, kind, fingerprint FROM targets").fetchall()
-    db.executemany("UPDATE targets SET fingerprint = ? WHERE run_id = ? AND name = ?",
-                   [(json.dumps({**json.loads(fingerprint), "bare_host": kind == "native"}),
-                     run_id, name) for run_id, name, kind, fingerprint in targets])
-
-
-# MIGRATIONS[n] brings a database from version n to n + 1. Version 0 is the schema of
-# vmtax before versioning (tests/fixtures/store/v0.sqlite). Append steps, never edit
-# one: databases in the wild have run them.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _v1_dimensions_and_bare_host,
-)
-LATEST = len(MIGRATIONS)
-
-
-def _schema_version(db: sqlite3.Connection, path: Path) -> int | None:
-    """The database's schema version; None for a new database, which has no tables yet."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > LATEST:
-        raise VmtaxError(f"{path} has schema version {version}, but this vmtax understands "
-                         f"versions up to {LATEST}; upgrade vmtax")
-    if version == 0 and not db.execute("SELECT 1 FROM sqlite_master").fetchone():
-        return None
-    return version
-
-
-def _bring_up_to_date(db: sqlite3.Connection, path: Path) -> None:
-    """Create the newest schema in a new database, or migrate an older one, committing each
-    step with its new version. BEGIN IMMEDIATE takes the write lock before the version is
-    read, so two vmtax opening one old database at once do not both run a step."""
-    while True:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            version = _schema_version(db, path)
-            if version == LATEST:
-                db.rollback()
-                return
-            if version is None:
-                for statement in SCHEMA:
-                    db.execute(statement)
-                version = LATEST
-            else:
-                MIGRATIONS[version](db)
-                version += 1
-            db.execute(f"PRAGMA user_version = {version}")
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-
-
-def _problem(path: Path, exc: BaseException) -> str:
-    """One line saying what is wrong with the database at path, and what to do."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if any(word in text for word in ("not a database", "malformed", "corrupt")):
-        return (f"{path} is damaged ({text}); move it aside and vmtax starts a new one "
-                f"(`sqlite3 {path} .recover` may rescue its runs), or give --results DIR")
-    if "locked" in text or "busy" in text:
-        return f"{path} is locked by another process ({text}); try again when it is done"
-    return (f"{path} cannot be used ({text}); check the file's permissions and attributes "
-            "(lsattr) and its filesystem, or give --results DIR")
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _guarded(method: _F) -> _F:
-    """SQLite's errors (and a filesystem's under it) as one StoreError line."""
-    @functools.wraps(method)
-    def guarded(self: "Store", *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(_problem(self.path, exc)) from None
-    return guarded  # type: ignore[return-value]
-
-
-def _connect(path: Path, uri: str | None = None) -> sqlite3.Connection:
-    """A connection whose first read already checked the file: SQLite opens lazily, so a
-    garbage header would otherwise surface at some later query."""
-    db = (sqlite3.connect(uri, uri=True, timeout=30) if uri
-          else sqlite3.connect(path, timeout=30))
-    try:
-        db.execute("PRAGMA schema_version").fetchone()
-        # quick_check reads every page of the b-trees (not the indexes' contents): tens of
-        # milliseconds for thousands of repetitions, and no half-broken file is run into.
-        problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
-        if problems != ["ok"]:
-            raise sqlite3.DatabaseError("database disk image is malformed: "
-                                        + "; ".join(problems)[:200])
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
-# What a secret (Job.secrets) is stored as.
-SECRET_SHOWN = "***"
-
-
-def _masker(secrets: Iterable[str]) -> Callable[[str | None], str | None]:
-    """A function that replaces each of secrets (longest first: one may hold another)
-    in a text by SECRET_SHOWN."""
-    found = sorted({s for s in secrets if s}, key=len, reverse=True)
-    if not found:
-        return lambda text: text
-    pattern = re.compile("|".join(map(re.escape, found)))
-    return lambda text: None if text is None else pattern.sub(SECRET_SHOWN, text)
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
-
-
-_REP_COLUMNS = ("run_id", "target", "workload", "params", "phase", "idx", "status", "error",
-                "exit_code", "host_elapsed", "guest_elapsed", "started", "argv", "stdout",
-                "stderr")
 
 
 @dataclass
@@ -286,7 +103,7 @@ class Run:
     reps: list[Rep]
 
 
-class Store:
+class Store(PendingSideFile):
     """The results database of one directory.
 
     Writers (the default) create the directory and database if needed. readonly=True is
@@ -323,7 +140,7 @@ class Store:
             if not readonly:
                 self._import_pending()
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(_problem(self.path, exc)) from None
+            raise StoreError(problem(self.path, exc)) from None
         self._identity = self._file_identity()
 
     def _open_for_writing(self) -> sqlite3.Connection:
@@ -336,11 +153,11 @@ class Store:
             raise VmtaxError(f"results directory {self.dir} is not writable ({exc.strerror}); "
                              "choose another with --results DIR") from None
         if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
-            raise StoreError(_problem(self.path, PermissionError(
+            raise StoreError(problem(self.path, PermissionError(
                 "the file cannot be read and written; an immutable attribute, or its mode")))
-        db = _connect(self.path)
+        db = connect(self.path)
         try:
-            _bring_up_to_date(db, self.path)
+            bring_up_to_date(db, self.path)
         except BaseException:
             db.close()
             raise
@@ -352,9 +169,9 @@ class Store:
         if not self.path.is_file():
             raise missing
         uri = self.path.resolve().as_uri() + "?mode=ro"
-        db = _connect(self.path, uri)
+        db = connect(self.path, uri)
         try:
-            version = _schema_version(db, self.path)
+            version = schema_version(db, self.path)
             if version is None:     # left empty by a writer that died before its schema
                 raise missing
             if version < LATEST:
@@ -369,7 +186,7 @@ class Store:
     def _migrate_briefly(self) -> None:
         db = sqlite3.connect(self.path, timeout=30)
         try:
-            _bring_up_to_date(db, self.path)
+            bring_up_to_date(db, self.path)
         except sqlite3.OperationalError as exc:
             raise VmtaxError(f"{self.path} is from an older vmtax and must be upgraded, but "
                              f"cannot be written ({exc}); make it writable once") from None
@@ -395,207 +212,8 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    # -- the side file ---------------------------------------------------------------------
-    def _file_identity(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino
-
-    def _write(self, run_id: str, record: dict[str, Any], write: Callable[[], Any]) -> Any:
-        """Do one write of run_id's, or once the database cannot take it, append record to
-        the side file; returns write's result, or None when the record went aside."""
-        if self.diverted is None:
-            # A file deleted or replaced under the open connection takes writes that
-            # nobody will ever read: those go aside too.
-            if self._identity is not None and self._file_identity() != self._identity:
-                self.diverted = "the file was deleted or replaced while vmtax ran"
-            else:
-                try:
-                    return write()
-                except (sqlite3.Error, OSError) as exc:
-                    self.diverted = str(exc) or type(exc).__name__
-        self._append_pending(run_id, record)
-        return None
-
-    def _append_pending(self, run_id: str, record: dict[str, Any]) -> None:
-        """Append record to the run's one side file: beside the database while that
-        directory takes it, else (a full disk) the runtime one for good, which a line in
-        the results directory's side file names, so a copy of the directory finds it. A
-        run's records never go back, so its last record (`finish`) follows all others."""
-        failures = []
-        for path in ([self.fallback] if self.aside == self.fallback
-                     else [self.pending, self.fallback]):
-            if path == self.fallback and self.aside != self.fallback and not self.named:
-                self.named = self._name_fallback()
-            # The first lines beside the database name the runtime file ahead: once the
-            # disk is full, even that small line may not fit.
-            lines = ([{"kind": ELSEWHERE, "path": str(self.fallback)}]
-                     if path == self.pending and not self.named else [])
-            header = self._records.get(run_id)
-            if header is not None and path not in header["aside"]:
-                lines += [{"kind": "run", **header["run"]},
-                          *({"kind": "target", **t} for t in header["targets"].values())]
-            lines.append(record)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._append(path, "".join(json.dumps(line, sort_keys=True) + "\n"
-                                           for line in lines))
-            except OSError as exc:
-                failures.append(f"{path}: {exc.strerror}")
-                continue
-            if header is not None:
-                header["aside"].add(path)
-            self.aside = path
-            self.named = self.named or path == self.pending
-            kept = self.kept.setdefault(run_id, {})
-            kept[path] = kept.get(path, 0) + (record["kind"] == "rep")
-            return
-        raise StoreError(f"{self.path} cannot take results ({self.diverted}) and neither can "
-                         f"a side file ({'; '.join(failures)}); the run stops here")
-
-    def _name_fallback(self) -> bool:
-        """Write into the results directory's side file where the rest goes; whether it
-        could be written (a small append may fit where a repetition did not)."""
-        try:
-            self._append(self.pending, json.dumps({"kind": ELSEWHERE,
-                                                   "path": str(self.fallback)}) + "\n")
-        except OSError:
-            return False
-        return True
-
-    @staticmethod
-    def _append(path: Path, text: str) -> None:
-        """Append all of text to path or nothing: a write cut short by a full disk is
-        taken back, so a later record never follows half a line."""
-        data = text.encode()
-        while True:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                # An importer may have taken the file meanwhile: append to the new one.
-                if os.fstat(fd).st_ino != _inode(path):
-                    continue
-                size = os.fstat(fd).st_size
-                try:
-                    written = 0
-                    while written < len(data):
-                        written += os.write(fd, data[written:])
-                    os.fsync(fd)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, size)
-                    raise
-                return
-            finally:
-                os.close(fd)
-
-    def _aside_error(self, run_id: str) -> StoreError:
-        kept = self.kept.get(run_id, {})
-        total = sum(kept.values())
-        if len(kept) == 1:
-            where = f"are kept in {next(iter(kept))}"
-        else:
-            where = "are kept aside: " + ", ".join(f"{n} in {path}" for path, n in kept.items())
-        if self.fallback in kept:
-            where += (f" (named in {self.pending}, so a copy of {self.dir} finds it on this "
-                      "host)" if self.named else
-                      f" (which nothing in {self.dir} names: the disk is full)")
-        return StoreError(
-            f"{self.path} stopped taking results ({self.diverted}); {total} repetitions of "
-            f"run {run_id} {where}, imported by the next vmtax run that opens {self.dir}" + (
-                "" if self._file_identity() is None else
-                " (move the damaged database aside first if it stays unusable)"))
-
-    def _import_pending(self) -> None:
-        """Bring what an earlier vmtax kept aside into the database, once: a repetition
-        already stored (same run, target, configuration, phase and index) is skipped. The
-        side file beside the database comes first, then the runtime files it names (a
-        directory copied or moved finds them too), then this directory's own runtime file.
-        A file's lock keeps a vmtax still appending to it, or another importing it, out."""
-        named = self._import_file(self.pending)
-        for path in [*named, self.fallback]:
-            self._import_file(path)
-
-    def _import_file(self, path: Path) -> list[Path]:
-        """Import the side file at path and delete it; the runtime files it names."""
-        try:
-            f = open(path, "r", encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        with f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            if os.fstat(f.fileno()).st_ino != _inode(path):
-                return []    # imported by another vmtax meanwhile
-            named = self._import_lines(path, f.read().splitlines())
-            path.unlink()
-        return named
-
-    def _import_lines(self, path: Path, lines: list[str]) -> list[Path]:
-        records = []
-        for number, line in enumerate(lines, 1):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                if number < len(lines):   # only the last line may be cut short by a crash
-                    raise StoreError(f"{path}:{number}: not a record of vmtax "
-                                     f"({exc.msg}); move the file aside") from None
-        named = []
-        try:
-            with self.db:
-                for r in records:
-                    if r.get("kind") == ELSEWHERE:
-                        named.append(self._runtime_side_file(path, r["path"]))
-                    else:
-                        self._import_record(r)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise StoreError(f"{path}: a record lacks {exc} or is not an object; "
-                             "move the file aside") from None
-        return named
-
-    def _runtime_side_file(self, source: Path, named: str) -> Path:
-        """The runtime side file a results directory's side file names: only one of
-        vmtax's own, which importing deletes."""
-        path = Path(named)
-        if path.parent != self.fallback.parent or not _RUNTIME_SIDE_FILE.fullmatch(path.name):
-            raise StoreError(f"{source}: names {named!r}, which is not a side file of vmtax "
-                             f"in {self.fallback.parent}; move the file aside")
-        return path
-
-    def _import_record(self, r: dict[str, Any]) -> None:
-        kind = r.get("kind")
-        if kind == "run":
-            self.db.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
-                            (r["id"], r["created"], None, "interrupted", r["plan"], r["host"],
-                             r["version"], None, None))
-        elif kind == "target":
-            self.db.execute("INSERT OR REPLACE INTO targets VALUES (?,?,?,?)",
-                            (r["run_id"], r["name"], r["target_kind"], r["fingerprint"]))
-        elif kind == "rep" and not self.db.execute(
-                "SELECT 1 FROM reps WHERE run_id=? AND target=? AND workload=? AND params=?"
-                " AND phase=? AND idx=?", (r["run_id"], r["target"], r["workload"],
-                                           r["params"], r["phase"], r["idx"])).fetchone():
-            self._insert_rep(r)
-        elif kind == "finish":
-            self.db.execute("UPDATE runs SET finished=?, status=?, pid=NULL, pid_start=NULL"
-                            " WHERE id=?", (r["finished"], r["status"], r["run_id"]))
-
-    def _insert_rep(self, r: dict[str, Any]) -> int:
-        cur = self.db.execute(
-            "INSERT INTO reps (run_id, target, workload, params, phase, idx, status, error,"
-            " exit_code, host_elapsed, guest_elapsed, started, argv, stdout, stderr)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            tuple(r[c] for c in _REP_COLUMNS))
-        rep_id = cur.lastrowid
-        assert rep_id is not None    # set by the INSERT just done
-        self.db.executemany(
-            "INSERT INTO metrics (rep_id, name, value, unit, higher_is_better, dimensions)"
-            " VALUES (?,?,?,?,?,?)", [(rep_id, *m) for m in r["metrics"]])
-        return rep_id
-
     # -- writing ---------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def new_run(self, plan: dict[str, Any], host: dict[str, Any], version: str) -> str:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
         record = {"id": run_id, "created": time.time(), "plan": json.dumps(plan),
@@ -629,7 +247,7 @@ class Store:
         """Store one finished repetition and its metrics in one transaction; its id, or
         None when the database could not take it and it went to the side file. Each of
         secrets (Job.secrets) is stored as SECRET_SHOWN wherever it appears."""
-        hide = _masker(secrets)
+        hide = masker(secrets)
         record = {"kind": "rep", "run_id": run_id, "target": target, "workload": workload,
                   "params": json.dumps(params, sort_keys=True), "phase": phase, "idx": idx,
                   "status": status, "error": hide(error), "exit_code": exit_code,
@@ -655,7 +273,7 @@ class Store:
         self._write(run_id, {"kind": "finish", "run_id": run_id, "finished": finished,
                              "status": status}, write)
 
-    @_guarded
+    @guarded
     def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:
         """Replace the run's stored sanity flags: (target, workload, params, metric, flag)."""
         if self.diverted is not None:
@@ -666,7 +284,7 @@ class Store:
                                 [(run_id, t, w, json.dumps(p, sort_keys=True), m, f)
                                  for t, w, p, m, f in flags])
 
-    @_guarded
+    @guarded
     def set_host_quiet(self, run_id: str, before: dict[str, Any], after: dict[str, Any]) -> None:
         """Keep how quiet the host was before and after the run (vmtax.host.quiet
         snapshots) with its host facts: host.quiet.before / .after."""
@@ -675,12 +293,12 @@ class Store:
                             " WHERE id = ?", (json.dumps({"before": before, "after": after}),
                                               run_id))
 
-    @_guarded
+    @guarded
     def flags(self, run_id: str) -> list[tuple[str, str, dict, str, str]]:
         return [(r["target"], r["workload"], json.loads(r["params"]), r["metric"], r["flag"])
                 for r in self.db.execute("SELECT * FROM flags WHERE run_id = ?", (run_id,))]
 
-    @_guarded
+    @guarded
     def claim_run(self, run_id: str) -> None:
         """Make this process the one executing run_id (to resume it), unless another live
         one is. BEGIN IMMEDIATE: of two processes claiming at once, the second sees the
@@ -701,14 +319,14 @@ class Store:
                               (run_id,)).fetchone()
         self._records[run_id] = {"run": dict(row), "targets": {}, "aside": set()}
 
-    @_guarded
+    @guarded
     def reopen_run(self, run_id: str) -> None:
         """A resumed run (claimed by this process) is running again."""
         with self.db:
             self.db.execute("UPDATE runs SET status='running' WHERE id=?", (run_id,))
 
     # -- reading ---------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def list_runs(self, *, imported: bool = True) -> list[dict[str, Any]]:
         """The stored runs, oldest first; without imported reports unless imported."""
         recorded = "" if imported else f" WHERE json_extract(r.plan, '$.{IMPORTED}') IS NULL"
@@ -727,14 +345,14 @@ class Store:
                  "workloads": sorted((r["workloads"] or "").split(",")) if r["workloads"] else [],
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
-    @_guarded
+    @guarded
     def run_names(self) -> dict[str, str]:
         """Run id -> the name it was given (`vmtax run --name`), for runs that have one."""
         return {row[0]: row[1] for row in self.db.execute(
             "SELECT id, json_extract(plan, '$.name') FROM runs"
             " WHERE json_extract(plan, '$.name') IS NOT NULL")}
 
-    @_guarded
+    @guarded
     def resolve(self, spec: str, *, last_may_be_imported: bool = False) -> str:
         """The id of the run spec names, read in this order:
         - 'last': the latest run recorded here; an imported report only with
@@ -795,7 +413,7 @@ class Store:
         finally:
             self.db.rollback()   # it wrote nothing: ends the read, releases the lock
 
-    @_guarded
+    @guarded
     def load_run(self, spec: str, *, with_output: bool = False,
                  last_may_be_imported: bool = False) -> Run:
         """The run spec names (see resolve), as one moment of the database had it."""

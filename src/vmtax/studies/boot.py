@@ -20,10 +20,11 @@ from typing import Any, Callable, Sequence
 
 from vmtax.core.target import Target
 from vmtax.host import proc
+from vmtax.results import study_records as records
 from vmtax.studies import density
 from vmtax.studies.factory import InstanceFactory
 
-WORKLOAD = "boot"
+WORKLOAD = records.BOOT
 QUANTILES = (50, 90, 99)
 
 

@@ -46,10 +46,11 @@ from vmtax.core import target as target_registry
 from vmtax.core.target import Target
 from vmtax.core.types import Job, Metric
 from vmtax.host import hugepages, ksm, proc
+from vmtax.results import study_records as records
 from vmtax.studies.factory import InstanceFactory
 from vmtax.studies.plan import TargetSpec
 
-WORKLOAD = "density"
+WORKLOAD = records.DENSITY
 SERVER = "nginx"                 # carried into every instance (TargetContext.binaries)
 PORT = 80
 MARKER = "vmtax density site"
@@ -445,8 +446,9 @@ def _mb(name: str, value: float, dims: dict[str, str] | None = None,
 
 def step_metrics(step: Step) -> list[Metric]:
     """One step as metrics with its instance count as a dimension (phase "step")."""
-    dims = {"instances": str(step.instances)}
-    metrics = [_mb("used delta", step.used_delta, dims), _mb("pss total", step.pss, dims),
+    dims = {records.INSTANCES: str(step.instances)}
+    metrics = [_mb(records.USED_DELTA, step.used_delta, dims),
+               _mb(records.PSS_TOTAL, step.pss, dims),
                _mb("rss total", step.rss, dims),
                Metric("answering", float(step.answering), "instances", True, dims),
                Metric("settle time", step.settle_seconds, "s", False, dims),
@@ -474,23 +476,23 @@ def summary_metrics(summary: Summary, ratio: float | None) -> list[Metric]:
 
 
 def params(with_ksm: bool) -> dict[str, str]:
-    return {"ksm": "on" if with_ksm else "off"}
+    return {records.KSM: "on" if with_ksm else "off"}
 
 
 def load_outcomes(run: Any) -> list[Outcome]:
     """The outcomes of a stored density run (vmtax.results.store.Run), from its step reps."""
     found: dict[tuple[str, bool], Outcome] = {}
     for rep in run.reps:
-        if rep.workload != WORKLOAD or rep.phase != "step" or not rep.stdout:
+        if rep.workload != WORKLOAD or rep.phase != records.STEP or not rep.stdout:
             continue
-        with_ksm = rep.params.get("ksm") == "on"
+        with_ksm = rep.params.get(records.KSM) == "on"
         key = (rep.target, with_ksm)
         if key not in found:
             found[key] = Outcome(rep.target, with_ksm, [], "", 0.0)
         found[key].steps.append(Step(**json.loads(rep.stdout)))
     for rep in run.reps:
         if rep.workload == WORKLOAD and rep.phase == "measure":
-            key = (rep.target, rep.params.get("ksm") == "on")
+            key = (rep.target, rep.params.get(records.KSM) == "on")
             if key in found and rep.stdout:
                 found[key].stopped = json.loads(rep.stdout).get("stopped", "")
     return list(found.values())

@@ -141,7 +141,7 @@ def refusals(workload: Workload, target: str, refused: Mapping[Feature, str]) ->
     The plan check, of plan files and command lines alike."""
     return [f"{target} refuses {need.feature} ({refused[need.feature]}), which "
             f"{workload.name} needs {need.why}"
-            for need in workload.needs() if need.feature in refused]
+            for need in workload.all_needs() if need.feature in refused]
 
 
 def target_specs(names: list[str], options: dict[str, list[str]]) -> list[TargetSpec]:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
@@ -81,6 +81,13 @@ def _params_key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
 
+def rep_key(rep: dict[str, Any]) -> tuple:
+    """A repetition's identity within a run (target, workload, parameters, phase, index):
+    what `skip` and a resumed run's stored repetitions are matched by."""
+    return (rep["target"], rep["workload"], _params_key(rep["params"]), rep["phase"],
+            rep["idx"])
+
+
 def _failure(result: JobResult, job: Job) -> str:
     if result.timed_out:
         return f"timed out after {job.timeout:g} s"
@@ -111,14 +118,28 @@ def _primary(workload: Workload, metrics: list[Metric]) -> list[float]:
     return [m.value for m in metrics if m.name == name][:1]
 
 
+# The Runner's event sink: each record of the run, the moment the store took it (or set it
+# aside): ("run", {"local_run", "fingerprint"}), ("target", {"name", "kind", "fingerprint"})
+# and ("rep", the repetition as Store.add_rep took it, without its run id).
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
 class Runner:
+    """Runs one plan into one stored run. Its extension points, for the studies built on
+    it: `events` (an EventSink: the fleet streams every record to its driver) and `skip`
+    (repetitions stored elsewhere that this run must not repeat, by `rep_key`: the fleet's
+    head has them), beside `resume` (go on with a run of this store)."""
+
     def __init__(self, plan: Plan, store: Store, reporter: Reporter | None = None,
-                 resume: str | None = None, journal: Journal | None = None):
+                 resume: str | None = None, journal: Journal | None = None, *,
+                 events: EventSink | None = None, skip: Iterable[tuple] = ()):
         self.plan = plan
         self.store = store
         self.reporter = reporter or QuietReporter()
         self.resume_id = resume
         self.journal = journal or Journal()
+        self.events = events
+        self.skip = set(skip)
         self.targets: dict[str, Target] = {}
         self.broken: dict[str, str] = {}   # target -> why it can no longer run jobs
         # The current cell of a client-server workload: each target's server, or why not.
@@ -143,7 +164,8 @@ class Runner:
             with session(self.store, self.journal,
                          binaries=tuple(sorted({b for w in made for b in w.binaries})),
                          trees=tuple(sorted({t for w in made for t in w.trees()})),
-                         serves=any(w.server_job() is not None for w in made)) as s:
+                         serves=any(w.server_job() is not None for w in made),
+                         on_stored=self.events) as s:
                 self.targets, self.work_dir = s.targets, s.work_dir
                 try:
                     self._prepare_and_run(s, made, done)
@@ -190,10 +212,17 @@ class Runner:
 
     def _already_done(self) -> set[tuple]:
         if self.resume_id is None:
-            return set()
+            return set(self.skip)
         run = self.store.load_run(self.resume_id)
         self.resume_id = run.id
-        return {(r.target, r.workload, _params_key(r.params), r.phase, r.idx) for r in run.reps}
+        return self.skip | {rep_key(vars(r)) for r in run.reps}
+
+    def _add_rep(self, **rep: Any) -> None:
+        """Store a repetition of the run, and tell the event sink."""
+        rep["metrics"] = list(rep.get("metrics", ()))
+        self.store.add_rep(self._stored_run, **rep)
+        if self.events is not None:
+            self.events("rep", rep)
 
     def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
         key = (workload.name, _params_key(workload.params))
@@ -349,8 +378,8 @@ class Runner:
                 self.warned_collectors:
             self.warned_collectors.add(said)
             self.reporter.warn(f"{name} · {workload.name} · {error}")
-        self.store.add_rep(
-            self._stored_run, target=name, workload=workload.name, params=workload.params,
+        self._add_rep(
+            target=name, workload=workload.name, params=workload.params,
             phase="collect", idx=index, status="ok" if metrics else "unavailable",
             argv=[collector], started=time.time(), error=error, metrics=metrics)
 
@@ -527,8 +556,8 @@ class Runner:
         if store:
             # A guest time is kept only from a target with a clock of its own to check.
             own_clock = self.targets[name].guest_clock
-            self.store.add_rep(
-                self._stored_run, target=name, workload=workload.name, params=workload.params,
+            self._add_rep(
+                target=name, workload=workload.name, params=workload.params,
                 phase=phase, idx=idx, status=status, argv=job.argv, secrets=job.secrets,
                 started=started, error=error,
                 exit_code=result.exit_code if result else None,

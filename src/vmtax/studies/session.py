@@ -52,6 +52,9 @@ class Session:
     undo_first: bool = False
     targets: dict[str, Target] = field(default_factory=dict)
     run_id: str | None = None
+    # Told each record as it is stored (vmtax.studies.runner.EventSink): ("run", ...),
+    # ("target", ...); None: nobody listens.
+    on_stored: Callable[[str, dict[str, Any]], None] | None = None
 
     @property
     def work_dir(self) -> Path:
@@ -71,7 +74,10 @@ class Session:
 
     def new_run(self, plan: dict[str, Any]) -> str:
         """Store a new run of plan (as stored: `vmtax show` reads it) on this host."""
-        self.run_id = self.store.new_run(plan, host.fingerprint(), __version__)
+        fingerprint = host.fingerprint()
+        self.run_id = self.store.new_run(plan, fingerprint, __version__)
+        if self.on_stored is not None:
+            self.on_stored("run", {"local_run": self.run_id, "fingerprint": fingerprint})
         return self.run_id
 
     def reopen_run(self, run_id: str) -> None:
@@ -92,8 +98,11 @@ class Session:
             found = target.fingerprint()
         except VmtaxError as exc:   # a target that never came up still has its kind
             found = {"kind": target.kind, "error": str(exc)}
-        self.store.set_target(self.stored_run, name, target.kind,
-                              {**found, "bare_host": target.bare_host})
+        fingerprint = {**found, "bare_host": target.bare_host}
+        self.store.set_target(self.stored_run, name, target.kind, fingerprint)
+        if self.on_stored is not None:
+            self.on_stored("target", {"name": name, "kind": target.kind,
+                                      "fingerprint": fingerprint})
 
     def store_fingerprints(self) -> None:
         for name in self.targets:
@@ -127,17 +136,20 @@ class Session:
 @contextlib.contextmanager
 def session(store: Store, own: Journal, *, binaries: tuple[str, ...] = (),
             trees: tuple[Path, ...] = (), serves: bool = False,
-            undo_first: bool = False) -> Iterator[Session]:
+            undo_first: bool = False,
+            on_stored: Callable[[str, dict[str, Any]], None] | None = None
+            ) -> Iterator[Session]:
     """A session storing into store, its host changes in the journal own; the run it
     stores is finished "done", "interrupted" (Ctrl-C) or "failed" as the block ends.
-    binaries, trees, serves: what the targets must carry (TargetContext)."""
+    binaries, trees, serves: what the targets must carry (TargetContext); on_stored: told
+    the run and each target's fingerprint as they are stored."""
     # Absolute: runtimes resolve paths from their own working directories, and a
     # relative one once made runc fail and the container fall back to unshare.
     # Journaled before it is made: a journal that cannot be written stops the study here.
     work_dir, _ = own.make_dir(store.dir.resolve(), ".work-")
     ctx = TargetContext(work_dir=work_dir, journal=own, binaries=binaries, trees=trees,
                         serves=serves, make_network=lambda: Network(own).create())
-    current = Session(store, own, ctx, undo_first)
+    current = Session(store, own, ctx, undo_first, on_stored=on_stored)
     status = "failed"
     try:
         yield current

@@ -38,7 +38,7 @@ from vmtax.core.option_types import (
     Size,
     cpulist,
 )
-from vmtax.core.target import Target, TargetContext
+from vmtax.core.target import SERVES, Feature, TargetContext
 from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.guest.image import AGENT_PORT, GuestImage
 from vmtax.guest.libvirt_xml import DomainSpec
@@ -51,7 +51,8 @@ from vmtax.guest.qemu import (
     parse_size,
     resolve_accel,
 )
-from vmtax.host import daemon, hugepages, libvirt, proc, ssh_session
+from vmtax.host import daemon, hugepages, libvirt, ssh_session
+from vmtax.targets.guest_target import GuestTarget
 from vmtax.targets.libvirt_instance import ExistingDomain, LibvirtInstance
 
 # A pin for the default two vCPUs, the knob `vmtax tune` tries: the first two usable CPUs.
@@ -187,8 +188,9 @@ class LibvirtOptions(plugin.Options):
         return problems
 
 
-class LibvirtTarget(Target):
+class LibvirtTarget(GuestTarget):
     name = "libvirt"
+    guest_noun = "domain"
     description = ("A libvirt domain: a transient one vmtax defines from its guest image, or "
                    "an existing one (libvirt:NAME), reached through libvirtd")
     Options = LibvirtOptions
@@ -229,6 +231,13 @@ class LibvirtTarget(Target):
                       f"libvirt target needs it, and stops it after; {domains}")
 
     @classmethod
+    def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
+        opts: LibvirtOptions = options  # type: ignore[assignment]
+        if opts.domain is not None:
+            return {SERVES: "an existing domain: its address is the user's network's"}
+        return {SERVES: 'network = "none"'} if opts.network == "none" else {}
+
+    @classmethod
     def host_hugepages(cls, options: plugin.Options) -> dict[str, int]:
         opts: LibvirtOptions = options  # type: ignore[assignment]
         if opts.hugepages is None or opts.domain is not None:
@@ -249,14 +258,8 @@ class LibvirtTarget(Target):
 
     # -- configuration --
 
-    def image(self) -> GuestImage:
-        """The shared image of this invocation, unless this target wants another kernel."""
-        image = self.ctx.image
-        if image is None or (image.kernel_arg or "debian") != self.opts.kernel:
-            image = GuestImage([*self.ctx.binaries, *self.opts.binaries], self.opts.kernel)
-            if self.ctx.image is None:
-                self.ctx.image = image
-        return image
+    def qemu_path(self) -> str:
+        return self.opts.emulator
 
     def domain_type(self) -> str:
         return "kvm" if resolve_accel(self.opts.accel) == "kvm" else "qemu"
@@ -373,11 +376,6 @@ class LibvirtTarget(Target):
             raise TargetError(f"{self.name}: an existing domain has no copies")
         return self._new_guest(f"{self.name}#{index}", "bridge", network).start_with(job)
 
-    def _need_guest(self) -> LibvirtInstance:
-        if self.guest is None:
-            raise TargetError(f"{self.name}: the domain is not running; prepare it again")
-        return self.guest
-
     def run(self, job: Job) -> JobResult:
         if self.existing is not None:
             return self.existing.run(job)
@@ -392,20 +390,13 @@ class LibvirtTarget(Target):
             raise TargetError(f"{self.name}: the domain has no network (network = "
                               f"\"{self.opts.network}\"); give it network = \"bridge\"")
         guest_pid = guest.spawn(job)
-        endpoint = Endpoint(guest.address, port, guest.host_pids(), handle=guest_pid,
-                            client_preexec=guest.client_preexec, listening=True)
-        if not guest.wait_listening(port, job.timeout):
-            self.stop_server(endpoint)
-            raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "
-                              f"in the guest after {job.timeout:g} s")
-        return endpoint
+        return self._listening(guest, job, port, Endpoint(
+            guest.address, port, guest.host_pids(), handle=guest_pid,
+            client_preexec=guest.client_preexec, listening=True))
 
     def stop_server(self, endpoint: Endpoint) -> None:
         if self.guest is not None:
             self.guest.signal_group(cast(int, endpoint.handle))
-
-    def cpus(self) -> set[int] | None:
-        return set(self.opts.pin) if self.opts.pin else None
 
     def host_pids(self) -> list[int]:
         if self.existing is not None:
@@ -422,14 +413,6 @@ class LibvirtTarget(Target):
             return self.existing.alive()
         return self.guest is not None and self.guest.alive()
 
-    def pause(self) -> None:
-        if self.guest is not None:
-            self.guest.pause()
-
-    def resume(self) -> None:
-        if self.guest is not None:
-            self.guest.resume()
-
     def cleanup(self) -> None:
         if self.existing is not None:
             self.existing.close()
@@ -443,12 +426,6 @@ class LibvirtTarget(Target):
             self.nat = None
 
     # -- identity --
-
-    def qemu_version(self) -> str:
-        if self._qemu_version is None:
-            out = proc.run([find_qemu(self.opts.emulator), "--version"], timeout=30)
-            self._qemu_version = (out.stdout.splitlines() or ["unknown"])[0].strip()
-        return self._qemu_version
 
     def fingerprint(self) -> dict[str, Any]:
         if self.opts.domain is not None:

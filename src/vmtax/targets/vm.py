@@ -30,7 +30,7 @@ from vmtax.core.option_types import (
     Size,
     cpulist,
 )
-from vmtax.core.target import Target, TargetContext
+from vmtax.core.target import SERVES, Feature, TargetContext
 from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.guest.image import GuestImage
 from vmtax.guest.qemu import (
@@ -43,7 +43,8 @@ from vmtax.guest.qemu import (
     qemu_properties,
     resolve_accel,
 )
-from vmtax.host import hugepages, proc, trees
+from vmtax.host import hugepages, trees
+from vmtax.targets.guest_target import GuestTarget
 from vmtax.targets.vm_instance import VmInstance
 
 # --- options that depend on each other ----------------------------------------------------
@@ -197,7 +198,7 @@ def bridge_possible() -> str | None:
     return None
 
 
-class VmTarget(Target):
+class VmTarget(GuestTarget):
     kind = "vm"
     name = "vm"
     description = ("A QEMU guest (KVM or TCG, any QEMU build) booting Debian's kernel "
@@ -235,6 +236,11 @@ class VmTarget(Target):
         return {opts.hugepages: hugepages.pages_needed(parse_size(opts.memory), opts.hugepages)}
 
     @classmethod
+    def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
+        opts: VmOptions = options  # type: ignore[assignment]
+        return {SERVES: 'network = "none"'} if opts.network == "none" else {}
+
+    @classmethod
     def workload_hugepages(cls, options: plugin.Options) -> int | None:
         return options.guest_hugepages  # type: ignore[attr-defined, no-any-return]
 
@@ -250,14 +256,8 @@ class VmTarget(Target):
 
     # -- configuration --
 
-    def image(self) -> GuestImage:
-        """The shared image of this invocation, unless this target wants another kernel."""
-        image = self.ctx.image
-        if image is None or (image.kernel_arg or "debian") != self.opts.kernel:
-            image = GuestImage([*self.ctx.binaries, *self.opts.binaries], self.opts.kernel)
-            if self.ctx.image is None:
-                self.ctx.image = image
-        return image
+    def qemu_path(self) -> str:
+        return self.opts.qemu
 
     def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str,
                 mem_path: Path | None = None, network: str = "none",
@@ -323,11 +323,6 @@ class VmTarget(Target):
         background."""
         return self._new_guest(f"{self.name}#{index}", "bridge", network).start_with(job)
 
-    def _need_guest(self) -> VmInstance:
-        if self.guest is None:
-            raise TargetError(f"{self.name}: the guest is not running; prepare it again")
-        return self.guest
-
     def run(self, job: Job) -> JobResult:
         return self._need_guest().run(job)
 
@@ -341,15 +336,9 @@ class VmTarget(Target):
                               "or \"user\"")
         guest_pid = guest.spawn(job)
         address, host_port = guest.reach(port)
-        endpoint = Endpoint(address, host_port, guest.host_pids(), handle=(guest_pid, host_port),
-                            client_preexec=guest.client_preexec, listening=True)
-        # Asked in the guest: QEMU's user-mode network accepts forwarded connections whether
-        # or not the guest listens.
-        if not guest.wait_listening(port, job.timeout):
-            self.stop_server(endpoint)
-            raise TargetError(f"{self.name}: {job.argv[0]} does not listen on port {port} "
-                              f"in the guest after {job.timeout:g} s")
-        return endpoint
+        return self._listening(guest, job, port, Endpoint(
+            address, host_port, guest.host_pids(), handle=(guest_pid, host_port),
+            client_preexec=guest.client_preexec, listening=True))
 
     def stop_server(self, endpoint: Endpoint) -> None:
         guest_pid, host_port = cast("tuple[int, int]", endpoint.handle)
@@ -358,22 +347,11 @@ class VmTarget(Target):
         self.guest.signal_group(guest_pid)
         self.guest.unreach(host_port)
 
-    def cpus(self) -> set[int] | None:
-        return set(self.opts.pin) if self.opts.pin else None
-
     def host_pids(self) -> list[int]:
         return self.guest.host_pids() if self.guest else []
 
     def alive(self) -> bool:
         return self.guest is not None and self.guest.alive()
-
-    def pause(self) -> None:
-        if self.guest is not None:
-            self.guest.pause()
-
-    def resume(self) -> None:
-        if self.guest is not None:
-            self.guest.resume()
 
     def cleanup(self) -> None:
         if self.guest is not None:
@@ -388,12 +366,6 @@ class VmTarget(Target):
         return self._need_guest().vcpu_threads()
 
     # -- identity --
-
-    def qemu_version(self) -> str:
-        if self._qemu_version is None:
-            out = proc.run([find_qemu(self.opts.qemu), "--version"], timeout=30)
-            self._qemu_version = (out.stdout.splitlines() or ["unknown"])[0].strip()
-        return self._qemu_version
 
     def fingerprint(self) -> dict[str, Any]:
         guest = self.guest

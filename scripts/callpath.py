@@ -1,0 +1,82 @@
+"""The call path of one vmtax command through the package's upper parts (cli, studies,
+report, analysis, results; issue #39): the calls that cross from one part into another, how
+many modules they enter, how often each, and how often the path climbs back up, that is
+enters a module of a higher part than the crossing before it did (a renderer that called
+analysis, then the CLI calling the renderer again, or a renderer calling analysis anew).
+
+    .venv/bin/python scripts/callpath.py show golden-a --results DIR
+"""
+
+import collections
+import contextlib
+import io
+import os
+import sys
+
+# VMTAX_CALLPATH_VERBOSE=1: also print every crossing, with the function entered.
+VERBOSE = bool(os.environ.get("VMTAX_CALLPATH_VERBOSE"))
+UPPER = {"cli", "studies", "report", "analysis", "results"}
+LAYERS = ["cli", "studies|report", "analysis", "results", "workloads|targets|collectors",
+          "helpers", "guest", "host", "core"]
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _height(module: str) -> int:
+    part = _part(module)
+    for i, layer in enumerate(LAYERS):
+        if part in layer.split("|"):
+            return len(LAYERS) - i
+    return len(LAYERS) + 1     # vmtax.__main__ and the like: above every part
+
+
+def trace(argv: list[str]) -> tuple[list[str], collections.Counter]:
+    from vmtax.cli.main import cli
+
+    entries: list[str] = []
+
+    def profile(frame, event, arg):
+        # Module-level functions only: a method or property of a summary's row is reading
+        # the model, not computing it again.
+        if event != "call" or "." in frame.f_code.co_qualname or frame.f_code.co_name == "<module>":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("vmtax.") or _part(module) not in UPPER:
+            return
+        caller = frame.f_back
+        while caller is not None and not caller.f_globals.get("__name__", "").startswith("vmtax."):
+            caller = caller.f_back
+        if caller is None or _part(caller.f_globals["__name__"]) != _part(module):
+            entries.append(f"{module}:{frame.f_code.co_name}" if VERBOSE else module)
+
+    sys.setprofile(profile)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+            cli.main(argv, prog_name="vmtax", standalone_mode=True)
+    finally:
+        sys.setprofile(None)
+    return entries, collections.Counter(entries)
+
+
+def main() -> None:
+    calls, _ = trace(sys.argv[1:])
+    # A visit: consecutive crossings into one module (a loop over rows calling one of its
+    # functions) are one visit.
+    modules = [c.partition(":")[0] for c in calls]
+    entries = [c for i, c in enumerate(calls) if i == 0 or modules[i] != modules[i - 1]]
+    if VERBOSE:
+        print("\n".join(entries))
+    entries = [e.partition(":")[0] for e in entries]
+    counts = collections.Counter(entries)
+    climbs = sum(_height(b) > _height(a) for a, b in zip(entries, entries[1:]))
+    into_analysis = sum(n for m, n in counts.items() if _part(m) == "analysis")
+    print(f"modules: {len(counts)}  visits: {len(entries)}  climbs back up: {climbs}  "
+          f"analysis visited: {into_analysis}")
+    for module, n in counts.most_common():
+        print(f"  {n:4d}  {module}")
+
+
+if __name__ == "__main__":
+    main()

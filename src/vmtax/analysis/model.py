@@ -1,0 +1,62 @@
+"""One stored run, analysed once: the model every view of a run renders (the terminal's
+headline, the HTML report), so that no renderer calls analysis again and every view shows
+the same numbers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vmtax.analysis import composite
+from vmtax.analysis import summary as analysis
+from vmtax.analysis.composite import ClassIndex, Standing
+from vmtax.analysis.summary import Cell, Row, RunSummary
+from vmtax.results.store import Run
+
+
+@dataclass
+class RunModel:
+    run: Run
+    summary: RunSummary
+    # Each workload's primary metrics: the rows the headline, the flags and the cards count.
+    headline: list[Row]
+    # E3's composite index per class and overall ([] when no target but the baseline ran).
+    classes: list[ClassIndex]
+    # Each suspicious win's likely cause, with the class of the metric that won.
+    explained: list[tuple[str | None, str]]
+    # Per class, each target but the baseline with its index, best first.
+    standings: dict[str, list[Standing]]
+    # Per target, its lowest-ratio classified metric.
+    worst: dict[str, tuple[Row, Cell]]
+
+    @property
+    def explanations(self) -> list[str]:
+        return [line for _, line in self.explained]
+
+
+def analyse(run: Run) -> RunModel:
+    summary = analysis.summarize_run(run)
+    others = [t for t in summary.targets if t != summary.baseline]
+    return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
+                    classes=composite.composite(summary) if others else [],
+                    explained=composite.explained(summary),
+                    standings=composite.standings(summary), worst=_worst(summary))
+
+
+def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:
+    worst: dict[str, tuple[Row, Cell]] = {}
+    for row in summary.rows:
+        spec = analysis.metric_spec(row.workload, row.metric)
+        if spec is None or spec.group is None:
+            continue
+        for target, cell in row.cells.items():
+            r = cell.ratio
+            if (r is not None and math.isfinite(r.value) and r.value > 0
+                    and (target not in worst or r.value < _ratio(worst[target]))):
+                worst[target] = (row, cell)
+    return worst
+
+
+def _ratio(pair: tuple[Row, Cell]) -> float:
+    assert pair[1].ratio is not None
+    return pair[1].ratio.value

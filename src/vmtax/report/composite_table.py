@@ -1,0 +1,39 @@
+"""`vmtax composite`'s table: the composite index per class and target, then the
+recommendations and the suspicious wins explained (vmtax.analysis.composite computes them)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from vmtax.analysis import composite
+from vmtax.analysis.summary import RunSummary
+
+
+def print_composite(console: Console, summary: RunSummary) -> None:
+    """The composite index per class and target, then the recommendations."""
+    classes = composite.composite(summary)
+    if not classes:
+        console.print("no workload of this run has a ratio to the baseline in a class")
+        return
+    table = Table(title=f"composite index: ratio to {summary.baseline}, geometric mean "
+                  "[95% CI]; below 1 = worse")
+    table.add_column("class")
+    table.add_column("workloads", justify="right")
+    for target in summary.targets:
+        table.add_column(target, justify="right")
+    for ci in classes:
+        counted = max((len(i.parts) for i in ci.by_target.values()), default=0)
+        cells = []
+        for target in summary.targets:
+            index = ci.by_target.get(target)
+            cells.append("" if index is None else "1" if target == summary.baseline else
+                         f"{index.value:.3g} [{index.ci_low:.3g}, {index.ci_high:.3g}]")
+        table.add_row(ci.cls, str(counted), *cells)
+    console.print(table)
+    for ci in classes:
+        console.print(ci.recommendation)
+        for why in ci.skipped if ci.cls != composite.OVERALL else []:
+            console.print(f"  not counted: {why}")
+    for line in composite.explanations(summary):
+        console.print(f"suspicious win: {line}")

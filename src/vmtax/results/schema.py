@@ -1,0 +1,131 @@
+"""The results database's schema: the newest one (SCHEMA), created in a new database, and
+the MIGRATIONS that bring an older one to it, one transaction per step, versioned by
+SQLite's `PRAGMA user_version`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+from vmtax.core.errors import VmtaxError
+
+# The newest schema, one statement each: it is created inside one transaction, which
+# executescript() would commit first. Change it only together with a new MIGRATIONS step.
+SCHEMA = (
+    """CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        created REAL NOT NULL,
+        finished REAL,
+        status TEXT NOT NULL,            -- running | done | interrupted | failed
+        plan TEXT NOT NULL,              -- JSON: the plan as run
+        host TEXT NOT NULL,              -- JSON: host fingerprint
+        version TEXT NOT NULL,
+        pid INTEGER,                     -- the process running it, while it runs,
+        pid_start INTEGER                -- and that process's start time (pids are reused)
+    )""",
+    """CREATE TABLE targets (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,       -- JSON; "bare_host": true for the bare host
+        PRIMARY KEY (run_id, name)
+    )""",
+    """CREATE TABLE reps (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        target TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        params TEXT NOT NULL,            -- JSON: the workload's parameters
+        phase TEXT NOT NULL,             -- prepare | warmup | measure
+        idx INTEGER NOT NULL,
+        status TEXT NOT NULL,            -- ok | failed | timeout
+        error TEXT,
+        exit_code INTEGER,
+        host_elapsed REAL,
+        guest_elapsed REAL,
+        started REAL NOT NULL,
+        argv TEXT NOT NULL,              -- JSON
+        stdout TEXT,
+        stderr TEXT
+    )""",
+    "CREATE INDEX reps_run ON reps(run_id)",
+    """CREATE TABLE metrics (
+        rep_id INTEGER NOT NULL REFERENCES reps(id),
+        name TEXT NOT NULL,
+        value REAL NOT NULL,
+        unit TEXT NOT NULL,
+        higher_is_better INTEGER NOT NULL,
+        dimensions TEXT NOT NULL DEFAULT '{}'   -- JSON object: {"percentile": "99"}
+    )""",
+    "CREATE INDEX metrics_rep ON metrics(rep_id)",
+    """CREATE TABLE flags (              -- sanity flags of a finished run, as last computed
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        target TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        params TEXT NOT NULL,            -- JSON: the parameters that vary within the run
+        metric TEXT NOT NULL,
+        flag TEXT NOT NULL
+    )""",
+)
+
+
+def _v1_dimensions_and_bare_host(db: sqlite3.Connection) -> None:
+    """Metrics gain dimensions; fingerprints say whether the target is the bare host, so
+    that analysis need not know which target kinds are. A stored kind is the bare host if
+    its plugin declares it (Target.bare_host); a kind no longer registered is not."""
+    from vmtax.core import target as target_kinds   # the registry: only an old database needs it
+
+    kinds = target_kinds.kinds()
+    db.execute("ALTER TABLE metrics ADD COLUMN dimensions TEXT NOT NULL DEFAULT '{}'")
+    targets = db.execute("SELECT run_id, name, kind, fingerprint FROM targets").fetchall()
+    db.executemany("UPDATE targets SET fingerprint = ? WHERE run_id = ? AND name = ?",
+                   [(json.dumps({**json.loads(fingerprint),
+                                 "bare_host": kind in kinds and kinds[kind].bare_host}),
+                     run_id, name) for run_id, name, kind, fingerprint in targets])
+
+
+# MIGRATIONS[n] brings a database from version n to n + 1. Version 0 is the schema of
+# vmtax before versioning (tests/fixtures/store/v0.sqlite). Append steps, never edit
+# one: databases in the wild have run them.
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _v1_dimensions_and_bare_host,
+)
+LATEST = len(MIGRATIONS)
+
+
+def schema_version(db: sqlite3.Connection, path: Path) -> int | None:
+    """The database's schema version; None for a new database, which has no tables yet."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > LATEST:
+        raise VmtaxError(f"{path} has schema version {version}, but this vmtax understands "
+                         f"versions up to {LATEST}; upgrade vmtax")
+    if version == 0 and not db.execute("SELECT 1 FROM sqlite_master").fetchone():
+        return None
+    return version
+
+
+def bring_up_to_date(db: sqlite3.Connection, path: Path) -> None:
+    """Create the newest schema in a new database, or migrate an older one, committing each
+    step with its new version. BEGIN IMMEDIATE takes the write lock before the version is
+    read, so two vmtax opening one old database at once do not both run a step."""
+    while True:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = schema_version(db, path)
+            if version == LATEST:
+                db.rollback()
+                return
+            if version is None:
+                for statement in SCHEMA:
+                    db.execute(statement)
+                version = LATEST
+            else:
+                MIGRATIONS[version](db)
+                version += 1
+            db.execute(f"PRAGMA user_version = {version}")
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
