@@ -66,6 +66,15 @@ def check_run_name(name: str, option: str = "--name") -> str:
     return name
 
 
+# Changes of a series that someone accepted (`vmtax trend NAME --accept RUN`).
+_ACCEPTED = """CREATE TABLE accepted (
+        name TEXT NOT NULL,              -- the series: the runs of this name,
+        host TEXT NOT NULL,              -- on this host,
+        run_id TEXT NOT NULL REFERENCES runs(id),   -- are accepted as they are from this run on
+        who TEXT NOT NULL,
+        at REAL NOT NULL
+    )"""
+
 # The newest schema, one statement each: it is created inside one transaction, which
 # executescript() would commit first. Change it only together with a new MIGRATIONS step.
 SCHEMA = (
@@ -123,6 +132,7 @@ SCHEMA = (
         metric TEXT NOT NULL,
         flag TEXT NOT NULL
     )""",
+    _ACCEPTED,
 )
 
 
@@ -136,11 +146,17 @@ def _v1_dimensions_and_bare_host(db: sqlite3.Connection) -> None:
                      run_id, name) for run_id, name, kind, fingerprint in targets])
 
 
+def _v2_accepted(db: sqlite3.Connection) -> None:
+    """Series (runs of one name) gain accepted changes: `vmtax trend NAME --accept RUN`."""
+    db.execute(_ACCEPTED)
+
+
 # MIGRATIONS[n] brings a database from version n to n + 1. Version 0 is the schema of
 # vmtax before versioning (tests/fixtures/store/v0.sqlite). Append steps, never edit
 # one: databases in the wild have run them.
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _v1_dimensions_and_bare_host,
+    _v2_accepted,
 )
 LATEST = len(MIGRATIONS)
 
@@ -810,3 +826,49 @@ class Store:
         return Run(id=run_id, created=r["created"], finished=r["finished"], status=self._status(r),
                    plan=json.loads(r["plan"]), host=json.loads(r["host"]), version=r["version"],
                    targets=targets, reps=list(reps.values()))
+
+    # -- series: the runs of one name (vmtax trend) ----------------------------------------
+    @_guarded
+    def named_runs(self, name: str) -> list[dict[str, Any]]:
+        """The runs of one name, oldest first, each with its targets' fingerprints; runs
+        still in progress left out (their numbers are not complete)."""
+        rows = self.db.execute(
+            "SELECT id, created, status, plan, host, version FROM runs"
+            " WHERE json_extract(plan, '$.name') = ? ORDER BY created", (name,)).fetchall()
+        targets: dict[str, dict[str, Any]] = {}
+        for t in self.db.execute(
+                "SELECT t.run_id, t.name, t.kind, t.fingerprint FROM targets t JOIN runs r"
+                " ON r.id = t.run_id WHERE json_extract(r.plan, '$.name') = ?", (name,)):
+            targets.setdefault(t["run_id"], {})[t["name"]] = {
+                "kind": t["kind"], "fingerprint": json.loads(t["fingerprint"])}
+        return [{"id": r["id"], "created": r["created"], "status": self._status(r),
+                 "plan": json.loads(r["plan"]), "host": json.loads(r["host"]),
+                 "version": r["version"], "targets": targets.get(r["id"], {})}
+                for r in rows if self._status(r) != "running"]
+
+    @_guarded
+    def named_values(self, name: str) -> list[sqlite3.Row]:
+        """Every metric of the successful measured repetitions of one name's runs: run_id,
+        target, workload, params (JSON), metric, value, unit, higher_is_better, dimensions
+        (JSON), in the order they were stored."""
+        return self.db.execute(
+            "SELECT p.run_id, p.target, p.workload, p.params, m.name AS metric, m.value,"
+            " m.unit, m.higher_is_better, m.dimensions FROM runs r"
+            " JOIN reps p ON p.run_id = r.id JOIN metrics m ON m.rep_id = p.id"
+            " WHERE json_extract(r.plan, '$.name') = ? AND p.phase = 'measure'"
+            " AND p.status = 'ok' ORDER BY p.id", (name,)).fetchall()
+
+    @_guarded
+    def accept(self, name: str, host: str, run_id: str, who: str) -> None:
+        """Record that `who` accepts the series name on host as it is from run_id on."""
+        with self.db:
+            self.db.execute("INSERT INTO accepted VALUES (?,?,?,?,?)",
+                            (name, host, run_id, who, time.time()))
+
+    @_guarded
+    def accepted(self, name: str) -> list[dict[str, Any]]:
+        """The acceptances of the series name, oldest first: host, run_id, who, at, and
+        created (the run's)."""
+        return [dict(r) for r in self.db.execute(
+            "SELECT a.host, a.run_id, a.who, a.at, r.created FROM accepted a"
+            " JOIN runs r ON r.id = a.run_id WHERE a.name = ? ORDER BY a.at", (name,))]
