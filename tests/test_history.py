@@ -55,7 +55,8 @@ def series_of(results, name="nightly", worse_from=6, runs=12, factor=0.8):
     ids = []
     for i in range(runs):
         changed = i >= worse_from
-        ids.append(add_run(store, name, {"native": 1000, "vm:tcg": 200 * (factor if changed else 1)},
+        levels = {"native": 1000, "vm:tcg": 200 * (factor if changed else 1)}
+        ids.append(add_run(store, name, levels,
                            options={"vm:tcg": {"accel": "tcg", "vcpus": 1 if changed else 2}},
                            seed=i))
     return ids
@@ -148,7 +149,7 @@ def test_the_newest_run_alone_is_judged_as_compare_judges_it(tmp_path):
     assert s.regression().startswith(f"run 9 ({newest}) -29.7% against the 8 runs before it")
     result = vmtax("trend", "nightly", "--fail-on", "regression", "--results", str(tmp_path))
     assert result.returncode == 1
-    assert "newest run 9: -30" in result.stdout and "against runs 1–8" in result.stdout
+    assert "newest run 9: -29.7%" in result.stdout and "against runs 1–8" in result.stdout
 
 
 def test_a_name_with_no_runs_lists_the_names_there_are(tmp_path):

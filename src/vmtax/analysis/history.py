@@ -199,9 +199,9 @@ def load(store: Store, name: str, *, since: float | None = None,
                                        metric.higher_is_better, [])
         found[series_key].points.append(Point(run, vals, json.loads(params)))
     if (targets or metrics) and not found:
-        raise VmtaxError(f"no series of {name!r} has " + " and ".join(
-            filter(None, (targets and f"target {', '.join(targets)}",
-                          metrics and f"metric {', '.join(metrics)}"))))
+        asked = ([f"target {', '.join(targets)}"] if targets else []) + (
+            [f"metric {', '.join(metrics)}"] if metrics else [])
+        raise VmtaxError(f"no series of {name!r} has " + " and ".join(asked))
     series = sorted(found.values(), key=lambda s: (s.host, s.target, s.workload))
     for s in series:
         s.points.sort(key=lambda p: p.run.created)
@@ -309,7 +309,7 @@ def _without(facts: dict[str, Any], keys: set[str]) -> dict[str, Any]:
 def _target_facts(run: SeriesRun, target: str) -> dict[str, Any]:
     """The target's options as the plan asked for them, overridden by its fingerprint (what
     it was); durations measured at start-up (boot_seconds, job_overhead_s) left out."""
-    options = next((t.get("options", {}) for t in run.plan.get("targets", [])
+    options: dict[str, Any] = next((t.get("options", {}) for t in run.plan.get("targets", [])
                     if t.get("name") == target), {})
     fingerprint = run.targets.get(target, {}).get("fingerprint", {})
     return {k: v for k, v in {**options, **fingerprint}.items()
