@@ -149,7 +149,7 @@ def test_the_newest_run_alone_is_judged_as_compare_judges_it(tmp_path):
     assert s.regression().startswith(f"run 9 ({newest}) -29.7% against the 8 runs before it")
     result = vmtax("trend", "nightly", "--fail-on", "regression", "--results", str(tmp_path))
     assert result.returncode == 1
-    assert "newest run 9: -29.7%" in result.stdout and "against runs 1–8" in result.stdout
+    assert "newest run 9 worse: -29.7%" in result.stdout and "against runs 1–8" in result.stdout
 
 
 def test_a_name_with_no_runs_lists_the_names_there_are(tmp_path):

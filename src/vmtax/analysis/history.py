@@ -11,6 +11,7 @@ series is the name, not the store it was recorded in.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 from vmtax.analysis import changepoint, stats
 from vmtax.analysis import summary as analysis
+from vmtax.core import workload as workloads
 from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.results.store import Store
@@ -30,6 +32,8 @@ _HOST_CONTEXT = {"quiet", "fleet", "hostname", "vmtax"}
 # A plan's keys said elsewhere: targets and workloads per series, the name is the series.
 _PLAN_ELSEWHERE = {"targets", "workloads", "name"}
 NOTHING_CHANGED = "nothing recorded changed"
+# The newest run is judged against at most this many runs before it.
+NEWEST_AGAINST = 10
 _ABSENT = object()
 
 
@@ -51,7 +55,7 @@ class Point:
     values: list[float]               # the run's successful measured repetitions
     params: dict[str, Any]            # the workload's parameters in that run
 
-    @property
+    @functools.cached_property
     def median(self) -> float:
         return statistics.median(self.values)
 
@@ -103,9 +107,16 @@ class Series:
               and self.newest_accepted is None):
             run = self.points[-1].run
             return (f"run {run.number} ({run.id}) {_percent(self.newest.change)} against "
-                    f"the {len(self.points) - 1 - self.segment_start} runs before it "
+                    f"the {len(self.before_newest)} runs before it "
                     "(too few after it yet to call a change)")
         return None
+
+    @property
+    def before_newest(self) -> list[Point]:
+        """What the newest point is judged against: the points before it in its segment,
+        at most the NEWEST_AGAINST latest (a long segment's older runs add no evidence
+        about this run that the latest do not, only cost)."""
+        return self.points[max(self.segment_start, len(self.points) - 1 - NEWEST_AGAINST):-1]
 
     @property
     def segment_start(self) -> int:
@@ -136,7 +147,8 @@ def host_of(facts: dict[str, Any]) -> str:
     return (facts.get("fleet") or {}).get("host") or facts.get("hostname") or "unknown host"
 
 
-def _runs(store: Store, name: str, since: float | None) -> dict[str, list[SeriesRun]]:
+def _runs(store: Store, name: str, since: float | None,
+          until: float | None) -> dict[str, list[SeriesRun]]:
     found = store.named_runs(name)
     if not found:
         names = sorted(set(store.run_names().values()))
@@ -145,29 +157,31 @@ def _runs(store: Store, name: str, since: float | None) -> dict[str, list[Series
                             "no run there has a name (vmtax run --name NAME)"))
     per_host: dict[str, list[SeriesRun]] = defaultdict(list)
     for r in found:
-        if since is not None and r["created"] < since:
+        if (since is not None and r["created"] < since) or (until is not None
+                                                            and r["created"] > until):
             continue
         host = host_of(r["host"])
         per_host[host].append(SeriesRun(r["id"], len(per_host[host]) + 1, r["created"], host,
                                         r["version"], r["plan"], r["host"], r["targets"]))
     if not per_host:
-        raise VmtaxError(f"no run of {name!r} since the time given; the latest was "
-                         f"{found[-1]['id']}")
+        raise VmtaxError(f"no run of {name!r} between the times given; its runs are "
+                         f"{found[0]['id']} … {found[-1]['id']}")
     return dict(per_host)
 
 
-def load(store: Store, name: str, *, since: float | None = None,
+def load(store: Store, name: str, *, since: float | None = None, until: float | None = None,
          targets: list[str] | None = None, metrics: list[str] | None = None) -> Trend:
-    """The series of the runs named `name` (since a time), without judging them: each
+    """The series of the runs named `name` (from `since` to `until`, seconds since the
+    epoch), without judging them: each
     target × workload configuration × metric (headline metrics unless `metrics` names
     them) per host."""
-    per_host = _runs(store, name, since)
+    per_host = _runs(store, name, since, until)
     by_id = {r.id: r for runs in per_host.values() for r in runs}
     values: dict[tuple, list[float]] = defaultdict(list)
     meta: dict[tuple, Metric] = {}
     configs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     firsts: dict[tuple[str, str, str, str], str] = {}
-    for row in store.named_values(name):
+    for row in store.named_values(name, metrics or _headline_names(store.named_workloads(name))):
         if row["run_id"] not in by_id or (targets and row["target"] not in targets):
             continue
         cell = (row["run_id"], row["target"], row["workload"])
@@ -208,6 +222,19 @@ def load(store: Store, name: str, *, since: float | None = None,
     trend = Trend(name, per_host, series, alpha=0.05, method="bh")
     trend.notes = _overlap_notes(name, per_host, configs)
     return trend
+
+
+def _headline_names(workload_names: list[str]) -> set[str] | None:
+    """The names of these workloads' headline metrics, to read no other; None (read all)
+    when one has no declared headline (a plugin not installed here: its first metric)."""
+    names = set()
+    for workload in workload_names:
+        cls = workloads.registered().get(workload)
+        primary = {spec.name for spec in cls.metrics if spec.primary} if cls else set()
+        if not primary and not workload.endswith((" (host)", " prepare")):
+            return None
+        names |= primary
+    return names
 
 
 def _overlap_notes(name: str, per_host: dict[str, list[SeriesRun]],
@@ -275,7 +302,7 @@ def _judge_newest(analysed: list[Series], alpha: float, noise_floor: float,
     judged = [s for s in analysed if len(s.points) - s.segment_start >= 2]
     if not judged:
         return
-    pairs = [(s.label, [v for p in s.points[s.segment_start:-1] for v in p.values],
+    pairs = [(s.label, [v for p in s.before_newest for v in p.values],
               s.points[-1].values, s.higher_is_better) for s in judged]
     specs = [analysis.metric_spec(s.workload, s.metric) for s in judged]
     comparisons = stats.compare_many(pairs, alpha=alpha, noise_floor=noise_floor,

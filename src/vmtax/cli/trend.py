@@ -32,8 +32,8 @@ def _names(value: str | None, flag: str) -> list[str] | None:
     return items
 
 
-def _since(store: Store, text: str | None) -> float | None:
-    """--since: a date or time (local), or a run (its start)."""
+def _when(store: Store, text: str | None, flag: str) -> float | None:
+    """--since/--until: a date or time (local), or a run (its start)."""
     if text is None:
         return None
     try:
@@ -43,7 +43,7 @@ def _since(store: Store, text: str | None) -> float | None:
     try:
         return store.load_run(text).created
     except VmtaxError:
-        raise VmtaxError(f"--since: expected a date (2026-11-28), a time (2026-11-28T09:30) "
+        raise VmtaxError(f"{flag}: expected a date (2026-11-28), a time (2026-11-28T09:30) "
                          f"or a run, got {text!r}") from None
 
 
@@ -67,12 +67,13 @@ def _accept(results: str, name: str, spec: str) -> None:
 
 
 def load_trend(results: str, name: str, *, since: str | None = None,
-               targets: list[str] | None = None, metrics: list[str] | None = None,
+               until: str | None = None, targets: list[str] | None = None,
+               metrics: list[str] | None = None,
                alpha: float = 0.05, noise_floor: float = 0.02,
                method: str = "bh") -> history.Trend:
     store = Store(results, readonly=True)
-    trend = history.load(store, name, since=_since(store, since), targets=targets,
-                         metrics=metrics)
+    trend = history.load(store, name, since=_when(store, since, "--since"),
+                         until=_when(store, until, "--until"), targets=targets, metrics=metrics)
     return history.judge(trend, alpha=alpha, noise_floor=noise_floor,
                          method=method,  # type: ignore[arg-type]
                          accepted=store.accepted(name))
@@ -87,6 +88,8 @@ def load_trend(results: str, name: str, *, since: str | None = None,
 @click.option("--since", metavar="DATE|RUN",
               help="Only runs from this date or time (2026-11-28, 2026-11-28T09:30, local) "
                    "or run on.")
+@click.option("--until", metavar="DATE|RUN",
+              help="Only runs up to this date or time, or run: the series as it was then.")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=0.05, show_default=True,
               help="Significance level after the adjustment across every series shown "
@@ -104,7 +107,7 @@ def load_trend(results: str, name: str, *, since: str | None = None,
                    "up to RUN no longer fail --fail-on (who and when are recorded).")
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def trend_command(name, metrics, targets, since, alpha, noise_floor, method, fail_on,
+def trend_command(name, metrics, targets, since, until, alpha, noise_floor, method, fail_on,
                   accept_run, results, as_json) -> None:
     """The runs named NAME (`vmtax run --name NAME`) as series, per host: for each target ×
     workload × headline metric the latest value, a sparkline of the runs' medians, the
@@ -113,7 +116,7 @@ def trend_command(name, metrics, targets, since, alpha, noise_floor, method, fai
     if accept_run is not None:
         _accept(results, name, accept_run)
         return
-    trend = load_trend(results, name, since=since, targets=_names(targets, "--target"),
+    trend = load_trend(results, name, since=since, until=until, targets=_names(targets, "--target"),
                        metrics=_names(metrics, "--metric"), alpha=alpha,
                        noise_floor=noise_floor, method=method)
     if as_json:

@@ -8,7 +8,7 @@ import time
 
 from rich.console import Console
 
-from vmtax.analysis.history import FoundChange, Series, Trend
+from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
 from vmtax.report.export import iso_time
 from vmtax.report.terminal import fmt, shown_text
 
@@ -60,7 +60,7 @@ def _print_change(console: Console, c: FoundChange) -> None:
     p = ch.p_adjusted if ch.p_adjusted is not None else ch.p_value
     console.print(f"    median {fmt(ch.before)} → {fmt(ch.after)}, p={p:.2g} (adjusted)",
                   soft_wrap=True)
-    lines = c.what_changed or ["nothing recorded changed"]
+    lines = c.what_changed or [NOTHING_CHANGED]
     console.print(f"    what changed since run {c.before.number}: {shown_text(lines[0])}",
                   soft_wrap=True)
     for line in lines[1:]:
@@ -85,12 +85,12 @@ def _print_series(console: Console, s: Series) -> None:
         _print_change(console, c)
     newest = s.newest
     if newest is not None and newest.verdict in ("better", "worse"):
-        first = s.points[s.segment_start].run.number
+        first = s.before_newest[0].run.number
         style = "red" if newest.verdict == "worse" else "green"
-        console.print(f"  newest run {latest.run.number}: {newest.change:+.1%} "
-                      f"{_interval(*newest.change_ci)} against runs {first}–"
-                      f"{s.points[-2].run.number}, p={newest.p_adjusted:.2g}  "
-                      f"[{style}]{newest.verdict}[/{style}] (too recent to call a change)",
+        console.print(f"  newest run {latest.run.number} [{style}]{newest.verdict}[/{style}]: "
+                      f"{newest.change:+.1%} {_interval(*newest.change_ci)} against runs "
+                      f"{first}–{s.points[-2].run.number}", soft_wrap=True)
+        console.print(f"    p={newest.p_adjusted:.2g} (adjusted); too recent to call a change",
                       soft_wrap=True)
         if newest.verdict == "worse" and s.newest_accepted:
             console.print(f"    [dim]accepted by {shown_text(s.newest_accepted['who'])} on "

@@ -31,7 +31,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Collection, Iterable, TypeVar
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -847,16 +847,25 @@ class Store:
                 for r in rows if self._status(r) != "running"]
 
     @_guarded
-    def named_values(self, name: str) -> list[sqlite3.Row]:
-        """Every metric of the successful measured repetitions of one name's runs: run_id,
-        target, workload, params (JSON), metric, value, unit, higher_is_better, dimensions
-        (JSON), in the order they were stored."""
+    def named_workloads(self, name: str) -> list[str]:
+        """The workloads one name's runs measured."""
+        return [row[0] for row in self.db.execute(
+            "SELECT DISTINCT p.workload FROM runs r JOIN reps p ON p.run_id = r.id"
+            " WHERE json_extract(r.plan, '$.name') = ?", (name,))]
+
+    @_guarded
+    def named_values(self, name: str,
+                     metrics: Collection[str] | None = None) -> list[sqlite3.Row]:
+        """The metrics (those named, or all) of the successful measured repetitions of one
+        name's runs: run_id, target, workload, params (JSON), metric, value, unit,
+        higher_is_better, dimensions (JSON), in the order they were stored."""
+        only = f" AND m.name IN ({','.join('?' * len(metrics))})" if metrics is not None else ""
         return self.db.execute(
             "SELECT p.run_id, p.target, p.workload, p.params, m.name AS metric, m.value,"
             " m.unit, m.higher_is_better, m.dimensions FROM runs r"
             " JOIN reps p ON p.run_id = r.id JOIN metrics m ON m.rep_id = p.id"
             " WHERE json_extract(r.plan, '$.name') = ? AND p.phase = 'measure'"
-            " AND p.status = 'ok' ORDER BY p.id", (name,)).fetchall()
+            f" AND p.status = 'ok'{only} ORDER BY p.id", (name, *(metrics or ()))).fetchall()
 
     @_guarded
     def accept(self, name: str, host: str, run_id: str, who: str) -> None:
