@@ -177,27 +177,26 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     them) per host."""
     per_host = _runs(store, name, since, until)
     by_id = {r.id: r for runs in per_host.values() for r in runs}
+    # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values:
+    # rows as stored, decoded once per key, not once per repetition.
     values: dict[tuple, list[float]] = defaultdict(list)
-    meta: dict[tuple, Metric] = {}
     configs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     firsts: dict[tuple[str, str, str, str], str] = {}
     for row in store.named_values(name, metrics or _headline_names(store.named_workloads(name))):
-        if row["run_id"] not in by_id or (targets and row["target"] not in targets):
+        run_id, target, workload, params, metric_name, value, *kind = tuple(row)
+        if run_id not in by_id or (targets and target not in targets):
             continue
-        cell = (row["run_id"], row["target"], row["workload"])
-        configs[cell].add(row["params"])
-        firsts.setdefault((*cell, row["params"]), row["metric"])
-        metric = Metric(row["metric"], row["value"], row["unit"], bool(row["higher_is_better"]),
-                        json.loads(row["dimensions"]))
-        key = (*cell, row["params"], metric.key)
-        meta.setdefault(key, metric)
-        values[key].append(row["value"])
+        configs[(run_id, target, workload)].add(params)
+        firsts.setdefault((run_id, target, workload, params), metric_name)
+        values[(run_id, target, workload, params, metric_name, *kind)].append(value)
     found: dict[tuple, Series] = {}
+    headline = functools.cache(analysis.is_headline)
     for key, vals in values.items():
-        run_id, target, workload, params, metric_key = key
-        metric = meta[key]
+        run_id, target, workload, params, metric_name, unit, higher_is_better, dims = key
+        metric = Metric(metric_name, 0.0, unit, bool(higher_is_better), json.loads(dims))
+        metric_key = metric.key
         wanted = (metric.name in metrics or metric_key in metrics if metrics else
-                  analysis.is_headline(workload, metric.name, firsts[key[:4]]))
+                  headline(workload, metric.name, firsts[key[:4]]))
         if not wanted:
             continue
         run = by_id[run_id]
