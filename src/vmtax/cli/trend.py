@@ -13,23 +13,10 @@ import click
 from rich.console import Console
 
 from vmtax.analysis import history
+from vmtax.cli.main import _csv, results_option
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
 from vmtax.results.store import Store
-
-results_option = click.option(
-    "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
-    show_default=True, type=click.Path(), metavar="DIR",
-    help="Results directory (one SQLite database in it).")
-
-
-def _names(value: str | None, flag: str) -> list[str] | None:
-    if value is None:
-        return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not items:
-        raise VmtaxError(f"{flag}: expected a comma-separated list of names, got {value!r}")
-    return items
 
 
 def _when(store: Store, text: str | None, flag: str) -> float | None:
@@ -116,8 +103,8 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
     if accept_run is not None:
         _accept(results, name, accept_run)
         return
-    trend = load_trend(results, name, since=since, until=until, targets=_names(targets, "--target"),
-                       metrics=_names(metrics, "--metric"), alpha=alpha,
+    trend = load_trend(results, name, since=since, until=until, targets=_csv(targets, "--target"),
+                       metrics=_csv(metrics, "--metric"), alpha=alpha,
                        noise_floor=noise_floor, method=method)
     if as_json:
         click.echo(json.dumps(history.to_json(trend), indent=2, default=str))
