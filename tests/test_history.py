@@ -245,3 +245,15 @@ def test_otava_csv_has_a_time_column_and_one_column_per_series(tmp_path):
     assert rows[0] == ["time", "run", "host", "native.cpu.events/s", "vm:tcg.cpu.events/s"]
     assert [r[1] for r in rows[1:]] == ids
     assert rows[1][0].endswith("+00:00") and float(rows[1][4]) == pytest.approx(200, rel=0.05)
+
+
+def test_the_html_page_draws_each_series_with_its_changes_and_fetches_nothing(tmp_path):
+    series_of(tmp_path)
+    page = tmp_path / "trend.html"
+    result = vmtax("trend", "nightly", "--html", str(page), "--results", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    assert html.count("<svg") == 2 and html.count('class="change"') == 1
+    assert html.count("<circle") == 24                  # one per run of each series
+    assert "<li>vm:tcg vcpus: 2 → 1</li>" in html and "run 7 worse:" in html
+    assert "http" not in html and "src=" not in html    # nothing from elsewhere

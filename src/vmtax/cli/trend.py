@@ -92,10 +92,13 @@ def load_trend(results: str, name: str, *, since: str | None = None,
 @click.option("--accept", "accept_run", metavar="RUN",
               help="Accept the series of NAME on RUN's host as it is from RUN on: changes "
                    "up to RUN no longer fail --fail-on (who and when are recorded).")
+@click.option("--html", "html_path", type=click.Path(), metavar="FILE",
+              help="Also write the series as one HTML page (each run's median and interval, "
+                   "change points marked, what changed beside; opens offline).")
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def trend_command(name, metrics, targets, since, until, alpha, noise_floor, method, fail_on,
-                  accept_run, results, as_json) -> None:
+                  accept_run, html_path, results, as_json) -> None:
     """The runs named NAME (`vmtax run --name NAME`) as series, per host: for each target ×
     workload × headline metric the latest value, a sparkline of the runs' medians, the
     change points (effect, CI, adjusted p) and what changed between the runs on either
@@ -112,6 +115,12 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
         from vmtax.report import trend as trend_report
 
         trend_report.print_trend(Console(highlight=False), trend)
+    if html_path:
+        from vmtax.report import export as export_mod
+        from vmtax.report import trend_html
+
+        export_mod.write_file(html_path, trend_html.render(trend).encode())
+        click.echo(f"wrote {html_path}", err=True)
     regressions = trend.regressions()
     if fail_on and regressions:
         shown = "; ".join(f"{s.label} {why}" for s, why in regressions[:3])
