@@ -257,3 +257,20 @@ def test_the_html_page_draws_each_series_with_its_changes_and_fetches_nothing(tm
     assert html.count("<circle") == 24                  # one per run of each series
     assert "<li>vm:tcg vcpus: 2 → 1</li>" in html and "run 7 worse:" in html
     assert "http" not in html and "src=" not in html    # nothing from elsewhere
+
+
+def test_publish_writes_a_site_that_links_only_to_itself(tmp_path):
+    ids = series_of(tmp_path / "results", runs=10, worse_from=5, factor=0.5)
+    site = tmp_path / "site"
+    result = vmtax("publish", "nightly", str(site), "--results", str(tmp_path / "results"))
+    assert result.returncode == 0, result.stderr
+    pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
+    change = f"changes/{ids[4]}--{ids[5]}.html"
+    assert pages == sorted(["index.html", "trends/nightly.html", change,
+                            *(f"runs/{i}.html" for i in ids)])
+    index = (site / "index.html").read_text()
+    assert f'href="{change}"' in index and 'href="trends/nightly.html"' in index
+    assert f'href="../{change}"' in (site / "trends" / "nightly.html").read_text()
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        assert "http://" not in text and "https://" not in text, page

@@ -143,3 +143,22 @@ def export_otava(results: str, name: str) -> None:
         click.echo(f"vmtax: {len(left_out)} series not in every run of {name} left out "
                    f"(Otava takes no empty cell): {printable(', '.join(left_out[:5]))}"
                    + (" …" if len(left_out) > 5 else ""), err=True)
+
+
+@click.command("publish")
+@click.argument("names", metavar="NAME... DIR", nargs=-1, required=True)
+@results_option
+def publish_command(names, results) -> None:
+    """Write a static site of the runs named NAME... into DIR: an index of series and runs,
+    each name's trends, each run's report, a comparison per change point; it opens from
+    file:// and fetches nothing."""
+    if len(names) < 2:
+        raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
+    *series_names, directory = names
+    from vmtax.report import publish
+
+    store = Store(results, readonly=True)
+    trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
+              for name in series_names]
+    written = publish.publish(store, trends, directory)
+    click.echo(f"wrote {written[0]} and {len(written) - 1} more pages")

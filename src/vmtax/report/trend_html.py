@@ -109,7 +109,9 @@ small { color: #666; }
   {{ pct(c.change.ratio) }}</b>
   [{{ pct(c.change.ci[0]) }}, {{ pct(c.change.ci[1]) }}],
   p={{ "%.2g"|format(c.change.p_value if c.change.p_adjusted is none else c.change.p_adjusted) }}
-  <br><small>{{ c.after.id }}; median {{ fmt(c.change.before) }} → {{ fmt(c.change.after) }}</small>
+  <br><small>{{ c.after.id }}; median {{ fmt(c.change.before) }} → {{ fmt(c.change.after) }}
+  {% if linked %}(<a href="../changes/{{ c.before.id }}--{{ c.after.id }}.html">run {{
+  c.after.number }} against run {{ c.before.number }}</a>){% endif %}</small>
   <br>what changed since run {{ c.before.number }}:</p>
 <ul>{% for line in c.what_changed or [nothing] %}<li>{{ line }}</li>{% endfor %}</ul>
 {% if c.accepted %}
@@ -131,8 +133,10 @@ def _day(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
 
 
-def render(trend: Trend) -> str:
+def render(trend: Trend, linked: bool = False) -> str:
+    """The page; `linked`: in a published site, each change links to its comparison."""
     return _PAGE.render(trend=trend, series=[(s, _plot(s)) for s in trend.series],
+                        linked=linked,
                         hosts=len(trend.runs) > 1, width=WIDTH, height=HEIGHT, pad=PAD,
                         day=_day, fmt=fmt, pct=lambda ratio: f"{ratio - 1:+.1%}",
                         nothing=NOTHING_CHANGED)
