@@ -116,7 +116,8 @@ def print_trend(console: Console, trend: Trend) -> None:
         _print_series(console, s)
     method = "Benjamini-Hochberg" if trend.method == "bh" else "Holm"
     console.print(f"\n[dim]change points: rank test over each run's median, p adjusted "
-                  f"({method}) over {trend.tests} tests, α={trend.alpha:g}; a change is "
+                  f"({method}) over {trend.tests} test{'s' * (trend.tests != 1)}, "
+                  f"α={trend.alpha:g}; a change is "
                   "called with 3 runs on each side[/dim]")
 
 
