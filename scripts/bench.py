@@ -7,6 +7,8 @@
    at the vm target's defaults and at E4's instance size (1 vCPU, 256 MiB);
    the same with the minimal guest kernel (vmtax.guest.minimal_kernel; goal: <= 1.0 s).
 3. Wall time of the classic plan at default settings.
+4. The commands that read a store (runs, show, compare, trend) on a store of 400 runs
+   (scripts/bench_history.py; goal: < 0.5 s each).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def main() -> None:
     boot_time()
     if not args.skip_classic:
         classic_wall_time()
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_history.py")], check=True)
 
 
 if __name__ == "__main__":

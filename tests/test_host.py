@@ -14,8 +14,9 @@ def test_fingerprint_keys_and_types():
     fp = host.fingerprint()
     assert time.perf_counter() - started < 0.05
     types = {
-        "cpu_model": (str, type(None)), "logical_cpus": int, "usable_cpus": int,
-        "sockets": (int, type(None)), "cores_per_socket": (int, type(None)),
+        "cpu_model": (str, type(None)), "microcode": (str, type(None)),
+        "logical_cpus": int, "usable_cpus": int, "sockets": (int, type(None)),
+        "cores_per_socket": (int, type(None)),
         "threads_per_core": (int, type(None)), "virtualized": bool, "arch": str,
         "kernel": str, "os": (str, type(None)), "memory_bytes": int, "hostname": str,
         "clocksource": (str, type(None)), "python": str, "vmtax": str,

@@ -125,7 +125,9 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     batch = max(50, _BATCH_CELLS // max(1, len(i)))
     done, extreme = 0, np.zeros(len(kinds), dtype=int)
     while done < permutations and extreme.min() < _EXCEEDANCES:
-        size = min(batch, permutations - done)
+        # Batches grow from a few hundred: a series without a change is done after the
+        # first, where a full batch of a long series would cost ten times as much.
+        size = min(batch, permutations - done, max(4 * _EXCEEDANCES, done))
         null = _rank_statistics(rng.permuted(np.tile(ranks, (size, 1)), axis=1), i, j)
         extreme += [np.count_nonzero(null[:, kind].max(axis=1) >= o)
                     for kind, o in zip(kinds, observed)]

@@ -151,17 +151,20 @@ def headline(rows: list[Row]) -> list[Row]:
     firsts: dict[tuple[str, str], str] = {}
     for row in rows:
         firsts.setdefault((row.workload, json.dumps(row.params, sort_keys=True)), row.metric)
-    chosen = []
-    for row in rows:
-        if row.workload.endswith((" (host)", " prepare")):
-            continue
-        cls = workloads.registered().get(row.workload)
-        if cls is None or not any(s.primary for s in cls.metrics):
-            if row.metric == firsts[(row.workload, json.dumps(row.params, sort_keys=True))]:
-                chosen.append(row)
-        elif (spec := cls.metric_spec(row.metric)) is not None and spec.primary:
-            chosen.append(row)
-    return chosen
+    return [row for row in rows if is_headline(
+        row.workload, row.metric, firsts[(row.workload, json.dumps(row.params, sort_keys=True))])]
+
+
+def is_headline(workload: str, metric: str, first: str) -> bool:
+    """Whether a metric is its workload's headline (see headline); `first` is the first
+    metric the workload's configuration recorded."""
+    if workload.endswith((" (host)", " prepare")):
+        return False
+    cls = workloads.registered().get(workload)
+    if cls is None or not any(s.primary for s in cls.metrics):
+        return metric == first
+    spec = cls.metric_spec(metric)
+    return spec is not None and spec.primary
 
 
 # The classes of performance that verdicts are given for, in the order they are shown; a

@@ -280,6 +280,15 @@ class _Commands(click.Group):
                  "a time: time to ready and to the first HTTP answer, p50/p90/p99/max."),
         "fleet": ("vmtax.cli.fleet:fleet_command", "Run plans on many hosts through Ray: one "
                   "head, one Ray node per benchmark host."),
+        "publish": ("vmtax.cli.trend:publish_command", "Write a static site of the runs "
+                    "named NAME... into DIR: an index of series and runs, each name's trends, "
+                    "each run's report, a comparison per change point; it opens from file:// "
+                    "and fetches nothing."),
+        "trend": ("vmtax.cli.trend:trend_command", "The runs named NAME (`vmtax run --name "
+                  "NAME`) as series, per host: for each target × workload × headline metric "
+                  "the latest value, a sparkline of the runs' medians, the change points "
+                  "(effect, CI, adjusted p) and what changed between the runs on either side "
+                  "of each: plans, host and target fingerprints, vmtax's version."),
         "tune": ("vmtax.cli.tune:tune_command", "Which knob a target declares wins the tax "
                  "back: each knob value against the baseline, raced so repetitions go where "
                  "the answer is open; the winners combined and confirmed; verdicts adjusted "

@@ -115,14 +115,20 @@ FORMATS = {"csv": export_mod.to_csv, "json": export_mod.to_json, "jsonl": export
 @click.option("--benchstat", "benchstat_path", type=click.Path(), metavar="FILE",
               help="Write Go benchmark lines, one per repetition, for `benchstat` "
                    "(- for stdout): benchstat -col /target FILE.")
-@click.option("--format", "to_stdout", type=click.Choice(list(FORMATS)),
-              help="Write this format to stdout (as --FORMAT -).")
+@click.option("--format", "to_stdout", type=click.Choice([*FORMATS, "otava"]),
+              help="Write this format to stdout (as --FORMAT -); otava: the series of runs "
+                   "named RUN_ID, one row per run, as Apache Otava's CSV input.")
 @results_option
 def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, to_stdout, results) -> None:
     """Write a run's tidy data: one row per repetition × metric, with every parameter and
     the host and target fingerprints as columns (for pandas, R, spreadsheets); or its
     samples for benchstat. Times are ISO 8601 (UTC). A run of a fleet (`vmtax run --fleet`)
     is exported with its whole fleet run set: every host's rows, with a `host` column."""
+    if to_stdout == "otava":   # a series of runs, not one run
+        from vmtax.cli.trend import export_otava
+
+        export_otava(results, run_id)
+        return
     paths = {"csv": csv_path, "json": json_path, "jsonl": jsonl_path,
              "benchstat": benchstat_path}
     if to_stdout:

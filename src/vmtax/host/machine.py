@@ -64,6 +64,8 @@ def fingerprint() -> dict:
     uname = os.uname()
     return {
         "cpu_model": first.get("model name") or platform.processor() or None,
+        # A microcode update changes speed (mitigations) without changing the model.
+        "microcode": first.get("microcode"),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)),
         "sockets": len(packages) or None,

@@ -11,6 +11,15 @@ from typing import Callable
 
 from vmtax.core.errors import VmtaxError
 
+# Changes of a series that someone accepted (`vmtax trend NAME --accept RUN`).
+_ACCEPTED = """CREATE TABLE accepted (
+        name TEXT NOT NULL,              -- the series: the runs of this name,
+        host TEXT NOT NULL,              -- on this host,
+        run_id TEXT NOT NULL REFERENCES runs(id),   -- are accepted as they are from this run on
+        who TEXT NOT NULL,
+        at REAL NOT NULL
+    )"""
+
 # The newest schema, one statement each: it is created inside one transaction, which
 # executescript() would commit first. Change it only together with a new MIGRATIONS step.
 SCHEMA = (
@@ -68,6 +77,7 @@ SCHEMA = (
         metric TEXT NOT NULL,
         flag TEXT NOT NULL
     )""",
+    _ACCEPTED,
 )
 
 
@@ -86,11 +96,17 @@ def _v1_dimensions_and_bare_host(db: sqlite3.Connection) -> None:
                      run_id, name) for run_id, name, kind, fingerprint in targets])
 
 
+def _v2_accepted(db: sqlite3.Connection) -> None:
+    """Series (runs of one name) gain accepted changes: `vmtax trend NAME --accept RUN`."""
+    db.execute(_ACCEPTED)
+
+
 # MIGRATIONS[n] brings a database from version n to n + 1. Version 0 is the schema of
 # vmtax before versioning (tests/fixtures/store/v0.sqlite). Append steps, never edit
 # one: databases in the wild have run them.
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _v1_dimensions_and_bare_host,
+    _v2_accepted,
 )
 LATEST = len(MIGRATIONS)
 

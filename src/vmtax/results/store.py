@@ -34,7 +34,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Collection, Iterable, Iterator
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -446,3 +446,58 @@ class Store(PendingSideFile):
         return Run(id=run_id, created=r["created"], finished=r["finished"], status=self._status(r),
                    plan=json.loads(r["plan"]), host=json.loads(r["host"]), version=r["version"],
                    targets=targets, reps=list(reps.values()))
+
+    # -- series: the runs of one name (vmtax trend) ----------------------------------------
+    @guarded
+    def named_runs(self, name: str) -> list[dict[str, Any]]:
+        """The runs of one name, oldest first, each with its targets' fingerprints; runs
+        still in progress left out (their numbers are not complete)."""
+        rows = self.db.execute(
+            "SELECT id, created, status, plan, host, version FROM runs"
+            " WHERE json_extract(plan, '$.name') = ? ORDER BY created", (name,)).fetchall()
+        targets: dict[str, dict[str, Any]] = {}
+        for t in self.db.execute(
+                "SELECT t.run_id, t.name, t.kind, t.fingerprint FROM targets t JOIN runs r"
+                " ON r.id = t.run_id WHERE json_extract(r.plan, '$.name') = ?", (name,)):
+            targets.setdefault(t["run_id"], {})[t["name"]] = {
+                "kind": t["kind"], "fingerprint": json.loads(t["fingerprint"])}
+        return [{"id": r["id"], "created": r["created"], "status": self._status(r),
+                 "plan": json.loads(r["plan"]), "host": json.loads(r["host"]),
+                 "version": r["version"], "targets": targets.get(r["id"], {})}
+                for r in rows if self._status(r) != "running"]
+
+    @guarded
+    def named_workloads(self, name: str) -> list[str]:
+        """The workloads one name's runs measured."""
+        return [row[0] for row in self.db.execute(
+            "SELECT DISTINCT p.workload FROM runs r JOIN reps p ON p.run_id = r.id"
+            " WHERE json_extract(r.plan, '$.name') = ?", (name,))]
+
+    @guarded
+    def named_values(self, name: str,
+                     metrics: Collection[str] | None = None) -> list[sqlite3.Row]:
+        """The metrics (those named, or all) of the successful measured repetitions of one
+        name's runs: run_id, target, workload, params (JSON), metric, value, unit,
+        higher_is_better, dimensions (JSON), in the order they were stored."""
+        only = f" AND m.name IN ({','.join('?' * len(metrics))})" if metrics is not None else ""
+        return self.db.execute(
+            "SELECT p.run_id, p.target, p.workload, p.params, m.name AS metric, m.value,"
+            " m.unit, m.higher_is_better, m.dimensions FROM runs r"
+            " JOIN reps p ON p.run_id = r.id JOIN metrics m ON m.rep_id = p.id"
+            " WHERE json_extract(r.plan, '$.name') = ? AND p.phase = 'measure'"
+            f" AND p.status = 'ok'{only} ORDER BY p.id", (name, *(metrics or ()))).fetchall()
+
+    @guarded
+    def accept(self, name: str, host: str, run_id: str, who: str) -> None:
+        """Record that `who` accepts the series name on host as it is from run_id on."""
+        with self.db:
+            self.db.execute("INSERT INTO accepted VALUES (?,?,?,?,?)",
+                            (name, host, run_id, who, time.time()))
+
+    @guarded
+    def accepted(self, name: str) -> list[dict[str, Any]]:
+        """The acceptances of the series name, oldest first: host, run_id, who, at, and
+        created (the run's)."""
+        return [dict(r) for r in self.db.execute(
+            "SELECT a.host, a.run_id, a.who, a.at, r.created FROM accepted a"
+            " JOIN runs r ON r.id = a.run_id WHERE a.name = ? ORDER BY a.at", (name,))]

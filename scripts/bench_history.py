@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""`make bench`, part 4: the commands that read a store, on a store of many runs.
+
+A store of N runs (default 400) of the classic plan (native, container, vm × cpu, threads,
+memory, fileio, mutex, 5 measured repetitions with every metric each workload declares),
+synthetic repetitions written through the Store, all named `nightly`, with a 10% step in
+vm's fileio at run 3N/4. Then the wall time of `vmtax runs`, `show last`, `compare` and
+`trend nightly`, each run as a user runs it (a new process: Python's start-up included),
+median of 3, wall and CPU time (goal: < 0.5 s each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from vmtax.core import workload as workloads
+from vmtax.core.types import Metric
+from vmtax.results.store import Store, StoreError
+
+VMTAX = [sys.executable, "-m", "vmtax"]
+TARGETS = {"native": 1.0, "container": 0.97, "vm": 0.6}
+WORKLOADS = ("cpu", "threads", "memory", "fileio", "mutex")
+REPS = 5
+GOAL = 0.5
+
+
+def new_run(store: Store, plan: dict, host: dict) -> str:
+    """A new run; again if its id was taken: ids are the second and 16 random bits, and
+    this writes dozens of runs a second."""
+    while True:
+        try:
+            return store.new_run(plan, host, "0.1.0")
+        except StoreError:
+            continue
+
+
+def fill(results: str, runs: int) -> None:
+    store = Store(results)
+    store.db.execute("PRAGMA synchronous = OFF")   # a fixture: no need to survive a crash
+    rng = np.random.default_rng(0)
+    specs = {w: workloads.registered()[w].metrics for w in WORKLOADS}
+    plan = {"name": "nightly", "runs": REPS, "warmup": 1, "time": 2, "baseline": "native",
+            "targets": [{"name": t, "kind": t, "options": {}} for t in TARGETS],
+            "workloads": [{"name": w, "params": {}} for w in WORKLOADS]}
+    host = {"hostname": "bench", "kernel": "6.1.0-18-amd64", "cpu_model": "Xeon"}
+    for i in range(runs):
+        run_id = new_run(store, plan, host)
+        for target, speed in TARGETS.items():
+            store.set_target(run_id, target, target, {"bare_host": target == "native"})
+            for workload in WORKLOADS:
+                step = 0.9 if (target, workload) == ("vm", "fileio") and i >= 3 * runs // 4 else 1
+                for rep in range(REPS):
+                    noise = float(np.exp(rng.normal(0, 0.02)))
+                    metrics = [Metric(s.name, 100 * noise * (speed * step if s.higher_is_better
+                                                             else 1 / (speed * step)),
+                                      s.unit, s.higher_is_better)
+                               for s in specs[workload]]
+                    store.add_rep(run_id, target=target, workload=workload,
+                                  params={"time": 2}, phase="measure", idx=rep, status="ok",
+                                  argv=["sysbench", workload, "run"], started=time.time(),
+                                  host_elapsed=2.0, metrics=metrics)
+        store.finish_run(run_id, "done")
+    store.close()
+
+
+def timed(*argv: str) -> tuple[float, float]:
+    """Median wall time and CPU time (user + system) of the command: on a shared host the
+    wall time is mostly waiting for a CPU, which the CPU time leaves out."""
+    walls, cpus = [], []
+    for _ in range(3):
+        start, used = time.perf_counter(), _children_cpu()
+        subprocess.run([*VMTAX, *argv], check=True, stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - start)
+        cpus.append(_children_cpu() - used)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=400)
+    args = parser.parse_args()
+    print(f"4. commands that read a store of {args.runs} classic-plan runs (goal < {GOAL} s)")
+    with tempfile.TemporaryDirectory() as results:
+        start = time.perf_counter()
+        fill(results, args.runs)
+        print(f"   store filled in {time.perf_counter() - start:.0f} s")
+        print(f"   host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        wall, cpu = timed("--version")
+        print(f"   {'vmtax --version':22} {wall:6.2f} s wall {cpu:6.2f} s CPU (start-up)")
+        for command in (["runs"], ["show", "last"], ["compare"], ["trend", "nightly"]):
+            wall, cpu = timed(*command, "--results", results)
+            print(f"   {'vmtax ' + ' '.join(command):22} {wall:6.2f} s wall {cpu:6.2f} s CPU"
+                  + ("" if wall < GOAL else f"  over the goal of {GOAL} s"))
+    print()
+
+
+if __name__ == "__main__":
+    main()

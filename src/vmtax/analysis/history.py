@@ -1,0 +1,405 @@
+"""Runs that repeat: the runs of one name (`vmtax run --name`), per host, as series.
+
+A series is one metric of one target × workload on one host; each run that measured it is a
+point, holding that run's successful measured repetitions. Per series: its change points
+(analysis.changepoint, p-values adjusted across every series judged together), what changed
+between the runs on either side of each (their plans, the host's and the target's
+fingerprints, vmtax's version), and whether the newest point is a regression not yet
+recovered nor accepted. Runs copied in from another store join their series by name: the
+series is the name, not the store it was recorded in.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vmtax.analysis import changepoint, stats
+from vmtax.analysis import summary as analysis
+from vmtax.core import workload as workloads
+from vmtax.core.errors import VmtaxError
+from vmtax.core.types import Metric
+from vmtax.results.store import Store
+
+# Keys of the host's facts that are no fact about what was measured: how quiet it was, the
+# fleet run it joined, its name (the series' own), vmtax's version (said once, of the run).
+_HOST_CONTEXT = {"quiet", "fleet", "hostname", "vmtax"}
+# A plan's keys said elsewhere: targets and workloads per series, the name is the series.
+_PLAN_ELSEWHERE = {"targets", "workloads", "name"}
+NOTHING_CHANGED = "nothing recorded changed"
+# The newest run is judged against at most this many runs before it.
+NEWEST_AGAINST = 10
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class SeriesRun:
+    id: str
+    number: int                       # 1-based position among the host's runs of the name
+    created: float
+    host: str
+    version: str
+    plan: dict[str, Any]
+    host_facts: dict[str, Any]
+    targets: dict[str, dict[str, Any]]   # name -> {"kind", "fingerprint"}
+
+
+@dataclass
+class Point:
+    run: SeriesRun
+    values: list[float]               # the run's successful measured repetitions
+    params: dict[str, Any]            # the workload's parameters in that run
+
+    @functools.cached_property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+@dataclass
+class FoundChange:
+    change: changepoint.Change
+    before: SeriesRun                 # the last run of the segment before
+    after: SeriesRun                  # the first run of the new one
+    verdict: Literal["better", "worse"]
+    what_changed: list[str]
+    accepted: dict[str, Any] | None = None   # who accepted it and when, if anyone did
+
+
+@dataclass
+class Series:
+    host: str
+    target: str
+    workload: str
+    config: dict[str, Any] | None     # the parameters, where a run had several configurations
+    metric: str
+    dimensions: dict[str, str]
+    unit: str
+    higher_is_better: bool
+    points: list[Point]
+    detection: changepoint.Detection | None = None
+    changes: list[FoundChange] = field(default_factory=list)
+    # The newest point against the rest of its segment, as `compare` judges two runs.
+    newest: stats.Comparison | None = None
+    newest_accepted: dict[str, Any] | None = None
+    note: str = ""                    # why no change was sought
+
+    @property
+    def label(self) -> str:
+        dims = " ".join(f"{k}={v}" for k, v in self.dimensions.items())
+        config = " ".join(f"{k}={v}" for k, v in (self.config or {}).items())
+        return " · ".join(p for p in (self.target, " ".join(filter(None, (self.workload, config))),
+                                      " ".join(filter(None, (self.metric, dims)))) if p)
+
+    def regression(self) -> str | None:
+        """Why the newest point lies in a worse segment than the one before it, not yet
+        recovered nor accepted; None when it does not."""
+        if self.changes:
+            last = self.changes[-1]
+            if last.verdict == "worse" and last.accepted is None:
+                return (f"{_percent(last.change.change)} from run {last.after.number} "
+                        f"({last.after.id}) on")
+        elif (self.newest is not None and self.newest.verdict == "worse"
+              and self.newest_accepted is None):
+            run = self.points[-1].run
+            return (f"run {run.number} ({run.id}) {_percent(self.newest.change)} against "
+                    f"the {len(self.before_newest)} runs before it "
+                    "(too few after it yet to call a change)")
+        return None
+
+    @property
+    def before_newest(self) -> list[Point]:
+        """What the newest point is judged against: the points before it in its segment,
+        at most the NEWEST_AGAINST latest (a long segment's older runs add no evidence
+        about this run that the latest do not, only cost)."""
+        return self.points[max(self.segment_start, len(self.points) - 1 - NEWEST_AGAINST):-1]
+
+    @property
+    def segment_start(self) -> int:
+        """The first point of the newest segment."""
+        return self.changes[-1].change.index if self.changes else 0
+
+
+@dataclass
+class Trend:
+    name: str
+    runs: dict[str, list[SeriesRun]]   # host -> its runs of the name, oldest first
+    series: list[Series]
+    alpha: float
+    method: str
+    notes: list[str] = field(default_factory=list)
+    tests: int = 0                     # change-point tests the adjustment counted
+
+    def regressions(self) -> list[tuple[Series, str]]:
+        return [(s, why) for s in self.series if (why := s.regression()) is not None]
+
+
+def _percent(change: float) -> str:
+    return f"{change:+.1%}"
+
+
+def host_of(facts: dict[str, Any]) -> str:
+    """The host a run's series is kept for: a fleet host's name, else the hostname."""
+    return (facts.get("fleet") or {}).get("host") or facts.get("hostname") or "unknown host"
+
+
+def _runs(store: Store, name: str, since: float | None,
+          until: float | None) -> dict[str, list[SeriesRun]]:
+    found = store.named_runs(name)
+    if not found:
+        names = sorted(set(store.run_names().values()))
+        raise VmtaxError(f"no runs named {name!r} in {store.path}; "
+                         + (f"the names there: {', '.join(names)}" if names else
+                            "no run there has a name (vmtax run --name NAME)"))
+    per_host: dict[str, list[SeriesRun]] = defaultdict(list)
+    for r in found:
+        if (since is not None and r["created"] < since) or (until is not None
+                                                            and r["created"] > until):
+            continue
+        host = host_of(r["host"])
+        per_host[host].append(SeriesRun(r["id"], len(per_host[host]) + 1, r["created"], host,
+                                        r["version"], r["plan"], r["host"], r["targets"]))
+    if not per_host:
+        raise VmtaxError(f"no run of {name!r} between the times given; its runs are "
+                         f"{found[0]['id']} … {found[-1]['id']}")
+    return dict(per_host)
+
+
+def load(store: Store, name: str, *, since: float | None = None, until: float | None = None,
+         targets: list[str] | None = None, metrics: list[str] | None = None) -> Trend:
+    """The series of the runs named `name` (from `since` to `until`, seconds since the
+    epoch), without judging them: each
+    target × workload configuration × metric (headline metrics unless `metrics` names
+    them) per host."""
+    per_host = _runs(store, name, since, until)
+    by_id = {r.id: r for runs in per_host.values() for r in runs}
+    # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values:
+    # rows as stored, decoded once per key, not once per repetition.
+    values: dict[tuple, list[float]] = defaultdict(list)
+    configs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    firsts: dict[tuple[str, str, str, str], str] = {}
+    for row in store.named_values(name, metrics or _headline_names(store.named_workloads(name))):
+        run_id, target, workload, params, metric_name, value, *kind = tuple(row)
+        if run_id not in by_id or (targets and target not in targets):
+            continue
+        configs[(run_id, target, workload)].add(params)
+        firsts.setdefault((run_id, target, workload, params), metric_name)
+        values[(run_id, target, workload, params, metric_name, *kind)].append(value)
+    found: dict[tuple, Series] = {}
+    headline = functools.cache(analysis.is_headline)
+    for key, vals in values.items():
+        run_id, target, workload, params, metric_name, unit, higher_is_better, dims = key
+        metric = Metric(metric_name, 0.0, unit, bool(higher_is_better), json.loads(dims))
+        metric_key = metric.key
+        wanted = (metric.name in metrics or metric_key in metrics if metrics else
+                  headline(workload, metric.name, firsts[key[:4]]))
+        if not wanted:
+            continue
+        run = by_id[run_id]
+        # One configuration of the workload in the run: its parameters are what the run
+        # measured, and may change from run to run (what changed says so); several: each
+        # configuration is a series of its own.
+        config = None if len(configs[key[:3]]) == 1 else json.loads(params)
+        series_key = (run.host, target, workload, json.dumps(config, sort_keys=True),
+                      metric_key)
+        if series_key not in found:
+            found[series_key] = Series(run.host, target, workload, config, metric.name,
+                                       dict(metric.dimensions), metric.unit,
+                                       metric.higher_is_better, [])
+        found[series_key].points.append(Point(run, vals, json.loads(params)))
+    if (targets or metrics) and not found:
+        asked = ([f"target {', '.join(targets)}"] if targets else []) + (
+            [f"metric {', '.join(metrics)}"] if metrics else [])
+        raise VmtaxError(f"no series of {name!r} has " + " and ".join(asked))
+    series = sorted(found.values(), key=lambda s: (s.host, s.target, s.workload))
+    for s in series:
+        s.points.sort(key=lambda p: p.run.created)
+    trend = Trend(name, per_host, series, alpha=0.05, method="bh")
+    trend.notes = _overlap_notes(name, per_host, configs)
+    return trend
+
+
+def _headline_names(workload_names: list[str]) -> set[str] | None:
+    """The names of these workloads' headline metrics, to read no other; None (read all)
+    when one has no declared headline (a plugin not installed here: its first metric)."""
+    names = set()
+    for workload in workload_names:
+        cls = workloads.registered().get(workload)
+        primary = {spec.name for spec in cls.metrics if spec.primary} if cls else set()
+        if not primary and not workload.endswith((" (host)", " prepare")):
+            return None
+        names |= primary
+    return names
+
+
+def _overlap_notes(name: str, per_host: dict[str, list[SeriesRun]],
+                   configs: dict[tuple[str, str, str], set[str]]) -> list[str]:
+    """Per host whose runs' plans differ: which target × workload ran in only some runs."""
+    notes = []
+    for host, runs in per_host.items():
+        present: dict[str, int] = defaultdict(int)
+        ids = {r.id for r in runs}
+        for run_id, target, workload in configs:
+            if run_id in ids:
+                present[f"{target} · {workload}"] += 1
+        partial = [f"{cell} in {count} of {len(runs)}" for cell, count in present.items()
+                   if count < len(runs)]
+        if partial:
+            shown = ", ".join(partial[:4]) + (f" and {len(partial) - 4} more"
+                                               if len(partial) > 4 else "")
+            notes.append(f"the runs of {name} on {host} differ in what they ran ({shown}); "
+                         "each series is judged over the runs that have it")
+    return notes
+
+
+def judge(trend: Trend, *, alpha: float = 0.05, noise_floor: float = 0.02,
+          method: Literal["bh", "holm"] = "bh",
+          accepted: Sequence[dict[str, Any]] = ()) -> Trend:
+    """Change points of every series (adjusted across all of them), what changed at each,
+    and the newest point of each against the rest of its segment."""
+    trend.alpha, trend.method = alpha, method
+    analysed = []
+    for s in trend.series:
+        if any(p.median <= 0 for p in s.points):
+            s.note = "a point's median is 0 or less: no change is sought in it"
+            continue
+        s.detection = changepoint.detect([p.values for p in s.points], alpha=alpha,
+                                         noise_floor=noise_floor)
+        analysed.append(s)
+    adjusted = changepoint.adjust([s.detection for s in analysed if s.detection], alpha, method)
+    trend.tests = sum(len(d.p_values) for d in adjusted)
+    for s, detection in zip(analysed, adjusted):
+        s.detection = detection
+        s.changes = [_found(s, c, accepted) for c in detection.changes]
+    _judge_newest(analysed, alpha, noise_floor, method, accepted)
+    return trend
+
+
+def _acceptance(accepted: Sequence[dict[str, Any]], run: SeriesRun) -> dict[str, Any] | None:
+    """The latest acceptance that covers run: one of its host's, made at run or later."""
+    covering = [a for a in accepted if a["host"] == run.host and a["created"] >= run.created]
+    return covering[-1] if covering else None
+
+
+def _found(s: Series, change: changepoint.Change,
+           accepted: Sequence[dict[str, Any]]) -> FoundChange:
+    before, after = s.points[change.index - 1], s.points[change.index]
+    worse = (change.ratio < 1) == s.higher_is_better
+    return FoundChange(change, before.run, after.run, "worse" if worse else "better",
+                       what_changed(before, after, s.target, s.workload),
+                       _acceptance(accepted, after.run) if worse else None)
+
+
+def _judge_newest(analysed: list[Series], alpha: float, noise_floor: float,
+                  method: Literal["bh", "holm"], accepted: Sequence[dict[str, Any]]) -> None:
+    """The newest point of each series against the rest of its segment, all judged
+    together as `compare` judges metrics: a change too recent for detection to call."""
+    judged = [s for s in analysed if len(s.points) - s.segment_start >= 2]
+    if not judged:
+        return
+    pairs = [(s.label, [v for p in s.before_newest for v in p.values],
+              s.points[-1].values, s.higher_is_better) for s in judged]
+    specs = [analysis.metric_spec(s.workload, s.metric) for s in judged]
+    comparisons = stats.compare_many(pairs, alpha=alpha, noise_floor=noise_floor,
+                                     method=method,
+                                     resolutions=[sp.resolution if sp else None for sp in specs])
+    for s, c in zip(judged, comparisons):
+        s.newest = c
+        s.newest_accepted = _acceptance(accepted, s.points[-1].run)
+
+
+def what_changed(before: Point, after: Point, target: str, workload: str) -> list[str]:
+    """What differs between the runs of two points, as far as it bears on target ×
+    workload: the host's facts, the target's fingerprint and options, the workload's
+    parameters, the plan's settings, vmtax's version. Empty: nothing recorded changed."""
+    a, b = before.run, after.run
+    lines = _differences("host ", _without(a.host_facts, _HOST_CONTEXT),
+                         _without(b.host_facts, _HOST_CONTEXT))
+    lines += _differences(f"{target} ", _target_facts(a, target), _target_facts(b, target))
+    lines += _differences(f"{workload} ", before.params, after.params)
+    lines += _differences("plan ", _without(a.plan, _PLAN_ELSEWHERE),
+                          _without(b.plan, _PLAN_ELSEWHERE))
+    if a.version != b.version:
+        lines.append(f"vmtax {a.version} → {b.version}")
+    return lines
+
+
+def _without(facts: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in facts.items() if k not in keys}
+
+
+def _target_facts(run: SeriesRun, target: str) -> dict[str, Any]:
+    """The target's options as the plan asked for them, overridden by its fingerprint (what
+    it was); durations measured at start-up (boot_seconds, job_overhead_s) left out."""
+    options: dict[str, Any] = next((t.get("options", {}) for t in run.plan.get("targets", [])
+                    if t.get("name") == target), {})
+    fingerprint = run.targets.get(target, {}).get("fingerprint", {})
+    return {k: v for k, v in {**options, **fingerprint}.items()
+            if not k.endswith(("_s", "seconds"))}
+
+
+def _differences(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    lines = []
+    for key in dict.fromkeys([*before, *after]):
+        old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines += _differences(f"{label}{key}.", old, new)
+        elif old != new:
+            lines.append(f"{label}{key}: {_change_text(old, new)}")
+    return lines
+
+
+def _change_text(old: Any, new: Any) -> str:
+    """old → new; of two long lines of words (a kernel command line), the words that went
+    and came."""
+    if isinstance(old, str) and isinstance(new, str) and len(old) + len(new) > 60:
+        gone = [w for w in old.split() if w not in new.split()]
+        came = [w for w in new.split() if w not in old.split()]
+        if gone or came:
+            return " ".join([*(f"-{w}" for w in gone), *(f"+{w}" for w in came)])
+    return f"{_value_text(old)} → {_value_text(new)}"
+
+
+def _value_text(value: Any) -> str:
+    if value is _ABSENT:
+        return "(none)"
+    if value is None:
+        return "–"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def to_json(trend: Trend) -> dict[str, Any]:
+    def run(r: SeriesRun) -> dict[str, Any]:
+        return {"id": r.id, "number": r.number, "created": r.created}
+
+    def change(c: FoundChange) -> dict[str, Any]:
+        ch = c.change
+        return {"index": ch.index, "before_run": run(c.before), "after_run": run(c.after),
+                "median_before": ch.before, "median_after": ch.after, "change": ch.change,
+                "ci": [ch.ci[0] - 1, ch.ci[1] - 1], "p_value": ch.p_value,
+                "p_adjusted": ch.p_adjusted, "verdict": c.verdict,
+                "what_changed": c.what_changed, "accepted": c.accepted}
+
+    return {
+        "name": trend.name, "alpha": trend.alpha, "method": trend.method,
+        "tests": trend.tests, "notes": trend.notes,
+        "hosts": {h: [run(r) for r in runs] for h, runs in trend.runs.items()},
+        "series": [{
+            "host": s.host, "target": s.target, "workload": s.workload, "config": s.config,
+            "metric": s.metric, "dimensions": s.dimensions, "unit": s.unit,
+            "higher_is_better": s.higher_is_better,
+            "points": [{**run(p.run), "median": p.median, "values": p.values}
+                       for p in s.points],
+            "points_needed": s.detection.points_needed if s.detection else None,
+            "changes": [change(c) for c in s.changes],
+            "newest": None if s.newest is None else {
+                "verdict": s.newest.verdict, "change": s.newest.change,
+                "ci": list(s.newest.change_ci), "p_adjusted": s.newest.p_adjusted},
+            "regression": s.regression(), "note": s.note} for s in trend.series],
+    }

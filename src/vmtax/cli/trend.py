@@ -1,0 +1,164 @@
+"""`vmtax trend NAME`: the runs of one name as series, their change points and what changed
+(vmtax.analysis.history); `--fail-on regression` for CI, `--accept RUN` to accept a change."""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import json
+import os
+import sys
+
+import click
+from rich.console import Console
+
+from vmtax.analysis import history
+from vmtax.cli.main import _csv, results_option
+from vmtax.core.errors import VmtaxError
+from vmtax.core.text import printable
+from vmtax.results.store import Store
+
+
+def _when(store: Store, text: str | None, flag: str) -> float | None:
+    """--since/--until: a date or time (local), or a run (its start)."""
+    if text is None:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        pass
+    try:
+        return store.load_run(text).created
+    except VmtaxError:
+        raise VmtaxError(f"{flag}: expected a date (2026-11-28), a time (2026-11-28T09:30) "
+                         f"or a run, got {text!r}") from None
+
+
+def _who() -> str:
+    """Who accepts: the user behind sudo, else this one."""
+    return os.environ.get("SUDO_USER") or getpass.getuser()
+
+
+def _accept(results: str, name: str, spec: str) -> None:
+    store = Store(results)
+    run = store.load_run(spec)
+    if run.plan.get("name") != name:
+        raise VmtaxError(f"--accept: run {run.id} is not a run of {name!r} "
+                         + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
+                            else "(it has no name)"))
+    host = history.host_of(run.host)
+    who = _who()
+    store.accept(name, host, run.id, who)
+    click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
+               f"`vmtax trend {name} --fail-on regression` no longer fails on changes up to it")
+
+
+def load_trend(results: str, name: str, *, since: str | None = None,
+               until: str | None = None, targets: list[str] | None = None,
+               metrics: list[str] | None = None,
+               alpha: float = 0.05, noise_floor: float = 0.02,
+               method: str = "bh") -> history.Trend:
+    store = Store(results, readonly=True)
+    trend = history.load(store, name, since=_when(store, since, "--since"),
+                         until=_when(store, until, "--until"), targets=targets, metrics=metrics)
+    return history.judge(trend, alpha=alpha, noise_floor=noise_floor,
+                         method=method,  # type: ignore[arg-type]
+                         accepted=store.accepted(name))
+
+
+@click.command("trend")
+@click.argument("name")
+@click.option("--metric", "metrics", metavar="NAME,...",
+              help="These metrics (e.g. 'events/s', or with dimensions 'IOPS[job=randread]') "
+                   "instead of each workload's headline metric.")
+@click.option("--target", "targets", metavar="NAME,...", help="Only these targets.")
+@click.option("--since", metavar="DATE|RUN",
+              help="Only runs from this date or time (2026-11-28, 2026-11-28T09:30, local) "
+                   "or run on.")
+@click.option("--until", metavar="DATE|RUN",
+              help="Only runs up to this date or time, or run: the series as it was then.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=0.05, show_default=True,
+              help="Significance level after the adjustment across every series shown "
+                   "(false discovery rate with bh).")
+@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
+              help="Relative changes smaller than this are never called.")
+@click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
+              help="Adjustment across series: Benjamini-Hochberg or Holm.")
+@click.option("--fail-on", type=click.Choice(["regression"]),
+              help="Exit with status 1 while a series' newest run lies in a segment worse "
+                   "than the one before it (or is itself worse than the runs before it), "
+                   "unless accepted: for CI.")
+@click.option("--accept", "accept_run", metavar="RUN",
+              help="Accept the series of NAME on RUN's host as it is from RUN on: changes "
+                   "up to RUN no longer fail --fail-on (who and when are recorded).")
+@click.option("--html", "html_path", type=click.Path(), metavar="FILE",
+              help="Also write the series as one HTML page (each run's median and interval, "
+                   "change points marked, what changed beside; opens offline).")
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def trend_command(name, metrics, targets, since, until, alpha, noise_floor, method, fail_on,
+                  accept_run, html_path, results, as_json) -> None:
+    """The runs named NAME (`vmtax run --name NAME`) as series, per host: for each target ×
+    workload × headline metric the latest value, a sparkline of the runs' medians, the
+    change points (effect, CI, adjusted p) and what changed between the runs on either
+    side of each: plans, host and target fingerprints, vmtax's version."""
+    if accept_run is not None:
+        _accept(results, name, accept_run)
+        return
+    trend = load_trend(results, name, since=since, until=until, targets=_csv(targets, "--target"),
+                       metrics=_csv(metrics, "--metric"), alpha=alpha,
+                       noise_floor=noise_floor, method=method)
+    if as_json:
+        click.echo(json.dumps(history.to_json(trend), indent=2, default=str))
+    else:
+        from vmtax.report import trend as trend_report
+
+        trend_report.print_trend(Console(highlight=False), trend)
+    if html_path:
+        from vmtax.report import export as export_mod
+        from vmtax.report import trend_html
+
+        export_mod.write_file(html_path, trend_html.render(trend).encode())
+        click.echo(f"wrote {html_path}", err=True)
+    regressions = trend.regressions()
+    if fail_on and regressions:
+        shown = "; ".join(f"{s.label} {why}" for s, why in regressions[:3])
+        more = f" and {len(regressions) - 3} more" if len(regressions) > 3 else ""
+        click.echo(f"vmtax: {len(regressions)} series regressed (--fail-on regression): "
+                   f"{printable(shown)}{more}; if intended: vmtax trend {name} --accept RUN",
+                   err=True)
+        sys.exit(1)
+
+
+def export_otava(results: str, name: str) -> None:
+    """`vmtax export NAME --format otava`: the series of NAME as Otava's CSV, on stdout."""
+    from vmtax.report import trend as trend_report
+
+    store = Store(results, readonly=True)
+    data, left_out = trend_report.to_otava(history.load(store, name))
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    if left_out:
+        click.echo(f"vmtax: {len(left_out)} series not in every run of {name} left out "
+                   f"(Otava takes no empty cell): {printable(', '.join(left_out[:5]))}"
+                   + (" …" if len(left_out) > 5 else ""), err=True)
+
+
+@click.command("publish")
+@click.argument("names", metavar="NAME... DIR", nargs=-1, required=True)
+@results_option
+def publish_command(names, results) -> None:
+    """Write a static site of the runs named NAME... into DIR: an index of series and runs,
+    each name's trends, each run's report, a comparison per change point; it opens from
+    file:// and fetches nothing."""
+    if len(names) < 2:
+        raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
+    *series_names, directory = names
+    from vmtax.report import publish
+
+    store = Store(results, readonly=True)
+    trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
+              for name in series_names]
+    written = publish.publish(store, trends, directory)
+    click.echo(f"wrote {written[0]} and {len(written) - 1} more pages")

@@ -1,0 +1,276 @@
+"""Runs that repeat (analysis/history.py, `vmtax trend`, `vmtax export --format otava`), on
+synthetic stores: a step is found at the run that made it, with what changed there; the
+newest run alone is judged as `compare` judges it; CI fails until the change is accepted."""
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from conftest import vmtax
+
+from vmtax.analysis import history
+from vmtax.core.types import Metric
+from vmtax.results.store import Store
+
+HOST = {"hostname": "rack1", "kernel": "6.1.0-18-amd64", "cpu_model": "Xeon", "vmtax": "0.1.0",
+        "quiet": {"load": [0.1]}}
+EVENTS = ("events/s", "events/s", True)
+MIB = ("MiB/s", "MiB/s", True)
+
+
+def add_run(store, name, levels, *, options=None, host=None, params=None, version="0.1.0",
+            seed=0, reps=3, workloads=("cpu",), noise=0.01):
+    """One run named name: per target, its level of every workload's headline metric,
+    `reps` repetitions around it; options per target (the plan's and the fingerprint's)."""
+    rng = np.random.default_rng(seed)
+    options = options or {}
+    plan = {"name": name, "runs": reps, "time": 1,
+            "targets": [{"name": t, "kind": t.split(":")[0], "options": options.get(t, {})}
+                        for t in levels],
+            "workloads": [{"name": w, "params": {}} for w in workloads]}
+    run_id = store.new_run(plan, host or HOST, version)
+    for target, level in levels.items():
+        store.set_target(run_id, target, target.split(":")[0],
+                         {"bare_host": target == "native", "boot_seconds": rng.random(),
+                          **options.get(target, {})})
+        for workload in workloads:
+            name_, unit, hib = EVENTS if workload == "cpu" else MIB
+            for i in range(reps):
+                value = level * float(np.exp(rng.normal(0, noise)))
+                store.add_rep(run_id, target=target, workload=workload,
+                              params=(params or {}).get(workload, {"time": 1}),
+                              phase="measure", idx=i, status="ok", argv=[], started=0.0,
+                              metrics=[Metric(name_, value, unit, hib),
+                                       Metric("total time", 1.0, "s", False)])
+    store.finish_run(run_id, "done")
+    return run_id
+
+
+def series_of(results, name="nightly", worse_from=6, runs=12, factor=0.8):
+    """runs runs of native and vm:tcg; from run worse_from + 1 on, vm:tcg runs with 1 vCPU
+    instead of 2 at `factor` of its speed."""
+    store = Store(results)
+    ids = []
+    for i in range(runs):
+        changed = i >= worse_from
+        levels = {"native": 1000, "vm:tcg": 200 * (factor if changed else 1)}
+        ids.append(add_run(store, name, levels,
+                           options={"vm:tcg": {"accel": "tcg", "vcpus": 1 if changed else 2}},
+                           seed=i))
+    return ids
+
+
+def judged(results, name="nightly", **kwargs):
+    store = Store(results, readonly=True)
+    return history.judge(history.load(store, name, **kwargs), accepted=store.accepted(name))
+
+
+def by_target(trend):
+    return {s.target: s for s in trend.series}
+
+
+def test_a_step_is_found_at_the_run_that_made_it_with_what_changed_there(tmp_path):
+    ids = series_of(tmp_path)
+    trend = judged(tmp_path)
+    native, vm = by_target(trend)["native"], by_target(trend)["vm:tcg"]
+    assert native.changes == [] and native.regression() is None
+    [change] = vm.changes
+    assert change.after.id == ids[6] and change.after.number == 7 and change.before.number == 6
+    assert change.verdict == "worse"
+    assert change.change.change == pytest.approx(-0.2, abs=0.02)
+    assert change.change.ci[1] < 1 and change.change.p_adjusted <= 0.05
+    # The option, once: the plan's request and the fingerprint agree; the boot time each
+    # run measured, and the host's load, are no change.
+    assert change.what_changed == ["vm:tcg vcpus: 2 → 1"]
+    assert "from run 7" in vm.regression()
+
+
+def test_the_terminal_output_fits_80_columns_and_names_the_change(tmp_path):
+    series_of(tmp_path)
+    result = vmtax("trend", "nightly", "--results", str(tmp_path), env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = result.stdout
+    assert "nightly on rack1: 12 runs" in text
+    assert "vm:tcg · cpu · events/s ↑" in text
+    assert "what changed since run 6: vm:tcg vcpus: 2 → 1" in text
+    assert text.count("no change") == 1          # native's series
+    assert "▶ run 7 (" in text and ") worse: -20" in text
+
+
+def test_fail_on_regression_until_the_change_is_accepted(tmp_path):
+    ids = series_of(tmp_path, runs=6, worse_from=6)    # the six runs before the change
+    assert vmtax("trend", "nightly", "--fail-on", "regression",
+                 "--results", str(tmp_path)).returncode == 0
+    store = Store(tmp_path)
+    for i in range(6, 12):
+        ids.append(add_run(store, "nightly", {"native": 1000, "vm:tcg": 160},
+                           options={"vm:tcg": {"accel": "tcg", "vcpus": 1}}, seed=i))
+    failing = vmtax("trend", "nightly", "--fail-on", "regression", "--results", str(tmp_path))
+    assert failing.returncode == 1
+    assert failing.stderr.strip().splitlines() == [
+        "vmtax: 1 series regressed (--fail-on regression): vm:tcg · cpu · events/s -20.0% "
+        f"from run 7 ({ids[6]}) on; if intended: vmtax trend nightly --accept RUN"] or \
+        "1 series regressed" in failing.stderr
+    accepted = vmtax("trend", "nightly", "--accept", ids[6], "--results", str(tmp_path),
+                     env={"SUDO_USER": "alice"})
+    assert accepted.returncode == 0 and "by alice" in accepted.stdout
+    after = vmtax("trend", "nightly", "--fail-on", "regression", "--results", str(tmp_path))
+    assert after.returncode == 0, after.stderr
+    assert "accepted by alice" in after.stdout
+    # Accepting a run before the change accepts nothing after it.
+    fresh = tmp_path / "fresh"
+    ids = series_of(fresh)
+    vmtax("trend", "nightly", "--accept", ids[5], "--results", str(fresh), check=True)
+    assert vmtax("trend", "nightly", "--fail-on", "regression",
+                 "--results", str(fresh)).returncode == 1
+
+
+def test_accept_refuses_a_run_of_another_name(tmp_path):
+    series_of(tmp_path, runs=2)
+    other = add_run(Store(tmp_path), "weekly", {"native": 1000})
+    result = vmtax("trend", "nightly", "--accept", other, "--results", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr == (f"vmtax: error: --accept: run {other} is not a run of 'nightly' "
+                             "(it is one of 'weekly')\n")
+
+
+def test_the_newest_run_alone_is_judged_as_compare_judges_it(tmp_path):
+    store = Store(tmp_path)
+    for i in range(8):
+        add_run(store, "nightly", {"native": 1000}, seed=i)
+    newest = add_run(store, "nightly", {"native": 700}, seed=9)
+    [s] = judged(tmp_path).series
+    assert s.changes == []                   # one point: too soon to call a change
+    assert s.newest.verdict == "worse" and s.newest.change == pytest.approx(-0.3, abs=0.02)
+    assert s.regression().startswith(f"run 9 ({newest}) -29.7% against the 8 runs before it")
+    result = vmtax("trend", "nightly", "--fail-on", "regression", "--results", str(tmp_path))
+    assert result.returncode == 1
+    assert "newest run 9 worse: -29.7%" in result.stdout and "against runs 1–8" in result.stdout
+
+
+def test_a_name_with_no_runs_lists_the_names_there_are(tmp_path):
+    store = Store(tmp_path)
+    add_run(store, "nightly", {"native": 1000})
+    add_run(store, "weekly", {"native": 1000})
+    result = vmtax("trend", "nighty", "--results", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr == (f"vmtax: error: no runs named 'nighty' in {tmp_path}/vmtax.sqlite; "
+                             "the names there: nightly, weekly\n")
+
+
+def test_too_few_runs_show_their_points_and_how_many_more_are_needed(tmp_path):
+    series_of(tmp_path, runs=4, worse_from=2)
+    trend = judged(tmp_path)
+    vm = by_target(trend)["vm:tcg"]
+    assert len(vm.points) == 4 and vm.detection.points_needed == 2 and vm.changes == []
+    result = vmtax("trend", "nightly", "--results", str(tmp_path))
+    assert "4 runs: 2 more before a change can be called" in result.stdout
+
+
+def test_runs_whose_plans_differ_are_compared_where_they_overlap(tmp_path):
+    store = Store(tmp_path)
+    for i in range(8):
+        workloads = ("cpu", "memory") if i % 2 else ("cpu",)
+        add_run(store, "nightly", {"native": 1000}, seed=i, workloads=workloads)
+    trend = judged(tmp_path)
+    points = {s.workload: len(s.points) for s in trend.series}
+    assert points == {"cpu": 8, "memory": 4}
+    assert trend.notes == ["the runs of nightly on rack1 differ in what they ran (native · "
+                           "memory in 4 of 8); each series is judged over the runs that have it"]
+
+
+def test_what_changed_names_the_host_the_parameters_and_vmtax(tmp_path):
+    store = Store(tmp_path)
+    add_run(store, "nightly", {"native": 1000})
+    add_run(store, "nightly", {"native": 1000}, host={**HOST, "kernel": "6.1.0-20-amd64",
+                                                      "quiet": {"load": [3.0]}},
+            params={"cpu": {"time": 1, "cpu-max-prime": 3000}}, version="0.2.0")
+    add_run(store, "nightly", {"native": 1000}, host={**HOST, "kernel": "6.1.0-20-amd64"},
+            params={"cpu": {"time": 1, "cpu-max-prime": 3000}}, version="0.2.0")
+    [s] = history.load(Store(tmp_path), "nightly").series
+    assert history.what_changed(s.points[0], s.points[1], "native", "cpu") == [
+        "host kernel: 6.1.0-18-amd64 → 6.1.0-20-amd64",
+        "cpu cpu-max-prime: (none) → 3000",
+        "vmtax 0.1.0 → 0.2.0"]
+    assert history.what_changed(s.points[1], s.points[2], "native", "cpu") == []
+
+
+def test_a_kernel_command_line_change_shows_the_words_that_changed():
+    base = "console=ttyS0 quiet panic=-1 vmtax.bus=mmio tsc=reliable no_timer_check"
+    assert history._change_text(base, base + " mitigations=off") == "+mitigations=off"
+
+
+def test_fleet_hosts_are_series_of_their_own(tmp_path):
+    store = Store(tmp_path)
+    for i in range(3):
+        for name in ("h1", "h2"):
+            add_run(store, "nightly", {"native": 1000},
+                    host={**HOST, "fleet": {"host": name, "id": f"f{i}"}}, seed=i)
+    trend = judged(tmp_path)
+    assert sorted(trend.runs) == ["h1", "h2"]
+    assert [(s.host, len(s.points)) for s in trend.series] == [("h1", 3), ("h2", 3)]
+
+
+def test_metric_target_and_since_narrow_the_series(tmp_path):
+    ids = series_of(tmp_path, runs=6)
+    store = Store(tmp_path, readonly=True)
+    only = history.load(store, "nightly", targets=["vm:tcg"], metrics=["total time"])
+    assert [(s.target, s.metric) for s in only.series] == [("vm:tcg", "total time")]
+    since = history.load(store, "nightly", since=store.load_run(ids[3]).created)
+    assert {len(s.points) for s in since.series} == {3}
+    result = vmtax("trend", "nightly", "--metric", "nope", "--results", str(tmp_path))
+    assert result.stderr == "vmtax: error: no series of 'nightly' has metric nope\n"
+
+
+def test_json_has_every_point_and_change(tmp_path):
+    series_of(tmp_path)
+    result = vmtax("trend", "nightly", "--json", "--results", str(tmp_path), check=True)
+    data = json.loads(result.stdout)
+    vm = next(s for s in data["series"] if s["target"] == "vm:tcg")
+    assert len(vm["points"]) == 12 and len(vm["points"][0]["values"]) == 3
+    [change] = vm["changes"]
+    assert change["after_run"]["number"] == 7 and change["what_changed"] == ["vm:tcg vcpus: 2 → 1"]
+    assert change["ci"][0] < change["change"] < change["ci"][1] < 0
+
+
+def test_otava_csv_has_a_time_column_and_one_column_per_series(tmp_path):
+    ids = series_of(tmp_path, runs=4)
+    result = vmtax("export", "nightly", "--format", "otava", "--results", str(tmp_path),
+                   check=True)
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert rows[0] == ["time", "run", "host", "native.cpu.events/s", "vm:tcg.cpu.events/s"]
+    assert [r[1] for r in rows[1:]] == ids
+    assert rows[1][0].endswith("+00:00") and float(rows[1][4]) == pytest.approx(200, rel=0.05)
+
+
+def test_the_html_page_draws_each_series_with_its_changes_and_fetches_nothing(tmp_path):
+    series_of(tmp_path)
+    page = tmp_path / "trend.html"
+    result = vmtax("trend", "nightly", "--html", str(page), "--results", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    assert html.count("<svg") == 2 and html.count('class="change"') == 1
+    assert html.count("<circle") == 24                  # one per run of each series
+    assert "<li>vm:tcg vcpus: 2 → 1</li>" in html and "run 7 worse:" in html
+    assert "http" not in html and "src=" not in html    # nothing from elsewhere
+
+
+def test_publish_writes_a_site_that_links_only_to_itself(tmp_path):
+    ids = series_of(tmp_path / "results", runs=10, worse_from=5, factor=0.5)
+    site = tmp_path / "site"
+    result = vmtax("publish", "nightly", str(site), "--results", str(tmp_path / "results"))
+    assert result.returncode == 0, result.stderr
+    pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
+    change = f"changes/{ids[4]}--{ids[5]}.html"
+    assert pages == sorted(["index.html", "trends/nightly.html", change,
+                            *(f"runs/{i}.html" for i in ids)])
+    index = (site / "index.html").read_text()
+    assert f'href="{change}"' in index and 'href="trends/nightly.html"' in index
+    assert f'href="../{change}"' in (site / "trends" / "nightly.html").read_text()
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        assert "http://" not in text and "https://" not in text, page
