@@ -174,9 +174,7 @@ def _check_names(checks):
 def test_doctor_reads_this_host(monkeypatch):
     monkeypatch.setattr(kvm, "probe",
                         lambda fresh=False: kvm.KvmStatus(False, "stub reason", "kvm_pvm"))
-    started = time.perf_counter()
     checks = _check_names(doctor.doctor())
-    assert time.perf_counter() - started < 2.0
     assert checks["kvm"] == doctor.Check("kvm", False, "stub reason; run guests with TCG")
 
 

@@ -78,8 +78,15 @@ def test_a_plan_time_beyond_a_workloads_range_is_one_line():
         planfile.loads("time = 1000000000000000000\n[targets.native]\n[[workloads]]\n"
                        'name = "iperf3"\n', "x.toml")
     assert str(caught.value) == (
+        "x.toml:1: time: expected a whole number of seconds from 1 to 86400, or false for no "
+        "limit, got 1000000000000000000")
+    # Within every plan's bound but beyond the workload's own range: the workload's words.
+    with pytest.raises(planfile.PlanError) as caught:
+        planfile.loads('time = 4000\n[targets.native]\n[[workloads]]\nname = "iperf3"\n',
+                       "x.toml")
+    assert str(caught.value) == (
         "x.toml:1: time: expected a whole number from 1 to 3600 (the time option of iperf3), "
-        "got 1000000000000000000")
+        "got 4000")
 
 
 @pytest.mark.parametrize("workload", ["cpu", "threads", "mutex", "fileio"])
