@@ -66,7 +66,7 @@ def make(binaries: Iterable[str]) -> Bundle:
     loader = None
     for name in sorted(set(binaries)):
         path = rootfs.which(name)
-        # bin/NAME with NAME's own path (absolute, or "../x"): never outside the bundle.
+        # bin/NAME, an absolute NAME nested under bin; never outside it ("../x" is refused).
         inside = paths.inside("bin", name, "a program to ship")
         programs[name] = inside
         files[inside] = path
