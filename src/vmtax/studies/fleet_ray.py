@@ -166,16 +166,16 @@ def _kv():
 
 
 def kv_get(key: str) -> Any:
-    raw = _kv()._internalkv_get(key.encode(), namespace=NAMESPACE)
+    raw = _kv()._internal_kv_get(key.encode(), namespace=NAMESPACE)
     return json.loads(raw) if raw else None
 
 
 def kv_put(key: str, value: Any) -> None:
-    _kv()._internalkv_put(key.encode(), json.dumps(value).encode(), namespace=NAMESPACE)
+    _kv()._internal_kv_put(key.encode(), json.dumps(value).encode(), namespace=NAMESPACE)
 
 
 def kv_del(key: str) -> None:
-    _kv()._internalkv_del(key.encode(), namespace=NAMESPACE)
+    _kv()._internal_kv_del(key.encode(), namespace=NAMESPACE)
 
 
 # -- the nodes -----------------------------------------------------------------------------
