@@ -1,0 +1,131 @@
+"""`vmtax lab`, the host's side: boot the lab (vmtax.guest.lab), run one vmtax command in
+it with its output on this terminal, and bring the runs it stored into the host's store.
+
+The lab's QEMU and its share (the job in; exit status, timings and the results database
+out) are journaled before they exist, so Ctrl-C, kill -9 of vmtax (its guardian) or a
+crash leave neither behind. Results come back when the command ends: the lab's database
+lives in the lab's memory, as SQLite over 9p would without working locks, and they are
+copied into the host's store as ordinary runs (Store.import_runs), with their host facts
+saying they were made in the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from vmtax.core import paths
+from vmtax.core.errors import VmtaxError
+from vmtax.guest import lab
+from vmtax.guest.qemu import find_qemu, parse_size
+from vmtax.host.journal import Journal
+from vmtax.results.store import DB_NAME, Store
+
+DEFAULT_VCPUS = 2
+DEFAULT_MEMORY = "4G"
+# Lines of the lab's kernel console shown when it ends without the command's status.
+CONSOLE_TAIL = 15
+
+
+@dataclass
+class LabOutcome:
+    exit_code: int
+    run_ids: list[str] = field(default_factory=list)
+    # Seconds: "prepare" (kernel, checks), "boot" (QEMU start to the command's start in
+    # the lab), "command" (the command in the lab), "wall" (all of `vmtax lab`).
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def check(vcpus: int, memory: str, qemu: str) -> int:
+    """The lab's size and QEMU, checked before anything is built or booted: bytes of RAM."""
+    size = parse_size(memory)
+    if size < 1 << 30:
+        raise VmtaxError(f"lab: --memory {memory}: at least 1G (the lab holds vmtax's "
+                         "writes and its own guests)")
+    if vcpus > (os.cpu_count() or 1):
+        raise VmtaxError(f"lab: --vcpus {vcpus}: this host has {os.cpu_count()} CPUs")
+    problem = lab.memory_problem(size) or lab.svm_problem(qemu)
+    if problem:
+        raise VmtaxError(f"lab: {problem}")
+    return size
+
+
+def _tail(path: Path, offset: int, echo: Callable[[bytes], None]) -> int:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        echo(data)
+    return offset + len(data)
+
+
+def _console_tail(share: Path) -> str:
+    try:
+        lines = (share / "console.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-CONSOLE_TAIL:])
+
+
+def run(argv: list[str], *, vcpus: int, memory: str, qemu: str, results: Path,
+        journal: Journal, echo: Callable[[bytes], None], say: Callable[[str], None],
+        env: dict[str, str] | None = None) -> LabOutcome:
+    """Run `vmtax ARGV` in a new lab; its output goes to echo as it comes."""
+    wall = time.monotonic()
+    size = check(vcpus, memory, qemu)
+    kernel = lab.lab_kernel(paths.cache_dir())
+    share, share_token = journal.make_dir(Path(tempfile.gettempdir()), "vmtax-lab-")
+    tokens = [share_token]
+    outcome = LabOutcome(exit_code=1)
+    try:
+        os.chmod(share, 0o700)
+        lab.write_job(share, [sys.executable, "-m", "vmtax", *argv], os.getcwd(),
+                      kernel.modules_tree, kernel.version,
+                      {lab.LAB_ENV: lab.LAB_LABEL, "VMTAX_RESULTS": lab.LAB_RESULTS,
+                       **(env or {})})
+        qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share)
+        outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
+        say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
+            f"(kernel {kernel.version})")
+        started = time.monotonic()
+        qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
+        tokens.append(journal.process(qemu_proc.pid))
+        offset = 0
+        while qemu_proc.poll() is None:
+            offset = _tail(share / "out.log", offset, echo)
+            time.sleep(0.2)
+        _tail(share / "out.log", offset, echo)
+        outcome.seconds["lab"] = round(time.monotonic() - started, 2)
+        try:
+            timings = json.loads((share / lab.TIMINGS).read_text())
+            outcome.seconds.update(boot=timings["boot"], command=timings["command"])
+        except (OSError, ValueError, KeyError):
+            pass
+        try:
+            outcome.exit_code = int((share / lab.RC).read_text())
+        except (OSError, ValueError):
+            qemu_said = (share / "qemu.log").read_text(errors="replace").strip()
+            raise VmtaxError(
+                "lab: ended without the command's exit status (QEMU exit status "
+                f"{qemu_proc.returncode}{'; ' + qemu_said.splitlines()[-1] if qemu_said else ''})"
+                f"; its console's last lines:\n{_console_tail(share)}") from None
+        if (share / lab.RESULTS / DB_NAME).is_file():
+            store = Store(results)
+            try:
+                outcome.run_ids = store.import_runs(share / lab.RESULTS)
+            finally:
+                store.close()
+    finally:
+        for token in reversed(tokens):
+            journal.undo(token)
+    outcome.seconds["wall"] = round(time.monotonic() - wall, 2)
+    return outcome
