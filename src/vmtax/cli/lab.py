@@ -13,6 +13,8 @@ ratio in them is to the lab's own native.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -41,7 +43,14 @@ def _check_args(ctx: click.Context, command: str, args: list[str]) -> None:
                          f"{command} …): the lab's runs come back into that store")
     cmd = group.get_command(root, command)
     assert cmd is not None
-    with cmd.make_context(command, list(args), parent=root) as _:
+    if command == "run" and "--dry-run" not in args:
+        # The whole plan, checked as `run` checks it (targets, workloads, plan file), on the
+        # host and in a second: the lab takes a minute to boot.
+        with contextlib.redirect_stdout(io.StringIO()):
+            cmd.main([*args, "--dry-run"], prog_name=f"{root.info_name} {command}",
+                     standalone_mode=False)
+        return
+    with cmd.make_context(command, list(args), parent=root):
         pass
 
 

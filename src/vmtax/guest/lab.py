@@ -22,7 +22,7 @@ tax, never hardware's figures.
 
 from __future__ import annotations
 
-import gzip
+import contextlib
 import json
 import os
 import shutil
@@ -45,7 +45,7 @@ from vmtax.host.machine import LAB_ENV, LAB_LABEL
 
 __all__ = ["LAB_ENV", "LAB_LABEL"]
 
-FORMAT = "1"    # bump when the lab's kernel directory or initramfs layout changes
+FORMAT = "2"    # bump when the lab's kernel directory or initramfs layout changes
 # The lab's CPU: QEMU's TCG emulates AMD-V; it has no VMX (Intel) emulation at all.
 CPU = "max,+svm,+npt"
 # Loaded by the initramfs: enough to mount the host's root over 9p under an overlay.
@@ -121,7 +121,7 @@ def _build_lab_kernel(deb: Path, version: str, dest: Path) -> None:
                               "".join(ko.name + "\n" for ko in early).encode())]
         entries += [CpioEntry(f"lab/modules/{ko.name}", stat.S_IFREG | 0o644, ko)
                     for ko in early]
-        with gzip.open(tmp / "initramfs.cpio.gz", "wb", compresslevel=1) as f:
+        with open(tmp / "initramfs.cpio", "wb") as f:
             write_cpio(f, sorted(entries, key=lambda e: e.name))
         os.rename(unpacked / "lib" / "modules" / version, tmp / "modules")
         shutil.rmtree(unpacked)
@@ -147,7 +147,7 @@ def lab_kernel(cache: Path) -> LabKernel:
             if not (dest / "meta.json").exists():
                 _build_lab_kernel(deb, kernel.version, dest)
     return LabKernel(kernel.path, kernel.version, dest / "modules",
-                     dest / "initramfs.cpio.gz")
+                     dest / "initramfs.cpio")
 
 
 def svm_problem(qemu: str) -> str | None:
@@ -212,8 +212,9 @@ def write_job(share: Path, argv: list[str], cwd: str, modules_tree: Path, versio
 
 _MOUNTS = (("proc", "proc", "/proc", ""), ("sysfs", "sysfs", "/sys", ""),
            ("devpts", "devpts", "/dev/pts", "gid=5,mode=620"),
-           ("tmpfs", "tmpfs", "/dev/shm", "mode=1777"), ("tmpfs", "tmpfs", "/tmp", "mode=1777"),
-           ("tmpfs", "tmpfs", "/run", "mode=0755"),
+           # /run: the host's runtime directory (its journals) is not the lab's. /tmp stays
+           # the host's, under the overlay: a command started in a directory there finds it.
+           ("tmpfs", "tmpfs", "/dev/shm", "mode=1777"), ("tmpfs", "tmpfs", "/run", "mode=0755"),
            ("tracefs", "tracefs", "/sys/kernel/tracing", ""),
            ("debugfs", "debugfs", "/sys/kernel/debug", ""),
            ("hugetlbfs", "hugetlbfs", "/dev/hugepages", ""))
@@ -275,8 +276,10 @@ def inside(job_path: str) -> int:
                     {"boot": boot, "command": round(_uptime() - boot, 2)}))
         if os.path.isdir(LAB_RESULTS):
             shutil.copytree(LAB_RESULTS, share / RESULTS)
-    except Exception as exc:   # the host learns why from the console log
+    except Exception as exc:   # the host learns why on its terminal, or from the console
         _say(f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(OSError), open("/dev/hvc0", "wb", buffering=0) as out:
+            out.write(f"vmtax: error: lab: {type(exc).__name__}: {exc}\n".encode())
     finally:
         (share / RC).write_text(str(rc))
         os.sync()

@@ -680,16 +680,17 @@ class Store:
                         (run["id"], run["created"], run["finished"],
                          "interrupted" if run["status"] == "running" else run["status"],
                          run["plan"], run["host"], run["version"]))
-        self.db.executemany("INSERT INTO targets VALUES (?,?,?,?)", [tuple(t) for t in other.execute(
-            "SELECT run_id, name, kind, fingerprint FROM targets WHERE run_id = ?", (run_id,))])
+        targets = other.execute("SELECT run_id, name, kind, fingerprint FROM targets"
+                                " WHERE run_id = ?", (run_id,))
+        self.db.executemany("INSERT INTO targets VALUES (?,?,?,?)", [tuple(t) for t in targets])
         for rep in other.execute("SELECT * FROM reps WHERE run_id = ? ORDER BY id", (run_id,)):
             metrics = other.execute("SELECT name, value, unit, higher_is_better, dimensions"
                                     " FROM metrics WHERE rep_id = ?", (rep["id"],))
             self._insert_rep({**{c: rep[c] for c in _REP_COLUMNS},
                               "metrics": [tuple(m) for m in metrics]})
-        self.db.executemany("INSERT INTO flags VALUES (?,?,?,?,?,?)", [tuple(f) for f in other.execute(
-            "SELECT run_id, target, workload, params, metric, flag FROM flags WHERE run_id = ?",
-            (run_id,))])
+        flags = other.execute("SELECT run_id, target, workload, params, metric, flag"
+                              " FROM flags WHERE run_id = ?", (run_id,))
+        self.db.executemany("INSERT INTO flags VALUES (?,?,?,?,?,?)", [tuple(f) for f in flags])
 
     @_guarded
     def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:

@@ -91,7 +91,8 @@ def run(argv: list[str], *, vcpus: int, memory: str, qemu: str, results: Path,
         lab.write_job(share, [sys.executable, "-m", "vmtax", *argv], os.getcwd(),
                       kernel.modules_tree, kernel.version,
                       {lab.LAB_ENV: lab.LAB_LABEL, "VMTAX_RESULTS": lab.LAB_RESULTS,
-                       **(env or {})})
+                       # This vmtax's cache, guest kernels and images built (read-only there)
+                       "VMTAX_CACHE": str(paths.cache_dir()), **(env or {})})
         qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share)
         outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
