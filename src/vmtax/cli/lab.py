@@ -89,7 +89,7 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, qemu: str, results:
             outcome = lab_study.run([command, *args], vcpus=vcpus, memory=memory, qemu=qemu,
                                     results=Path(results), journal=own, echo=echo,
                                     say=lambda text: err.print(text, highlight=False),
-                                    env=env)
+                                    env=env, tty=sys.stdout.isatty())
         except KeyboardInterrupt:
             err.print("interrupted; the lab is gone and nothing of it is stored")
             sys.exit(proc.stopped_exit_code())

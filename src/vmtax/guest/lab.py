@@ -202,9 +202,9 @@ def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path)
 
 
 def write_job(share: Path, argv: list[str], cwd: str, modules_tree: Path, version: str,
-              env: dict[str, str]) -> None:
+              env: dict[str, str], tty: bool) -> None:
     (share / PYTHON).write_text(sys.executable)
-    (share / JOB).write_text(json.dumps({"argv": argv, "cwd": cwd, "env": env,
+    (share / JOB).write_text(json.dumps({"argv": argv, "cwd": cwd, "env": env, "tty": tty,
                                          "modules": str(modules_tree), "version": version}))
 
 
@@ -248,6 +248,21 @@ def _prepare(job: dict) -> str | None:
     return None
 
 
+def _run(argv: list[str], cwd: str, env: dict[str, str], out, tty: bool) -> int:
+    """The command, its output on the virtio console: straight onto it when the host's
+    side is a terminal (live progress), else through a pipe, so that it writes plain
+    lines as it would into a host's log."""
+    if tty:
+        return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=out).returncode
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as child:
+        assert child.stdout is not None
+        while data := os.read(child.stdout.fileno(), 65536):
+            out.write(data)
+    return child.returncode
+
+
 def _uptime() -> float:
     return float(Path("/proc/uptime").read_text().split()[0])
 
@@ -265,10 +280,9 @@ def inside(job_path: str) -> int:
                 out.write(f"vmtax: error: lab: {problem}\n".encode())
             else:
                 env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                       "HOME": os.environ.get("HOME", "/root"), **job["env"]}
+                       **job["env"]}
                 boot = _uptime()
-                rc = subprocess.run(job["argv"], cwd=job["cwd"], env=env,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out).returncode
+                rc = _run(job["argv"], job["cwd"], env, out, job.get("tty", False))
                 if rc < 0:
                     out.write(f"vmtax: error: lab: {job['argv'][2:4]} died of signal "
                               f"{signal.Signals(-rc).name}\n".encode())

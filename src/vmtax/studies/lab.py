@@ -78,8 +78,9 @@ def _console_tail(share: Path) -> str:
 
 def run(argv: list[str], *, vcpus: int, memory: str, qemu: str, results: Path,
         journal: Journal, echo: Callable[[bytes], None], say: Callable[[str], None],
-        env: dict[str, str] | None = None) -> LabOutcome:
-    """Run `vmtax ARGV` in a new lab; its output goes to echo as it comes."""
+        env: dict[str, str] | None = None, tty: bool = False) -> LabOutcome:
+    """Run `vmtax ARGV` in a new lab; its output goes to echo as it comes (as to a
+    terminal when tty)."""
     wall = time.monotonic()
     size = check(vcpus, memory, qemu)
     kernel = lab.lab_kernel(paths.cache_dir())
@@ -92,7 +93,8 @@ def run(argv: list[str], *, vcpus: int, memory: str, qemu: str, results: Path,
                       kernel.modules_tree, kernel.version,
                       {lab.LAB_ENV: lab.LAB_LABEL, "VMTAX_RESULTS": lab.LAB_RESULTS,
                        # This vmtax's cache, guest kernels and images built (read-only there)
-                       "VMTAX_CACHE": str(paths.cache_dir()), **(env or {})})
+                       "VMTAX_CACHE": str(paths.cache_dir()),
+                       "HOME": os.path.expanduser("~"), **(env or {})}, tty)
         qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share)
         outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
