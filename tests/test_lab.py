@@ -33,6 +33,8 @@ def test_argv_is_a_tcg_q35_guest_with_amd_v_on_the_hosts_root_read_only(tmp_path
     assert fsdevs == ["local,id=host,path=/,security_model=none,readonly=on",
                       f"local,id=lab,path={tmp_path},security_model=none"]
     assert "-no-reboot" in argv   # the lab powers off by rebooting: QEMU then exits
+    # The overlay's upper layer: a disk in the share, not the lab's RAM.
+    assert f"if=none,id=upper,format=raw,file={tmp_path}/upper.img,cache=writeback" in argv
 
 
 def _fake_qemu(tmp_path, body: str) -> str:
@@ -89,6 +91,7 @@ def test_lab_run_refuses_what_run_refuses_before_the_lab_boots(tmp_path):
     (["lab", "frobnicate"], "'frobnicate' is not a vmtax command the lab runs"),
     (["lab", "lab", "run"], "'lab' is not a vmtax command the lab runs"),
     (["lab", "--memory", "512M", "run"], "--memory 512M: at least 1G"),
+    (["lab", "--disk", "1G", "run"], "--disk 1G: at least 4G"),
 ])
 def test_bad_lab_input_is_one_line(tmp_path, args, said):
     done = vmtax(*args, cwd=tmp_path, timeout=120)

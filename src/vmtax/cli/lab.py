@@ -60,13 +60,17 @@ def _check_args(ctx: click.Context, command: str, args: list[str]) -> None:
               show_default=True, help="The lab's vCPUs.")
 @click.option("--memory", default=lab_study.DEFAULT_MEMORY, show_default=True,
               help="The lab's RAM: vmtax's writes and its guests live in it.")
+@click.option("--disk", default=lab_study.DEFAULT_DISK, show_default=True,
+              help="The lab's disk, sparse on the host and gone with the lab: everything "
+                   "the lab writes.")
 @click.option("--qemu", default="qemu-system-x86_64", show_default=True,
               help="The QEMU that runs the lab (its TCG must emulate AMD-V).")
 @results_option
 @click.argument("command")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def lab_command(ctx: click.Context, vcpus: int, memory: str, qemu: str, results: str,
+def lab_command(ctx: click.Context, vcpus: int, memory: str, disk: str, qemu: str,
+                results: str,
                 command: str, args: tuple[str, ...]) -> None:
     """Run a vmtax COMMAND inside a lab: a TCG guest with emulated AMD-V in which KVM
     really runs guests (nested, so the shape of the tax, never hardware's numbers)."""
@@ -86,7 +90,8 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, qemu: str, results:
 
     with guardian.guard(own.path):
         try:
-            outcome = lab_study.run([command, *args], vcpus=vcpus, memory=memory, qemu=qemu,
+            outcome = lab_study.run([command, *args], vcpus=vcpus, memory=memory, disk=disk,
+                                    qemu=qemu,
                                     results=Path(results), journal=own, echo=echo,
                                     say=lambda text: err.print(text, highlight=False),
                                     env=env, tty=sys.stdout.isatty())

@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import termios
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +46,17 @@ from vmtax.host.machine import LAB_ENV, LAB_LABEL
 
 __all__ = ["LAB_ENV", "LAB_LABEL"]
 
-FORMAT = "2"    # bump when the lab's kernel directory or initramfs layout changes
+FORMAT = "3"    # bump when the lab's kernel directory or initramfs layout changes
 # The lab's CPU: QEMU's TCG emulates AMD-V; it has no VMX (Intel) emulation at all.
 CPU = "max,+svm,+npt"
 # Loaded by the initramfs: enough to mount the host's root over 9p under an overlay.
-EARLY_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_console")
+EARLY_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_console",
+                 "virtio_blk", "crc32c_generic", "ext4")
+# The overlay's upper layer: an ext4 disk, a sparse file in the lab's share on the host.
+# Not a tmpfs: what the lab writes (a native fileio's 2 GiB, its guests' scratch disks)
+# would take the lab's RAM, and its native fileio would measure RAM, not a disk.
+UPPER = "upper.img"
+UPPER_BYTES_PER_INODE = 64 << 10
 # Loaded in the lab before the command: KVM itself, then what vm targets may ask for.
 KVM_MODULE = "kvm_amd"
 OPTIONAL_MODULES = ("vhost_net", "tun", "bridge", "veth")
@@ -81,7 +88,7 @@ for ko in $(cat /lab/modules.list); do
 done
 mkdir -p /host /t /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 {host} /host || echo "lab: no 9p root"
-mount -t tmpfs -o mode=0755 tmpfs /t
+mount -t ext4 /dev/vda /t || echo "lab: no upper disk"
 mkdir -p /t/upper /t/work
 mount -t overlay overlay -o lowerdir=/host,upperdir=/t/upper,workdir=/t/work /newroot
 mkdir -p /newroot{share}
@@ -196,6 +203,8 @@ def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path)
             "-device", f"virtio-9p-pci,fsdev={HOST_TAG},mount_tag={HOST_TAG}",
             "-fsdev", f"local,id={LAB_TAG},path={_opt(share)},security_model=none",
             "-device", f"virtio-9p-pci,fsdev={LAB_TAG},mount_tag={LAB_TAG}",
+            "-drive", f"if=none,id=upper,format=raw,file={_opt(share / UPPER)},cache=writeback",
+            "-device", "virtio-blk-pci,drive=upper",
             "-device", "virtio-serial-pci,id=vser",
             "-chardev", f"file,id=out,path={_opt(share / 'out.log')}",
             "-device", "virtconsole,chardev=out"]
@@ -263,6 +272,14 @@ def _run(argv: list[str], cwd: str, env: dict[str, str], out, tty: bool) -> int:
     return child.returncode
 
 
+def _raw_output(fd: int) -> None:
+    """The console passes the command's bytes as they are: no "\r" added to each "\n"
+    (the host's terminal adds its own)."""
+    attrs = termios.tcgetattr(fd)
+    attrs[1] &= ~termios.OPOST
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)
+
+
 def _uptime() -> float:
     return float(Path("/proc/uptime").read_text().split()[0])
 
@@ -276,6 +293,7 @@ def inside(job_path: str) -> int:
         job = json.loads(Path(job_path).read_text())
         problem = _prepare(job)
         with open("/dev/hvc0", "wb", buffering=0) as out:
+            _raw_output(out.fileno())
             if problem:
                 out.write(f"vmtax: error: lab: {problem}\n".encode())
             else:

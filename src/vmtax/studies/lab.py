@@ -23,12 +23,15 @@ from typing import Callable
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.guest import lab
+from vmtax.guest.agent_session import make_scratch_disk
 from vmtax.guest.qemu import find_qemu, parse_size
 from vmtax.host.journal import Journal
 from vmtax.results.store import DB_NAME, Store
 
 DEFAULT_VCPUS = 2
 DEFAULT_MEMORY = "4G"
+# The lab's disk: sparse, so it takes on the host only what the lab writes.
+DEFAULT_DISK = "16G"
 # Lines of the lab's kernel console shown when it ends without the command's status.
 CONSOLE_TAIL = 15
 
@@ -42,9 +45,12 @@ class LabOutcome:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def check(vcpus: int, memory: str, qemu: str) -> int:
+def check(vcpus: int, memory: str, disk: str, qemu: str) -> int:
     """The lab's size and QEMU, checked before anything is built or booted: bytes of RAM."""
     size = parse_size(memory)
+    if parse_size(disk) < 4 << 30:
+        raise VmtaxError(f"lab: --disk {disk}: at least 4G (the lab's writes, its guests' "
+                         "scratch disks)")
     if size < 1 << 30:
         raise VmtaxError(f"lab: --memory {memory}: at least 1G (the lab holds vmtax's "
                          "writes and its own guests)")
@@ -76,13 +82,13 @@ def _console_tail(share: Path) -> str:
     return "\n".join(lines[-CONSOLE_TAIL:])
 
 
-def run(argv: list[str], *, vcpus: int, memory: str, qemu: str, results: Path,
+def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, results: Path,
         journal: Journal, echo: Callable[[bytes], None], say: Callable[[str], None],
         env: dict[str, str] | None = None, tty: bool = False) -> LabOutcome:
     """Run `vmtax ARGV` in a new lab; its output goes to echo as it comes (as to a
     terminal when tty)."""
     wall = time.monotonic()
-    size = check(vcpus, memory, qemu)
+    size = check(vcpus, memory, disk, qemu)
     kernel = lab.lab_kernel(paths.cache_dir())
     share, share_token = journal.make_dir(Path(tempfile.gettempdir()), "vmtax-lab-")
     tokens = [share_token]
@@ -95,6 +101,7 @@ def run(argv: list[str], *, vcpus: int, memory: str, qemu: str, results: Path,
                        # This vmtax's cache, guest kernels and images built (read-only there)
                        "VMTAX_CACHE": str(paths.cache_dir()),
                        "HOME": os.path.expanduser("~"), **(env or {})}, tty)
+        make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
         qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share)
         outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
