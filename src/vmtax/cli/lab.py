@@ -89,17 +89,12 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, disk: str, qemu: st
         out.flush()
 
     with guardian.guard(own.path):
-        try:
-            outcome = lab_study.run([command, *args], vcpus=vcpus, memory=memory, disk=disk,
-                                    qemu=qemu,
-                                    results=Path(results), journal=own, echo=echo,
-                                    say=lambda text: err.print(text, highlight=False),
-                                    env=env, tty=sys.stdout.isatty())
-        except KeyboardInterrupt:
-            err.print("interrupted; the lab is gone and nothing of it is stored")
-            sys.exit(proc.stopped_exit_code())
+        outcome = lab_study.run([command, *args], vcpus=vcpus, memory=memory, disk=disk,
+                                qemu=qemu, results=Path(results), journal=own, echo=echo,
+                                say=lambda text: err.print(text, highlight=False),
+                                env=env, tty=sys.stdout.isatty())
     parts = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.seconds.items())
-    err.print(f"lab: {parts}", highlight=False)
+    err.print(f"lab: {'interrupted; ' * outcome.interrupted}{parts}", highlight=False)
     for run_id in outcome.run_ids:
         err.print(f"lab: stored run {run_id} in {results}", highlight=False)
-    sys.exit(outcome.exit_code)
+    sys.exit(proc.stopped_exit_code() if outcome.interrupted else outcome.exit_code)

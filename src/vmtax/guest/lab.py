@@ -64,8 +64,9 @@ HOST_TAG, LAB_TAG = "host", "lab"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
 JOB, RC, RESULTS, PYTHON, TIMINGS = "job.json", "rc", "results", "python", "timings.json"
-# The lab's own results directory (its tmpfs); copied to the share at the end.
-LAB_RESULTS = "/tmp/vmtax-lab-results"
+# The lab's results directory: in the share, so each repetition is on the host's disk the
+# moment it is stored (one writer, the lab's vmtax; the host reads it once the lab is gone).
+LAB_RESULTS = f"{SHARE}/{RESULTS}"
 # What QEMU, its 9p servers and TCG's translation cache take beside the lab's RAM.
 QEMU_OVERHEAD = 512 << 20
 
@@ -306,8 +307,6 @@ def inside(job_path: str) -> int:
                               f"{signal.Signals(-rc).name}\n".encode())
                 (share / TIMINGS).write_text(json.dumps(
                     {"boot": boot, "command": round(_uptime() - boot, 2)}))
-        if os.path.isdir(LAB_RESULTS):
-            shutil.copytree(LAB_RESULTS, share / RESULTS)
     except Exception as exc:   # the host learns why on its terminal, or from the console
         _say(f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(OSError), open("/dev/hvc0", "wb", buffering=0) as out:

@@ -64,13 +64,14 @@ def lab() -> str | None:
     return os.environ.get(LAB_ENV) or None
 
 
-# A lab's guests run under TCG in TCG, or under a KVM nested on it: they boot this many
-# times slower than on the host, where a guest's boot timeout was chosen.
+# In a lab everything runs under TCG (guests under TCG in TCG, or a KVM nested on it):
+# this many times slower than on the host, where timeouts (a guest's boot, perf's start)
+# were chosen.
 LAB_SLOWDOWN = 5
 
 
-def boot_timeout(seconds: float) -> float:
-    """A guest's boot timeout here: in a lab, LAB_SLOWDOWN times the one it was given."""
+def lab_scaled(seconds: float) -> float:
+    """A timeout chosen for a host, here: in a lab, LAB_SLOWDOWN times longer."""
     return seconds * LAB_SLOWDOWN if lab() else seconds
 
 

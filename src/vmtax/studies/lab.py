@@ -40,6 +40,7 @@ CONSOLE_TAIL = 15
 class LabOutcome:
     exit_code: int
     run_ids: list[str] = field(default_factory=list)
+    interrupted: bool = False    # Ctrl-C or SIGTERM: the lab was stopped
     # Seconds: "prepare" (kernel, checks), "boot" (QEMU start to the command's start in
     # the lab), "command" (the command in the lab), "wall" (all of `vmtax lab`).
     seconds: dict[str, float] = field(default_factory=dict)
@@ -82,11 +83,29 @@ def _console_tail(share: Path) -> str:
     return "\n".join(lines[-CONSOLE_TAIL:])
 
 
+def _read_outcome(share: Path, qemu_status: int | None, outcome: LabOutcome) -> None:
+    """The command's exit status and timings, as the lab left them in its share."""
+    try:
+        timings = json.loads((share / lab.TIMINGS).read_text())
+        outcome.seconds.update(boot=timings["boot"], command=timings["command"])
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        outcome.exit_code = int((share / lab.RC).read_text())
+    except (OSError, ValueError):
+        qemu_said = (share / "qemu.log").read_text(errors="replace").strip().splitlines()
+        raise VmtaxError(
+            f"lab: ended without the command's exit status (QEMU exit status {qemu_status}"
+            f"{'; ' + qemu_said[-1] if qemu_said else ''}); its console's last lines:\n"
+            + _console_tail(share)) from None
+
+
 def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, results: Path,
         journal: Journal, echo: Callable[[bytes], None], say: Callable[[str], None],
         env: dict[str, str] | None = None, tty: bool = False) -> LabOutcome:
     """Run `vmtax ARGV` in a new lab; its output goes to echo as it comes (as to a
-    terminal when tty)."""
+    terminal when tty). Interrupted (Ctrl-C, SIGTERM), the lab is stopped and what it
+    stored is kept all the same."""
     wall = time.monotonic()
     size = check(vcpus, memory, disk, qemu)
     kernel = lab.lab_kernel(paths.cache_dir())
@@ -109,33 +128,29 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
         started = time.monotonic()
         qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
         tokens.append(journal.process(qemu_proc.pid))
-        offset = 0
-        while qemu_proc.poll() is None:
-            offset = _tail(share / "out.log", offset, echo)
-            time.sleep(0.2)
-        _tail(share / "out.log", offset, echo)
+        try:
+            offset = 0
+            while qemu_proc.poll() is None:
+                offset = _tail(share / "out.log", offset, echo)
+                time.sleep(0.2)
+            _tail(share / "out.log", offset, echo)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
         outcome.seconds["lab"] = round(time.monotonic() - started, 2)
-        try:
-            timings = json.loads((share / lab.TIMINGS).read_text())
-            outcome.seconds.update(boot=timings["boot"], command=timings["command"])
-        except (OSError, ValueError, KeyError):
-            pass
-        try:
-            outcome.exit_code = int((share / lab.RC).read_text())
-        except (OSError, ValueError):
-            qemu_said = (share / "qemu.log").read_text(errors="replace").strip()
-            raise VmtaxError(
-                "lab: ended without the command's exit status (QEMU exit status "
-                f"{qemu_proc.returncode}{'; ' + qemu_said.splitlines()[-1] if qemu_said else ''})"
-                f"; its console's last lines:\n{_console_tail(share)}") from None
-        if (share / lab.RESULTS / DB_NAME).is_file():
-            store = Store(results)
-            try:
-                outcome.run_ids = store.import_runs(share / lab.RESULTS)
-            finally:
-                store.close()
+        if not outcome.interrupted:
+            _read_outcome(share, qemu_proc.returncode, outcome)
     finally:
-        for token in reversed(tokens):
+        for token in reversed(tokens[1:]):   # the lab's QEMU, so nothing writes the share
             journal.undo(token)
+        try:
+            # What the lab stored, also when it was interrupted: each finished repetition.
+            if (share / lab.RESULTS / DB_NAME).is_file():
+                store = Store(results)
+                try:
+                    outcome.run_ids = store.import_runs(share / lab.RESULTS)
+                finally:
+                    store.close()
+        finally:
+            journal.undo(share_token)
     outcome.seconds["wall"] = round(time.monotonic() - wall, 2)
     return outcome

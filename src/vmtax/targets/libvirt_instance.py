@@ -146,7 +146,7 @@ class LibvirtInstance(AgentGuest):
                                 start=proc.process_start_time(self.pid))
         if self.tap is not None:
             self._return_tap(self.tap)
-        deadline = start + machine.boot_timeout(self.opts.boot_timeout)
+        deadline = start + machine.lab_scaled(self.opts.boot_timeout)
         session = self._await_agent(self._listener, start, deadline, spec.console_log)
         nic = self.tap or self.nat
         self.job_overhead = session.setup((nic.cidr, nic.gateway) if nic else None,
@@ -215,7 +215,7 @@ class LibvirtInstance(AgentGuest):
     def _boot_failure(self, exc: BaseException) -> str:
         assert self.spec is not None
         what = ("its QEMU exited" if not self.alive()
-                else f"no agent READY within {machine.boot_timeout(self.opts.boot_timeout):g} s")
+                else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
         console = tail(self.spec.console_log)
         qemu_log = tail(libvirt.QEMU_LOGS / f"{self.domain}.log", 3)
         return (f"{self.name}: domain {self.domain} failed to boot ({what}; {exc})"

@@ -201,7 +201,7 @@ class VmInstance(AgentGuest):
                                     stdout=qemu_log, stderr=qemu_log)
         self._tokens.append(self.journal.process(self._proc.pid))
         self._qmp = QmpSession(self.name, cfg.qmp_socket)
-        deadline = start + machine.boot_timeout(self.opts.boot_timeout)
+        deadline = start + machine.lab_scaled(self.opts.boot_timeout)
         session = self._await_agent(self._listener, start, deadline, cfg.console_log,
                                     HOST_MARGIN)
         if self.opts.pin is not None:
@@ -267,7 +267,7 @@ class VmInstance(AgentGuest):
         run_dir = self.config.console_log.parent
         code = self._proc.poll() if self._proc else None
         what = (f"QEMU exited with status {code}" if code is not None
-                else f"no agent READY within {machine.boot_timeout(self.opts.boot_timeout):g} s")
+                else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
         details = tail(run_dir / "qemu.log", 3)
         console = tail(self.config.console_log)
         hints = []
