@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.live,
                                  reason="this host's KVM runs guests itself: no lab needed")]
 
 # kvm: the baseline guest; kvm-tuned: its RAM on host 2 MiB pages and its two vCPUs pinned
-# to the lab's two CPUs. Minimal kernel: an L2 boots in seconds, not a minute.
+# to the lab's two CPUs; kvm-microvm-build: another QEMU binary. Minimal kernel: an L2 boots
+# in seconds, not a minute.
 PLAN = """
 runs = 1
 warmup = 0
@@ -47,6 +48,15 @@ kernel = "minimal"
 memory = "256M"
 hugepages = "2M"
 pin = [0, 1]
+
+# E1's A/B of QEMU builds: Debian's KVM-only microvm build, which no guest on a host
+# without a working KVM could ever use.
+[targets.kvm-microvm-build]
+kind = "vm"
+accel = "kvm"
+kernel = "minimal"
+memory = "256M"
+qemu = "qemu-system-x86_64-microvm"
 
 [[workloads]]
 name = "cpu"
@@ -84,6 +94,13 @@ def test_the_labs_run_is_in_the_hosts_store_labelled_nested(lab_run):
     assert LAB_LABEL in words and "(nested KVM)" in words
     shown = vmtax("show", "last", "--results", str(work / "results"))
     assert LAB_LABEL in " ".join(shown.stdout.split()) and "(nested KVM)" in shown.stdout
+
+
+def test_another_qemu_binary_under_kvm(lab_run):
+    _, targets = _stored(lab_run[0])
+    other = targets["kvm-microvm-build"]
+    assert other["qemu"] == "/usr/bin/qemu-system-x86_64-microvm" and other["accel"] == "kvm"
+    assert other["qemu"] != targets["kvm"]["qemu"]
 
 
 def test_huge_pages_and_pinning_under_kvm(lab_run):
