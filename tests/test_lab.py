@@ -153,3 +153,22 @@ def test_the_lab_side_is_a_module_python_can_run():
                            "print(m.inside.__name__)"], capture_output=True, text=True)
     assert done.stdout.strip() == "inside"
     assert json.loads(json.dumps(lab.EARLY_MODULES))
+
+
+def test_the_html_report_says_a_run_is_the_labs(tmp_path):
+    from vmtax.core.types import Metric
+    from vmtax.report import html
+    store = Store(tmp_path / "r")
+    run_id = store.new_run({"targets": [{"name": "native"}, {"name": "vm:kvm"}],
+                            "baseline": "native"},
+                           {"lab": machine.LAB_LABEL}, "x")
+    store.set_target(run_id, "native", "native", {"bare_host": True})
+    store.set_target(run_id, "vm:kvm", "vm", {"accel": "kvm"})
+    for idx, (target, value) in enumerate([("native", 100.0), ("vm:kvm", 90.0)]):
+        store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                      idx=idx, status="ok", argv=["sysbench"], started=1.0,
+                      metrics=[Metric("events_per_sec", value, "events/s", True)])
+    store.finish_run(run_id, "done")
+    page = html.render_html([html.build(store.load_run(run_id))])
+    assert f"{machine.LAB_LABEL}: the shape of the tax, not hardware" in page
+    assert "vm:kvm (nested KVM)" in page
