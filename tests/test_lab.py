@@ -24,14 +24,16 @@ def _kernel(tmp_path):
 
 
 def test_argv_is_a_tcg_q35_guest_with_amd_v_on_the_hosts_root_read_only(tmp_path):
-    argv = lab.lab_argv("qemu-system-x86_64", _kernel(tmp_path), 2, 4 << 30, tmp_path)
+    argv = lab.lab_argv("qemu-system-x86_64", _kernel(tmp_path), 2, 4 << 30, tmp_path,
+                        tmp_path / "cache")
     assert argv[argv.index("-accel") + 1].startswith("tcg")
     assert argv[argv.index("-cpu") + 1] == "max,+svm,+npt"
     assert argv[argv.index("-M") + 1] == "q35"
     assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "4096M"
     fsdevs = [argv[i + 1] for i, a in enumerate(argv) if a == "-fsdev"]
     assert fsdevs == ["local,id=host,path=/,security_model=none,readonly=on",
-                      f"local,id=lab,path={tmp_path},security_model=none"]
+                      f"local,id=lab,path={tmp_path},security_model=none",
+                      f"local,id=cache,path={tmp_path}/cache,security_model=none"]
     assert "-no-reboot" in argv   # the lab powers off by rebooting: QEMU then exits
     # The overlay's upper layer: a disk in the share, not the lab's RAM.
     assert f"if=none,id=upper,format=raw,file={tmp_path}/upper.img,cache=writeback" in argv

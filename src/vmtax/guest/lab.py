@@ -60,7 +60,7 @@ UPPER_BYTES_PER_INODE = 64 << 10
 # Loaded in the lab before the command: KVM itself, then what vm targets may ask for.
 KVM_MODULE = "kvm_amd"
 OPTIONAL_MODULES = ("vhost_net", "tun", "bridge", "veth")
-HOST_TAG, LAB_TAG = "host", "lab"
+HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
 JOB, RC, RESULTS, PYTHON, TIMINGS = "job.json", "rc", "results", "python", "timings.json"
@@ -186,9 +186,14 @@ def memory_problem(memory: int) -> str | None:
     return None
 
 
-def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path) -> list[str]:
+def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path,
+             cache: Path) -> list[str]:
     """QEMU's command line for a lab of vcpus and memory bytes whose writable share is
-    the host's directory share (console.log and out.log are written there too)."""
+    the host's directory share (console.log and out.log are written there too). vmtax's
+    cache is shared writable too: what the lab builds (a guest's rootfs and initramfs, in
+    minutes under TCG) is built once, for the host and every later lab; builds are
+    published by atomic renames (vmtax.guest.kernel_cache), which hold over 9p, though
+    their build locks do not reach the host's builders there."""
     tsc_khz = host_tsc_khz()
     append = ["console=ttyS0", "loglevel=4", "panic=-1", *BOOT_SPEEDUPS, "rdinit=/init"]
     if tsc_khz:
@@ -204,6 +209,8 @@ def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path)
             "-device", f"virtio-9p-pci,fsdev={HOST_TAG},mount_tag={HOST_TAG}",
             "-fsdev", f"local,id={LAB_TAG},path={_opt(share)},security_model=none",
             "-device", f"virtio-9p-pci,fsdev={LAB_TAG},mount_tag={LAB_TAG}",
+            "-fsdev", f"local,id={CACHE_TAG},path={_opt(cache)},security_model=none",
+            "-device", f"virtio-9p-pci,fsdev={CACHE_TAG},mount_tag={CACHE_TAG}",
             "-drive", f"if=none,id=upper,format=raw,file={_opt(share / UPPER)},cache=writeback",
             "-device", "virtio-blk-pci,drive=upper",
             "-device", "virtio-serial-pci,id=vser",
@@ -247,6 +254,8 @@ def _prepare(job: dict) -> str | None:
     """The lab's mounts and modules; why KVM cannot run (None: it can)."""
     for fstype, source, target, options in _MOUNTS:
         _mount(fstype, source, target, options)
+    _mount("9p", CACHE_TAG, job["env"]["VMTAX_CACHE"],
+           "trans=virtio,version=9p2000.L,msize=512000")
     modules = Path("/lib/modules") / job["version"]
     modules.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", job["modules"], str(modules)], check=False)

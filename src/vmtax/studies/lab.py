@@ -121,7 +121,7 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
                        "VMTAX_CACHE": str(paths.cache_dir()),
                        "HOME": os.path.expanduser("~"), **(env or {})}, tty)
         make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
-        qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share)
+        qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share, paths.cache_dir())
         outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
             f"(kernel {kernel.version})")
