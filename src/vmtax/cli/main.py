@@ -265,9 +265,9 @@ class _Commands(click.Group):
                     "instance (E4 density)."),
         "boot": ("vmtax.cli.boot:boot_command", "Cold-start each target COUNT times, one at "
                  "a time: time to ready and to the first HTTP answer, p50/p90/p99/max."),
-        "lab": ("vmtax.cli.lab:lab_command", "Run a vmtax command inside a lab: a TCG guest "
-                "with emulated AMD-V in which KVM really runs guests (nested: the shape of "
-                "the tax, never hardware's numbers)."),
+        "lab": ("vmtax.cli.lab:lab_command", "Run a vmtax COMMAND inside a lab: a TCG guest "
+                "with emulated AMD-V in which KVM really runs guests (nested, so the shape "
+                "of the tax, never hardware's numbers)."),
         "fleet": ("vmtax.cli.fleet:fleet_command", "Run plans on many hosts through Ray: one "
                   "head, one Ray node per benchmark host."),
         "tune": ("vmtax.cli.tune:tune_command", "Which knob a target declares wins the tax "
