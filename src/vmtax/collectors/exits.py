@@ -38,6 +38,7 @@ TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 # perf writes this header within milliseconds; a slow, shared host gets more.
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 60.0
+PROC_MAP_TIMEOUT_MS = 2000
 
 
 class ExitsOptions(plugin.Options):
@@ -141,7 +142,11 @@ class Exits(Collector):
             raise CollectorError(f"{self.name}: {subject.name} has no QEMU process")
         qemu = subject.pids[0]
         self._vcpus = len(subject.vcpu_threads)
-        self._perf = spawn_record([PERF, "kvm", "stat", "record", "-p", str(qemu)],
+        # perf reads the subject's /proc/PID/task/*/maps first, within 500 ms by default:
+        # in vmtax's lab (everything under TCG) that ran out ("Reading … maps time out").
+        slow = ["--proc-map-timeout", str(int(machine.lab_scaled(PROC_MAP_TIMEOUT_MS)))]
+        self._perf = spawn_record([PERF, "kvm", "stat", "record",
+                                   *(slow if machine.lab() else []), "-p", str(qemu)],
                                   self.scratch, self.name)
         self._token = self.journal.process(self._perf.pid)
         data = self.scratch / "perf.data.guest"
