@@ -203,6 +203,12 @@ FORMS: dict[str, Form] = {
     "vmtax density show RUN_A RUN_B": Form("vmtax density show {a} {b}",
                                            "RUN_A, RUN_B: two stored density runs",
                                            db="density"),
+    "vmtax lab run --targets native,vm:kvm,vm:tcg --workloads cpu,memory --runs 2": Form(
+        skip="boots a lab (minutes under TCG); tests/test_lab_live.py runs a plan in one"),
+    "vmtax lab --vcpus 2 --memory 6G run plans/exits.toml --quick": Form(
+        skip="boots a lab; tests/test_lab_live.py records exits in one"),
+    "vmtax lab boot --target vm:kvm --count 3 --kernel minimal": Form(
+        skip="boots a lab; tests/test_lab.py checks lab arguments on the host"),
     "vmtax fleet start --port 6379": Form(
         skip="starts a Ray head that stays up until Ctrl-C; tests/test_fleet_live.py starts "
              "a real fleet"),
