@@ -120,6 +120,7 @@ def test_real_exits_per_reason_and_their_diff(lab_run):
     assert reasons
     diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--results", results)
     assert diff.returncode == 0, diff.stderr
+    print(diff.stdout)
     assert "pp" in diff.stdout
 
 
