@@ -205,7 +205,7 @@ FORMS: dict[str, Form] = {
                                            db="density"),
     "vmtax lab run --targets native,vm:kvm,vm:tcg --workloads cpu,memory --runs 2": Form(
         skip="boots a lab (minutes under TCG); tests/test_lab_live.py runs a plan in one"),
-    "vmtax lab --vcpus 2 --memory 6G run plans/exits.toml --quick": Form(
+    "vmtax lab --vcpus 2 --memory 6G run --targets native,vm:kvm --collect exits": Form(
         skip="boots a lab; tests/test_lab_live.py records exits in one"),
     "vmtax lab boot --target vm:kvm --count 3 --kernel minimal": Form(
         skip="boots a lab; tests/test_lab.py checks lab arguments on the host"),
