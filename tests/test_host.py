@@ -175,7 +175,9 @@ def test_doctor_reads_this_host(monkeypatch):
     monkeypatch.setattr(kvm, "probe",
                         lambda fresh=False: kvm.KvmStatus(False, "stub reason", "kvm_pvm"))
     checks = _check_names(doctor.doctor())
-    assert checks["kvm"] == doctor.Check("kvm", False, "stub reason; run guests with TCG")
+    assert checks["kvm"] == doctor.Check(
+        "kvm", False, "stub reason; run guests with TCG; a real KVM, nested in a TCG guest "
+        "with emulated AMD-V: vmtax lab run --targets native,vm:kvm")
 
 
 @pytest.mark.live

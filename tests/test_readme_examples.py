@@ -203,6 +203,12 @@ FORMS: dict[str, Form] = {
     "vmtax density show RUN_A RUN_B": Form("vmtax density show {a} {b}",
                                            "RUN_A, RUN_B: two stored density runs",
                                            db="density"),
+    "vmtax lab run --targets native,vm:kvm,vm:tcg --workloads cpu,memory --runs 2": Form(
+        skip="boots a lab (minutes under TCG); tests/test_lab_live.py runs a plan in one"),
+    "vmtax lab --vcpus 2 --memory 6G run --targets native,vm:kvm --collect exits": Form(
+        skip="boots a lab; tests/test_lab_live.py records exits in one"),
+    "vmtax lab boot --target vm:kvm --count 3 --kernel minimal": Form(
+        skip="boots a lab; tests/test_lab.py checks lab arguments on the host"),
     "vmtax fleet start --port 6379": Form(
         skip="starts a Ray head that stays up until Ctrl-C; tests/test_fleet_live.py starts "
              "a real fleet"),
@@ -216,6 +222,21 @@ FORMS: dict[str, Form] = {
     "vmtax fleet show last [--json]": Form("vmtax fleet show last --json",
                                            "[--json] is optional", db="fleet"),
     "vmtax compare last@rack1-01 last@rack1-02": Form(db="fleet"),
+    "vmtax trend nightly": Form(),
+    "vmtax trend nightly --metric latency p95 --target vm --since 2026-11-01": Form(
+        "vmtax trend nightly --metric 'latency p95' --target vm --since 2026-11-01",
+        "the fixture's nightly run has no vm target with a p95 latency: the one-line error",
+        codes=(2,)),
+    "vmtax trend nightly --fail-on regression": Form(),
+    "vmtax trend nightly --accept RUN": Form(
+        "vmtax trend nightly --accept nightly", "RUN: the fixture's nightly run"),
+    "vmtax trend nightly --until RUN --json": Form(
+        "vmtax trend nightly --until nightly --json", "RUN: the fixture's nightly run"),
+    "vmtax export nightly --format otava > nightly.csv": Form(
+        "vmtax export nightly --format otava", "stdout read by the test, not a file"),
+    "vmtax trend nightly --html trend.html": Form(),
+    "vmtax publish nightly weekly site/": Form(
+        "vmtax publish nightly golden-b site/", "weekly: the fixture's other name, golden-b"),
     "vmtax export last --csv fleet.csv": Form(db="fleet"),
     "vmtax report last --html fleet.html": Form(db="fleet"),
 }

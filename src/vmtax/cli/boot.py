@@ -25,6 +25,7 @@ from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.core.types import Metric
+from vmtax.host import machine
 from vmtax.studies import boot as boottime
 from vmtax.studies.density import instance_specs, stored_plan
 from vmtax.studies.plan import TargetSpec
@@ -116,7 +117,9 @@ def boot_command(target_names, count, warmup, http_timeout, kernel, results, as_
     if as_json:
         click.echo(json.dumps({"run": run_id, "targets": found}, indent=1))
         return
-    table = Table(title=f"Cold starts (s), {count} per target", title_justify="left")
+    lab = machine.lab()   # vmtax lab: a nested KVM's boots, never hardware's
+    table = Table(title=f"Cold starts (s), {count} per target" + (f" · {lab}" if lab else ""),
+                  title_justify="left")
     for column in ("target", "time to", "p50", "p90", "p99", "max", "n"):
         table.add_column(column, justify="left" if column in ("target", "time to") else "right")
     for name, kinds in found.items():

@@ -94,7 +94,7 @@ class _RunCommand(click.Command):
 
 
 # Commands that undo what killed vmtax processes left (and say so) rather than warn of it.
-RECOVERING = {"run", "cleanup", "density", "boot"}
+RECOVERING = {"run", "cleanup", "density", "boot", "lab"}
 
 
 def warn_left_behind(refuse: bool = True) -> None:
@@ -278,6 +278,9 @@ class _Commands(click.Group):
                     "instance (E4 density)."),
         "boot": ("vmtax.cli.boot:boot_command", "Cold-start each target COUNT times, one at "
                  "a time: time to ready and to the first HTTP answer, p50/p90/p99/max."),
+        "lab": ("vmtax.cli.lab:lab_command", "Run a vmtax COMMAND inside a lab: a TCG guest "
+                "with emulated AMD-V in which KVM really runs guests (nested, so the shape "
+                "of the tax, never hardware's numbers)."),
         "fleet": ("vmtax.cli.fleet:fleet_command", "Run plans on many hosts through Ray: one "
                   "head, one Ray node per benchmark host."),
         "publish": ("vmtax.cli.trend:publish_command", "Write a static site of the runs "

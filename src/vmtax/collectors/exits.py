@@ -31,13 +31,14 @@ from vmtax.core.types import Metric, MetricSpec
 from vmtax.helpers import perf_kvm
 from vmtax.core.text import first_line
 from vmtax.helpers.perf_tool import PERF, perf_problem, record_message, spawn_record
-from vmtax.host import kvm, proc
+from vmtax.host import kvm, machine, proc
 
 # Where the tracepoints perf kvm stat needs show up, by tracefs mount point.
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 # perf writes this header within milliseconds; a slow, shared host gets more.
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 60.0
+PROC_MAP_TIMEOUT_MS = 2000
 
 
 class ExitsOptions(plugin.Options):
@@ -141,18 +142,22 @@ class Exits(Collector):
             raise CollectorError(f"{self.name}: {subject.name} has no QEMU process")
         qemu = subject.pids[0]
         self._vcpus = len(subject.vcpu_threads)
-        self._perf = spawn_record([PERF, "kvm", "stat", "record", "-p", str(qemu)],
+        # perf reads the subject's /proc/PID/task/*/maps first, within 500 ms by default:
+        # in vmtax's lab (everything under TCG) that ran out ("Reading … maps time out").
+        slow = ["--proc-map-timeout", str(int(machine.lab_scaled(PROC_MAP_TIMEOUT_MS)))]
+        self._perf = spawn_record([PERF, "kvm", "stat", "record",
+                                   *(slow if machine.lab() else []), "-p", str(qemu)],
                                   self.scratch, self.name)
         self._token = self.journal.process(self._perf.pid)
         data = self.scratch / "perf.data.guest"
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + machine.lab_scaled(START_TIMEOUT)
         while not (data.exists() and data.stat().st_size > 0):
             if self._perf.poll() is not None:
                 raise CollectorError(f"{self.name}: perf kvm stat record exited at once: "
                                      f"{record_message(self.scratch)}")
             if time.monotonic() > deadline:
                 raise CollectorError(f"{self.name}: perf kvm stat record wrote nothing "
-                                     f"within {START_TIMEOUT:g} s")
+                                     f"within {machine.lab_scaled(START_TIMEOUT):g} s")
             time.sleep(0.02)
 
     def stop(self) -> list[Metric]:
@@ -161,11 +166,11 @@ class Exits(Collector):
         if perf.poll() is None:
             perf.send_signal(signal.SIGINT)
             try:
-                perf.wait(timeout=STOP_TIMEOUT)
+                perf.wait(timeout=machine.lab_scaled(STOP_TIMEOUT))
             except subprocess.TimeoutExpired:
                 self.abort()
                 raise CollectorError(f"{self.name}: perf kvm stat record did not finish within "
-                                     f"{STOP_TIMEOUT:g} s of SIGINT") from None
+                                     f"{machine.lab_scaled(STOP_TIMEOUT):g} s of SIGINT") from None
         else:
             self.warnings.append(f"{self.name}: perf kvm stat record ended before stop "
                                  f"(exit code {perf.returncode}): {record_message(self.scratch)}")
@@ -189,7 +194,7 @@ class Exits(Collector):
         if vcpu is not None:
             argv.append(f"--vcpu={vcpu}")
         what = " ".join(argv[1:])
-        out = proc.run(argv, cwd=str(self.scratch), timeout=STOP_TIMEOUT)
+        out = proc.run(argv, cwd=str(self.scratch), timeout=machine.lab_scaled(STOP_TIMEOUT))
         if out.exit_code != 0:
             why = first_line(out.stderr) or f"exit code {out.exit_code}"
             raise CollectorError(f"{self.name}: perf {what} failed: {why}")

@@ -89,6 +89,9 @@ def _kvm_check() -> Check:
     detail = status.reason
     if not status.usable and "TCG" not in detail:
         detail += "; run guests with TCG"
+    if not status.usable:
+        detail += ("; a real KVM, nested in a TCG guest with emulated AMD-V: "
+                   "vmtax lab run --targets native,vm:kvm")
     return Check("kvm", status.usable, detail)
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vmtax.core import paths
+from vmtax.host import machine
 from vmtax.host.proc import _die_with_parent
 
 
@@ -95,6 +96,8 @@ _VENDOR_MODULES = ("kvm_intel", "kvm_amd", "kvm_pvm")
 
 # The test loop takes ~15 ms on hardware; anything this slow is being emulated.
 _SLOW_SECONDS = 1.0
+# How much longer the test vCPU may take inside `vmtax lab` (see _probe).
+LAB_PROBE_SLOWDOWN = 15
 
 PVM_REASON = ("KVM is present but provided by kvm_pvm, which boots only PVM guest kernels; "
               "a stock kernel hangs under -accel kvm")
@@ -323,9 +326,12 @@ def _probe(dev: str, sys_root: str, proc_root: str, timeout: float,
         return KvmStatus(False, f"{dev} speaks KVM API version {version}, not "
                          f"{_KVM_API_VERSION}: this kernel's KVM is not usable by QEMU", None)
 
-    outcome = _run_in_child(vcpu_body, dev, timeout)
+    # In vmtax's lab KVM is nested on TCG by design (and labelled so): its vCPUs run at
+    # TCG's pace, tens of times slower than hardware's, more on a loaded host.
+    lab = LAB_PROBE_SLOWDOWN if machine.lab() else 1
+    outcome = _run_in_child(vcpu_body, dev, timeout * lab)
     hardware = [m for m in modules if m != "kvm_pvm"]
-    if outcome.kind == "ok" and outcome.elapsed < _SLOW_SECONDS:
+    if outcome.kind == "ok" and outcome.elapsed < _SLOW_SECONDS * lab:
         module = hardware[0] if hardware else (modules[0] if modules else None)
         return KvmStatus(True, f"KVM works under {module or 'an unknown module'}: "
                          f"a test vCPU ran {outcome.detail}", module)

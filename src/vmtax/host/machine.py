@@ -49,6 +49,32 @@ def _meminfo_bytes(key: str) -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
+def available_memory_bytes() -> int | None:
+    return _meminfo_bytes("MemAvailable")
+
+
+# Set in the lab's environment (vmtax.guest.lab) and recorded with every run made there, so
+# each renderer can say its KVM numbers are a nested lab's, never hardware's.
+LAB_ENV = "VMTAX_LAB"
+LAB_LABEL = "nested KVM in a TCG lab, AMD-V emulated"
+
+
+def lab() -> str | None:
+    """What kind of lab this host is (LAB_LABEL inside `vmtax lab`), None on a real host."""
+    return os.environ.get(LAB_ENV) or None
+
+
+# In a lab everything runs under TCG (guests under TCG in TCG, or a KVM nested on it):
+# this many times slower than on the host, where timeouts (a guest's boot, perf's start)
+# were chosen.
+LAB_SLOWDOWN = 5
+
+
+def lab_scaled(seconds: float) -> float:
+    """A timeout chosen for a host, here: in a lab, LAB_SLOWDOWN times longer."""
+    return seconds * LAB_SLOWDOWN if lab() else seconds
+
+
 def _clocksource() -> str | None:
     text = read_text("/sys/devices/system/clocksource/clocksource0/current_clocksource")
     return text.strip() if text else None
@@ -82,6 +108,8 @@ def fingerprint() -> dict:
         "clocksource": _clocksource(),
         "python": platform.python_version(),
         "vmtax": __version__,
+        # Only inside a lab, so a real host's facts stay as they were.
+        **({"lab": lab()} if lab() else {}),
     }
 
 

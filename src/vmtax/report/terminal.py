@@ -86,6 +86,8 @@ def target_label(run: Run, name: str) -> str:
     # An ssh target: what the plan calls the machine, beside the hypervisor found there.
     detail = fp.get("accel") or fp.get("runtime") or ", ".join(dict.fromkeys(
         v for v in (fp.get("label"), fp.get("hypervisor")) if v and v not in name))
+    if detail == "kvm" and run.host.get("lab"):   # vmtax lab: never hardware's KVM
+        detail = "nested KVM"
     return f"{name} ({detail})" if detail and detail not in name else name
 
 
@@ -140,7 +142,9 @@ def cell_text(cell: Cell | None) -> Text:
 def _title(run: Run) -> str:
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created))
     name = run.plan.get("name")
-    return printable(f"run {run.id}{f' ({name})' if name else ''}  ·  {started}  ·  {run.status}")
+    lab = f"  ·  {run.host['lab']}" if run.host.get("lab") else ""
+    return printable(f"run {run.id}{f' ({name})' if name else ''}  ·  {started}  ·  {run.status}"
+                     + lab)
 
 
 def _ratio_text(cell: Cell | None) -> Text:

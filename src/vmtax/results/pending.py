@@ -26,7 +26,7 @@ PENDING_NAME = "vmtax.pending.jsonl"
 ELSEWHERE = "elsewhere"
 _RUNTIME_SIDE_FILE = re.compile(r"pending-[0-9a-f]{16}\.jsonl")
 
-_REP_COLUMNS = ("run_id", "target", "workload", "params", "phase", "idx", "status", "error",
+REP_COLUMNS = ("run_id", "target", "workload", "params", "phase", "idx", "status", "error",
                 "exit_code", "host_elapsed", "guest_elapsed", "started", "argv", "stdout",
                 "stderr")
 
@@ -243,7 +243,7 @@ class PendingSideFile:
             "INSERT INTO reps (run_id, target, workload, params, phase, idx, status, error,"
             " exit_code, host_elapsed, guest_elapsed, started, argv, stdout, stderr)"
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            tuple(r[c] for c in _REP_COLUMNS))
+            tuple(r[c] for c in REP_COLUMNS))
         rep_id = cur.lastrowid
         assert rep_id is not None    # set by the INSERT just done
         self.db.executemany(

@@ -45,7 +45,7 @@ from vmtax.results.connection import connect, guarded, problem
 from vmtax.results.masking import masker
 from vmtax.results.pending import ELSEWHERE as ELSEWHERE
 from vmtax.results.pending import PENDING_NAME as PENDING_NAME
-from vmtax.results.pending import PendingSideFile
+from vmtax.results.pending import REP_COLUMNS, PendingSideFile
 from vmtax.results.schema import LATEST as LATEST
 from vmtax.results.schema import bring_up_to_date, schema_version
 
@@ -272,6 +272,43 @@ class Store(PendingSideFile):
                                 " pid_start=NULL WHERE id=?", (finished, status, run_id))
         self._write(run_id, {"kind": "finish", "run_id": run_id, "finished": finished,
                              "status": status}, write)
+
+    @guarded
+    def import_runs(self, other_dir: str | os.PathLike) -> list[str]:
+        """Copy in the runs of another results directory that this one lacks (a lab's,
+        made in a guest): their targets, repetitions, metrics and flags, as ordinary runs.
+        Their ids, oldest first. A run the other vmtax never finished is interrupted."""
+        other = connect(Path(other_dir) / DB_NAME)
+        other.row_factory = sqlite3.Row
+        try:
+            bring_up_to_date(other, Path(other_dir) / DB_NAME)
+            ids = [r["id"] for r in other.execute("SELECT id FROM runs ORDER BY created")
+                   if not self.db.execute("SELECT 1 FROM runs WHERE id = ?",
+                                          (r["id"],)).fetchone()]
+            with self.db:
+                for run_id in ids:
+                    self._copy_run(other, run_id)
+        finally:
+            other.close()
+        return ids
+
+    def _copy_run(self, other: sqlite3.Connection, run_id: str) -> None:
+        run = other.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,NULL,NULL)",
+                        (run["id"], run["created"], run["finished"],
+                         "interrupted" if run["status"] == "running" else run["status"],
+                         run["plan"], run["host"], run["version"]))
+        targets = other.execute("SELECT run_id, name, kind, fingerprint FROM targets"
+                                " WHERE run_id = ?", (run_id,))
+        self.db.executemany("INSERT INTO targets VALUES (?,?,?,?)", [tuple(t) for t in targets])
+        for rep in other.execute("SELECT * FROM reps WHERE run_id = ? ORDER BY id", (run_id,)):
+            metrics = other.execute("SELECT name, value, unit, higher_is_better, dimensions"
+                                    " FROM metrics WHERE rep_id = ?", (rep["id"],))
+            self._insert_rep({**{c: rep[c] for c in REP_COLUMNS},
+                              "metrics": [tuple(m) for m in metrics]})
+        flags = other.execute("SELECT run_id, target, workload, params, metric, flag"
+                              " FROM flags WHERE run_id = ?", (run_id,))
+        self.db.executemany("INSERT INTO flags VALUES (?,?,?,?,?,?)", [tuple(f) for f in flags])
 
     @guarded
     def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:

@@ -35,7 +35,7 @@ from vmtax.guest.agent_session import AgentGuest, direct_io_works, make_scratch_
 from vmtax.guest.libvirt_xml import DomainSpec, domain_xml
 from vmtax.guest.qemu import parse_size
 from vmtax.guest import remote_bundle
-from vmtax.host import hugepages, libvirt, proc, ssh_session
+from vmtax.host import hugepages, libvirt, machine, proc, ssh_session
 from vmtax.host.journal import Journal
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class LibvirtInstance(AgentGuest):
                                 start=proc.process_start_time(self.pid))
         if self.tap is not None:
             self._return_tap(self.tap)
-        deadline = start + self.opts.boot_timeout
+        deadline = start + machine.lab_scaled(self.opts.boot_timeout)
         session = self._await_agent(self._listener, start, deadline, spec.console_log)
         nic = self.tap or self.nat
         self.job_overhead = session.setup((nic.cidr, nic.gateway) if nic else None,
@@ -215,7 +215,7 @@ class LibvirtInstance(AgentGuest):
     def _boot_failure(self, exc: BaseException) -> str:
         assert self.spec is not None
         what = ("its QEMU exited" if not self.alive()
-                else f"no agent READY within {float(self.opts.boot_timeout):g} s")
+                else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
         console = tail(self.spec.console_log)
         qemu_log = tail(libvirt.QEMU_LOGS / f"{self.domain}.log", 3)
         return (f"{self.name}: domain {self.domain} failed to boot ({what}; {exc})"

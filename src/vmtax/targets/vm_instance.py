@@ -45,7 +45,7 @@ from vmtax.guest.qemu import (
     parse_size,
     qemu_argv,
 )
-from vmtax.host import hugepages, proc
+from vmtax.host import hugepages, machine, proc
 from vmtax.host.journal import Journal
 from vmtax.host.trees import SERIAL as TREE_SERIAL
 
@@ -201,7 +201,7 @@ class VmInstance(AgentGuest):
                                     stdout=qemu_log, stderr=qemu_log)
         self._tokens.append(self.journal.process(self._proc.pid))
         self._qmp = QmpSession(self.name, cfg.qmp_socket)
-        deadline = start + self.opts.boot_timeout
+        deadline = start + machine.lab_scaled(self.opts.boot_timeout)
         session = self._await_agent(self._listener, start, deadline, cfg.console_log,
                                     HOST_MARGIN)
         if self.opts.pin is not None:
@@ -267,7 +267,7 @@ class VmInstance(AgentGuest):
         run_dir = self.config.console_log.parent
         code = self._proc.poll() if self._proc else None
         what = (f"QEMU exited with status {code}" if code is not None
-                else f"no agent READY within {float(self.opts.boot_timeout):g} s")
+                else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
         details = tail(run_dir / "qemu.log", 3)
         console = tail(self.config.console_log)
         hints = []

@@ -1,0 +1,156 @@
+"""`vmtax lab`, the host's side: boot the lab (vmtax.guest.lab), run one vmtax command in
+it with its output on this terminal, and bring the runs it stored into the host's store.
+
+The lab's QEMU and its share (the job in; exit status, timings and the results database
+out) are journaled before they exist, so Ctrl-C, kill -9 of vmtax (its guardian) or a
+crash leave neither behind. Results come back when the command ends: the lab's database
+lives in the lab's memory, as SQLite over 9p would without working locks, and they are
+copied into the host's store as ordinary runs (Store.import_runs), with their host facts
+saying they were made in the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from vmtax.core import paths
+from vmtax.core.errors import VmtaxError
+from vmtax.guest import lab
+from vmtax.guest.agent_session import make_scratch_disk
+from vmtax.guest.qemu import find_qemu, parse_size
+from vmtax.host.journal import Journal
+from vmtax.results.store import DB_NAME, Store
+
+DEFAULT_VCPUS = 2
+DEFAULT_MEMORY = "4G"
+# The lab's disk: sparse, so it takes on the host only what the lab writes.
+DEFAULT_DISK = "16G"
+# Lines of the lab's kernel console shown when it ends without the command's status.
+CONSOLE_TAIL = 15
+
+
+@dataclass
+class LabOutcome:
+    exit_code: int
+    run_ids: list[str] = field(default_factory=list)
+    interrupted: bool = False    # Ctrl-C or SIGTERM: the lab was stopped
+    # Seconds: "prepare" (kernel, checks), "boot" (QEMU start to the command's start in
+    # the lab), "command" (the command in the lab), "wall" (all of `vmtax lab`).
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def check(vcpus: int, memory: str, disk: str, qemu: str) -> int:
+    """The lab's size and QEMU, checked before anything is built or booted: bytes of RAM."""
+    size = parse_size(memory)
+    if parse_size(disk) < 4 << 30:
+        raise VmtaxError(f"lab: --disk {disk}: at least 4G (the lab's writes, its guests' "
+                         "scratch disks)")
+    if size < 1 << 30:
+        raise VmtaxError(f"lab: --memory {memory}: at least 1G (the lab holds vmtax's "
+                         "writes and its own guests)")
+    if vcpus > (os.cpu_count() or 1):
+        raise VmtaxError(f"lab: --vcpus {vcpus}: this host has {os.cpu_count()} CPUs")
+    problem = lab.memory_problem(size) or lab.svm_problem(qemu)
+    if problem:
+        raise VmtaxError(f"lab: {problem}")
+    return size
+
+
+def _tail(path: Path, offset: int, echo: Callable[[bytes], None]) -> int:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        echo(data)
+    return offset + len(data)
+
+
+def _console_tail(share: Path) -> str:
+    try:
+        lines = (share / "console.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-CONSOLE_TAIL:])
+
+
+def _read_outcome(share: Path, qemu_status: int | None, outcome: LabOutcome) -> None:
+    """The command's exit status and timings, as the lab left them in its share."""
+    try:
+        timings = json.loads((share / lab.TIMINGS).read_text())
+        outcome.seconds.update(boot=timings["boot"], command=timings["command"])
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        outcome.exit_code = int((share / lab.RC).read_text())
+    except (OSError, ValueError):
+        qemu_said = (share / "qemu.log").read_text(errors="replace").strip().splitlines()
+        raise VmtaxError(
+            f"lab: ended without the command's exit status (QEMU exit status {qemu_status}"
+            f"{'; ' + qemu_said[-1] if qemu_said else ''}); its console's last lines:\n"
+            + _console_tail(share)) from None
+
+
+def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, results: Path,
+        journal: Journal, echo: Callable[[bytes], None], say: Callable[[str], None],
+        env: dict[str, str] | None = None, tty: bool = False) -> LabOutcome:
+    """Run `vmtax ARGV` in a new lab; its output goes to echo as it comes (as to a
+    terminal when tty). Interrupted (Ctrl-C, SIGTERM), the lab is stopped and what it
+    stored is kept all the same."""
+    wall = time.monotonic()
+    size = check(vcpus, memory, disk, qemu)
+    kernel = lab.lab_kernel(paths.cache_dir())
+    share, share_token = journal.make_dir(Path(tempfile.gettempdir()), "vmtax-lab-")
+    tokens = [share_token]
+    outcome = LabOutcome(exit_code=1)
+    try:
+        os.chmod(share, 0o700)
+        lab.write_job(share, [sys.executable, "-m", "vmtax", *argv], os.getcwd(),
+                      kernel.modules_tree, kernel.version,
+                      {lab.LAB_ENV: lab.LAB_LABEL, "VMTAX_RESULTS": lab.LAB_RESULTS,
+                       # This vmtax's cache, guest kernels and images built (read-only there)
+                       "VMTAX_CACHE": str(paths.cache_dir()),
+                       "HOME": os.path.expanduser("~"), **(env or {})}, tty)
+        make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
+        qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share, paths.cache_dir())
+        outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
+        say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
+            f"(kernel {kernel.version})")
+        started = time.monotonic()
+        qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
+        tokens.append(journal.process(qemu_proc.pid))
+        try:
+            offset = 0
+            while qemu_proc.poll() is None:
+                offset = _tail(share / "out.log", offset, echo)
+                time.sleep(0.2)
+            _tail(share / "out.log", offset, echo)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+        outcome.seconds["lab"] = round(time.monotonic() - started, 2)
+        if not outcome.interrupted:
+            _read_outcome(share, qemu_proc.returncode, outcome)
+    finally:
+        for token in reversed(tokens[1:]):   # the lab's QEMU, so nothing writes the share
+            journal.undo(token)
+        try:
+            # What the lab stored, also when it was interrupted: each finished repetition.
+            if (share / lab.RESULTS / DB_NAME).is_file():
+                store = Store(results)
+                try:
+                    outcome.run_ids = store.import_runs(share / lab.RESULTS)
+                finally:
+                    store.close()
+        finally:
+            journal.undo(share_token)
+    outcome.seconds["wall"] = round(time.monotonic() - wall, 2)
+    return outcome

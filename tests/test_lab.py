@@ -1,0 +1,177 @@
+"""vmtax lab: its QEMU command line, its checks (AMD-V in TCG, kvm_amd, memory), the host's
+check of the command before the lab boots, runs coming back into the host's store, and the
+"nested" label every renderer shows."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import vmtax
+from vmtax.core.errors import VmtaxError
+from vmtax.guest import lab
+from vmtax.host import machine
+from vmtax.report import terminal
+from vmtax.results.store import Run, Store
+
+
+def _kernel(tmp_path):
+    return lab.LabKernel(tmp_path / "vmlinux", "6.1.0-56-amd64", tmp_path / "modules",
+                         tmp_path / "initramfs.cpio")
+
+
+def test_argv_is_a_tcg_q35_guest_with_amd_v_on_the_hosts_root_read_only(tmp_path):
+    argv = lab.lab_argv("qemu-system-x86_64", _kernel(tmp_path), 2, 4 << 30, tmp_path,
+                        tmp_path / "cache")
+    assert argv[argv.index("-accel") + 1].startswith("tcg")
+    assert argv[argv.index("-cpu") + 1] == "max,+svm,+npt"
+    assert argv[argv.index("-M") + 1] == "q35"
+    assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "4096M"
+    fsdevs = [argv[i + 1] for i, a in enumerate(argv) if a == "-fsdev"]
+    assert fsdevs == ["local,id=host,path=/,security_model=none,readonly=on",
+                      f"local,id=lab,path={tmp_path},security_model=none",
+                      f"local,id=cache,path={tmp_path}/cache,security_model=none"]
+    assert "-no-reboot" in argv   # the lab powers off by rebooting: QEMU then exits
+    # The overlay's upper layer: a disk in the share, not the lab's RAM.
+    assert f"if=none,id=upper,format=raw,file={tmp_path}/upper.img,cache=writeback" in argv
+
+
+def _fake_qemu(tmp_path, body: str) -> str:
+    path = tmp_path / "qemu-fake"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_qemu_whose_tcg_lacks_svm_is_named_in_one_line(tmp_path):
+    qemu = _fake_qemu(tmp_path, 'echo "$0: warning: TCG doesn\'t support requested feature: '
+                      'CPUID.80000001H:ECX.svm [bit 2]" >&2; '
+                      'echo "$0: TCG doesn\'t support requested features" >&2; exit 1')
+    problem = lab.svm_problem(qemu)
+    assert problem is not None and "does not emulate AMD-V" in problem
+    assert "svm" in problem and "\n" not in problem
+    assert lab.svm_problem(_fake_qemu(tmp_path, "cat >/dev/null; exit 0")) is None
+
+
+def test_a_lab_larger_than_the_hosts_memory_is_refused(monkeypatch):
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 8 << 30)
+    problem = lab.memory_problem(16 << 30)
+    assert problem is not None and "16384 MiB" in problem and "--memory" in problem
+    assert lab.memory_problem(4 << 30) is None
+
+
+def test_a_guest_kernel_without_kvm_amd_is_named(tmp_path):
+    # A kernel package with a module tree but no kvm_amd in it.
+    pkg = tmp_path / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: linux-image-9.9.9-test\nVersion: 1\nArchitecture: amd64\n"
+        "Maintainer: t <t@t>\nDescription: t\n")
+    (pkg / "lib" / "modules" / "9.9.9-test" / "kernel").mkdir(parents=True)
+    deb = tmp_path / "k.deb"
+    subprocess.run(["dpkg-deb", "-b", str(pkg), str(deb)], check=True, capture_output=True)
+    (tmp_path / "lab").mkdir()
+    with pytest.raises(VmtaxError, match=r"9\.9\.9-test .*has no kvm_amd module"):
+        lab._build_lab_kernel(deb, "9.9.9-test", tmp_path / "lab" / "k")
+    assert os.listdir(tmp_path / "lab") == []   # nothing half-built is left
+
+
+def test_lab_run_refuses_what_run_refuses_before_the_lab_boots(tmp_path):
+    direct = vmtax("run", "run", cwd=tmp_path, timeout=120)
+    in_lab = vmtax("lab", "run", "run", cwd=tmp_path, timeout=120)
+    assert direct.returncode == in_lab.returncode == 2
+    assert in_lab.stderr == direct.stderr
+    assert len(in_lab.stderr.strip().splitlines()) == 1
+    assert "lab: booting" not in in_lab.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    (["lab", "run", "--results", "x"], "give --results before the command"),
+    (["lab", "frobnicate"], "'frobnicate' is not a vmtax command the lab runs"),
+    (["lab", "lab", "run"], "'lab' is not a vmtax command the lab runs"),
+    (["lab", "--memory", "512M", "run"], "--memory 512M: at least 1G"),
+    (["lab", "--disk", "1G", "run"], "--disk 1G: at least 4G"),
+])
+def test_bad_lab_input_is_one_line(tmp_path, args, said):
+    done = vmtax(*args, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def _store_with_a_run(path: Path) -> tuple[Store, str]:
+    from vmtax.core.types import Metric
+    store = Store(path)
+    run_id = store.new_run({"targets": ["native", "vm:kvm"]},
+                           {"cpu_model": "lab", "lab": machine.LAB_LABEL}, "x")
+    store.set_target(run_id, "vm:kvm", "vm", {"accel": "kvm"})
+    store.add_rep(run_id, target="vm:kvm", workload="cpu", params={"threads": 1},
+                  phase="measure", idx=0, status="ok", argv=["sysbench"], started=1.0,
+                  metrics=[Metric("events_per_sec", 123.0, "events/s", True)])
+    store.set_flags(run_id, [("vm:kvm", "cpu", {}, "events_per_sec", "noisy")])
+    store.finish_run(run_id, "done")
+    return store, run_id
+
+
+def test_a_labs_runs_come_into_the_hosts_store_once_as_ordinary_runs(tmp_path):
+    lab_store, run_id = _store_with_a_run(tmp_path / "lab")
+    lab_store.close()
+    host_store = Store(tmp_path / "host")
+    assert host_store.import_runs(tmp_path / "lab") == [run_id]
+    assert host_store.import_runs(tmp_path / "lab") == []     # already there
+    run = host_store.load_run("last")
+    assert run.id == run_id and run.status == "done" and run.host["lab"] == machine.LAB_LABEL
+    [rep] = [r for r in run.reps if r.phase == "measure"]
+    assert rep.metrics[0].value == 123.0
+    assert host_store.flags(run_id) == [("vm:kvm", "cpu", {}, "events_per_sec", "noisy")]
+
+
+def _run(host: dict) -> Run:
+    return Run(id="20261127-000000-abcd", created=0.0, finished=1.0, status="done", plan={},
+               host=host, version="x", targets={"vm:kvm": {"kind": "vm",
+                                                           "fingerprint": {"accel": "kvm"}}},
+               reps=[])
+
+
+def test_a_labs_kvm_is_labelled_nested_in_the_table_and_title():
+    in_lab, on_host = _run({"lab": machine.LAB_LABEL}), _run({})
+    assert terminal.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
+    assert machine.LAB_LABEL in terminal._title(in_lab)
+    assert terminal.target_label(on_host, "vm:kvm") == "vm:kvm"
+    assert "lab" not in terminal._title(on_host)
+
+
+def test_the_fingerprint_says_lab_only_in_a_lab(monkeypatch):
+    monkeypatch.delenv(machine.LAB_ENV, raising=False)
+    assert "lab" not in machine.fingerprint()
+    monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)
+    assert machine.fingerprint()["lab"] == machine.LAB_LABEL
+
+
+def test_the_lab_side_is_a_module_python_can_run():
+    done = subprocess.run([sys.executable, "-c", "import vmtax.guest.lab as m; "
+                           "print(m.inside.__name__)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "inside"
+    assert json.loads(json.dumps(lab.EARLY_MODULES))
+
+
+def test_the_html_report_says_a_run_is_the_labs(tmp_path):
+    from vmtax.analysis.model import analyse
+    from vmtax.core.types import Metric
+    from vmtax.report import html
+    store = Store(tmp_path / "r")
+    run_id = store.new_run({"targets": [{"name": "native"}, {"name": "vm:kvm"}],
+                            "baseline": "native"},
+                           {"lab": machine.LAB_LABEL}, "x")
+    store.set_target(run_id, "native", "native", {"bare_host": True})
+    store.set_target(run_id, "vm:kvm", "vm", {"accel": "kvm"})
+    for idx, (target, value) in enumerate([("native", 100.0), ("vm:kvm", 90.0)]):
+        store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                      idx=idx, status="ok", argv=["sysbench"], started=1.0,
+                      metrics=[Metric("events_per_sec", value, "events/s", True)])
+    store.finish_run(run_id, "done")
+    page = html.render_html([html.build(analyse(store.load_run(run_id)))])
+    assert f"{machine.LAB_LABEL}: the shape of the tax, not hardware" in page
+    assert "vm:kvm (nested KVM)" in page

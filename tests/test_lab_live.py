@@ -1,0 +1,155 @@
+"""vmtax lab, live: a real KVM nested in a TCG guest with emulated AMD-V runs vmtax's KVM
+paths (vm:kvm with cpu = host, VM exits per reason and their diff, host huge pages behind
+guest RAM, pinned vCPUs, `boot --target vm:kvm`), and a kill -9 of vmtax leaves nothing.
+
+The lab is slow (TCG under TCG): one lab per plan, booted once for the module, and one plan
+that exercises several KVM paths at once, with the shortest repetitions."""
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import processes, start_vmtax, vmtax, wait_for
+from vmtax.host import kvm
+from vmtax.host.machine import LAB_LABEL
+
+pytestmark = [pytest.mark.live,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the lab's KVM paths need root"),
+              pytest.mark.skipif(kvm.probe().usable,
+                                 reason="this host's KVM runs guests itself: no lab needed")]
+
+# kvm: the baseline guest; kvm-tuned: its RAM on host 2 MiB pages and its two vCPUs pinned
+# to the lab's two CPUs; kvm-microvm-build: another QEMU binary. Minimal kernel: an L2 boots
+# in seconds, not a minute.
+PLAN = """
+runs = 1
+warmup = 0
+time = 1
+collect = ["exits"]
+baseline = "native"
+
+[targets.native]
+kind = "native"
+
+[targets.kvm]
+kind = "vm"
+accel = "kvm"
+kernel = "minimal"
+memory = "256M"
+
+[targets.kvm-tuned]
+kind = "vm"
+accel = "kvm"
+kernel = "minimal"
+memory = "256M"
+hugepages = "2M"
+pin = [0, 1]
+
+# E1's A/B of QEMU builds: Debian's KVM-only microvm build, which no guest on a host
+# without a working KVM could ever use.
+[targets.kvm-microvm-build]
+kind = "vm"
+accel = "kvm"
+kernel = "minimal"
+memory = "256M"
+qemu = "qemu-system-x86_64-microvm"
+
+[[workloads]]
+name = "cpu"
+"""
+LAB_TIMEOUT = 1500
+
+
+@pytest.fixture(scope="module")
+def lab_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("lab")
+    (work / "plan.toml").write_text(PLAN)
+    started = time.monotonic()
+    done = vmtax("lab", "--results", str(work / "results"), "run", "plan.toml",
+                 cwd=work, timeout=LAB_TIMEOUT)
+    print(f"lab run: {time.monotonic() - started:.0f} s\n{done.stdout}\n{done.stderr}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return work, done
+
+
+def _stored(work: Path) -> tuple[dict, dict]:
+    db = sqlite3.connect(work / "results" / "vmtax.sqlite")
+    host, run_id = db.execute("SELECT host, id FROM runs").fetchone()
+    targets = {name: json.loads(fp) for name, fp in db.execute(
+        "SELECT name, fingerprint FROM targets WHERE run_id = ?", (run_id,))}
+    return json.loads(host), targets
+
+
+def test_the_labs_run_is_in_the_hosts_store_labelled_nested(lab_run):
+    work, done = lab_run
+    host, targets = _stored(work)
+    assert host["lab"] == LAB_LABEL
+    assert "vm:kvm" not in targets and targets["kvm"]["accel"] == "kvm"
+    assert targets["kvm"]["cpu"] == "host"
+    words = " ".join(done.stdout.split())    # the title wraps in 80 columns
+    assert LAB_LABEL in words and "(nested KVM)" in words
+    shown = vmtax("show", "last", "--results", str(work / "results"))
+    assert LAB_LABEL in " ".join(shown.stdout.split()) and "(nested KVM)" in shown.stdout
+
+
+def test_another_qemu_binary_under_kvm(lab_run):
+    _, targets = _stored(lab_run[0])
+    other = targets["kvm-microvm-build"]
+    assert other["qemu"] == "/usr/bin/qemu-system-x86_64-microvm" and other["accel"] == "kvm"
+    assert other["qemu"] != targets["kvm"]["qemu"]
+
+
+def test_huge_pages_and_pinning_under_kvm(lab_run):
+    _, targets = _stored(lab_run[0])
+    tuned = targets["kvm-tuned"]
+    assert tuned["host_hugepages"]["granted"] == 128   # 256 MiB of 2 MiB pages
+    assert tuned["vcpu_affinity"] == [[0], [1]]
+    assert targets["kvm"]["vcpu_affinity"] is None
+
+
+def test_real_exits_per_reason_and_their_diff(lab_run):
+    results = str(lab_run[0] / "results")
+    shown = vmtax("exits", "last:kvm", "--results", results, "--json")
+    assert shown.returncode == 0, shown.stderr
+    reasons = json.loads(shown.stdout)
+    print(shown.stdout[:2000])
+    assert reasons
+    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--results", results)
+    assert diff.returncode == 0, diff.stderr
+    print(diff.stdout)
+    assert "pp" in diff.stdout
+
+
+def _lab_qemus(share_parent: Path) -> set[int]:
+    """The QEMUs of labs whose share is in share_parent."""
+    found = set()
+    for pid in processes("qemu-system-x86_64"):
+        try:
+            if str(share_parent).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_kill_9_during_a_lab_run_leaves_no_qemu_and_no_lab_file(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    lab = start_vmtax("lab", "--results", str(tmp_path / "results"), "run", "--targets",
+                      "native", "--workloads", "cpu", "--time", "60", "--runs", "1",
+                      "--warmup", "0", env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        assert wait_for(lambda: _lab_qemus(tmp), within=120)
+        assert any(tmp.iterdir())   # the lab's share
+        time.sleep(5)               # the lab boots
+        lab.kill()
+        lab.wait()
+        assert wait_for(lambda: not _lab_qemus(tmp), within=5)
+        assert wait_for(lambda: not any(tmp.iterdir()), within=5)
+    finally:
+        if lab.poll() is None:
+            lab.kill()
