@@ -1543,7 +1543,7 @@ def _traversal_store(results: Path) -> None:
     store = Store(results)
     run_id = store.new_run({"targets": [{"name": n, "kind": "native", "options": {}}
                                         for n in ("native", "other")], "baseline": "native",
-                            "workloads": [{"name": "cpu"}]}, {}, "0")
+                            "workloads": [{"name": "cpu"}], "name": "t"}, {}, "0")
     for name in ("native", "other"):
         store.set_target(run_id, name, "native", {"bare_host": name == "native"})
         for idx in range(3):
@@ -1652,13 +1652,21 @@ def path_traversal_attack(env: Env, outcome: Outcome, quick: bool) -> None:
                                           "--results", up + "fleet-r", "--ray-temp-dir",
                                           up + "ray"], ("fleet-r",)),
         ("fleet", "show", "--results"): (["fleet", "show", "last", "--results", up + "r"], ()),
+        ("trend", "--html"): (["trend", "t", "--html", out + "t.html", "--results", up + "r"],
+                              ("out",)),
+        ("publish", "names"): (["publish", "t", out + "site", "--results", up + "r"], ("out",)),
+        # Refused for its size before a lab boots: where its --results would be, is checked.
+        ("lab", "--results"): (["lab", "--results", up + "lab-r", "--memory", "999G", "run",
+                                "--targets", "native", "--workloads", "cpu"], ("lab-r",)),
     }
     covers = {("report", "--png"): ("report", "--html"), ("report", "--svg"): ("report", "--html"),
               ("report", "--results"): ("report", "--html"),
               ("export", "--json"): ("export", "--csv"), ("export", "--jsonl"): ("export", "--csv"),
               ("export", "--benchstat"): ("export", "--csv"),
               ("export", "--results"): ("export", "--csv"),
-              ("fleet", "join", "--ray-temp-dir"): ("fleet", "join", "--results")}
+              ("fleet", "join", "--ray-temp-dir"): ("fleet", "join", "--results"),
+              ("trend", "--results"): ("trend", "--html"),
+              ("publish", "--results"): ("publish", "names")}
     for option in _path_options():
         if option not in cases and option not in covers and option != ("fleet", "start",
                                                                        "--ray-temp-dir"):
@@ -1680,7 +1688,8 @@ def path_traversal_attack(env: Env, outcome: Outcome, quick: bool) -> None:
         if strays:
             outcome.fail(f"{what}: wrote outside what it names: {strays[:3]}")
         outcome.note(f"exit {done.returncode}")
-    for name in ("out/r.html", "out/x.csv", "out/x.json", "out/x.jsonl", "out/x.txt"):
+    for name in ("out/r.html", "out/x.csv", "out/x.json", "out/x.jsonl", "out/x.txt",
+                 "out/t.html", "out/site/index.html"):
         if not (base / name).is_file() and not quick:
             outcome.fail(f"{name}: not written where its option named it")
     # fleet start would start Ray's head: its --ray-temp-dir is checked where it is made.
