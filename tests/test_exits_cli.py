@@ -196,6 +196,36 @@ def test_diff_shows_the_workload_result_and_exits_per_second(tmp_path):
     assert res.returncode == 2 and "no --event=vmexit --vcpu=0 recorded" in res.stderr
 
 
+def test_a_target_with_several_workloads_is_diffed_one_workload_at_a_time(tmp_path):
+    """Found by the lab: a run of cpu and memory with exits, `exits diff RUN:kvm RUN:tuned`
+    said "name one target as RUN:TARGET" though a target was named."""
+    from vmtax.helpers import perf_kvm
+
+    store = Store(tmp_path / "results")
+    run = store.new_run({}, {}, "test")
+    for target, report in (("kvm", "classic-svm.txt"), ("tuned", "hists-svm.txt")):
+        store.set_target(run, target, "vm", {})
+        for workload in ("cpu", "memory"):
+            store.add_rep(run, target=target, workload=workload, params={}, phase="collect",
+                          idx=0, status="ok", argv=["exits"], started=0.0,
+                          metrics=perf_kvm.parse((FIXTURES / report).read_text()).metrics())
+    store.finish_run(run, "done")
+    store.close()
+    results = str(tmp_path / "results")
+    res = vmtax("exits", "diff", f"{run}:kvm", f"{run}:tuned", "--results", results)
+    assert res.returncode == 2
+    assert res.stderr.strip().endswith("name one workload with --workload (cpu, memory)")
+    data = json.loads(ok("exits", "diff", f"{run}:kvm", f"{run}:tuned", "--workload", "memory",
+                         "--json", "--results", results))
+    assert data["a"]["cell"].endswith("memory") and data["b"]["cell"].endswith("memory")
+    shown = json.loads(ok("exits", f"{run}:kvm", "--workload", "cpu", "--json",
+                          "--results", results))
+    assert [c["workload"] for c in shown["cells"]] == ["cpu"]
+    res = vmtax("exits", f"{run}:kvm", "--workload", "fileio", "--results", results)
+    assert res.stderr.strip() == (f"vmtax: error: {run}:kvm: no workload 'fileio' recorded VM "
+                                  "exits; these did: cpu, memory")
+
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 

@@ -58,6 +58,9 @@ event_option = click.option(
 vcpu_option = click.option(
     "--vcpu", type=bounds.count(0), metavar="N",
     help="One vCPU's table (recorded with the collector's per_vcpu option); default: all.")
+workload_option = click.option(
+    "--workload", metavar="NAME",
+    help="The cells of one workload, where a target ran several; default: all.")
 
 
 @dataclass
@@ -160,20 +163,25 @@ def _records_exits(run: Run, rep: Rep, collectors: list[str]) -> bool:
     return IMPORTED in run.plan or (len(rep.argv) == 1 and rep.argv[0] in collectors)
 
 
-def cells(store: Store, spec: str, event: str,
-          vcpu: int | None = None) -> tuple[list[Cell], list[str]]:
-    """The cells of RUN or RUN:TARGET with exits of `event` (of all vCPUs, or of one),
-    and why each other cell asked to record them has none ("vm:tcg · cyclictest: exits:
-    unavailable — ...")."""
+def cells(store: Store, spec: str, event: str, vcpu: int | None = None,
+          workload: str | None = None) -> tuple[list[Cell], list[str]]:
+    """The cells of RUN or RUN:TARGET (of one workload, or all) with exits of `event` (of
+    all vCPUs, or of one), and why each other cell asked to record them has none
+    ("vm:tcg · cyclictest: exits: unavailable — ...")."""
     run_id, _, target = spec.partition(":")
     run = store.load_run(run_id, last_may_be_imported=True)
     if target and target not in run.targets:
         raise VmtaxError(f"run {run.id} has no target {target!r}; it has: "
                          + ", ".join(run.targets))
-    found, missing = [], []
     collectors = exits_collectors()
-    for rep in run.reps:
-        if not _records_exits(run, rep, collectors) or target not in ("", rep.target):
+    recorded = [rep for rep in run.reps if _records_exits(run, rep, collectors)
+                and target in ("", rep.target)]
+    if workload is not None and workload not in {rep.workload for rep in recorded}:
+        raise VmtaxError(f"{spec}: no workload {workload!r} recorded VM exits; these did: "
+                         + (", ".join(sorted({rep.workload for rep in recorded})) or "none"))
+    found, missing = [], []
+    for rep in recorded:
+        if workload not in (None, rep.workload):
             continue
         if any(_selected(m.dimensions, event, vcpu) for m in rep.metrics):
             found.append(_cell(run, rep, event, vcpu))
@@ -184,8 +192,9 @@ def cells(store: Store, spec: str, event: str,
     return found, missing
 
 
-def _one(store: Store, spec: str, event: str, vcpu: int | None) -> Cell:
-    found, missing = cells(store, spec, event, vcpu)
+def _one(store: Store, spec: str, event: str, vcpu: int | None,
+         workload: str | None) -> Cell:
+    found, missing = cells(store, spec, event, vcpu, workload)
     if len(found) == 1:
         return found[0]
     if not found:
@@ -196,8 +205,13 @@ def _one(store: Store, spec: str, event: str, vcpu: int | None) -> Cell:
             "it was not run with --collect " + " or ".join(collectors) if collectors
             else "no collector of VM exits is installed")
         raise VmtaxError(f"{spec}: no VM exits stored ({why})")
+    targets = {c.target for c in found}
+    workloads = sorted({c.workload for c in found})
+    how = ("name one target as RUN:TARGET" if len(targets) > 1 else
+           "name one workload with --workload (" + ", ".join(workloads) + ")"
+           if len(workloads) > 1 else "they differ in parameters, which no option picks yet")
     raise VmtaxError(f"{spec}: {len(found)} cells have VM exits ("
-                     + "; ".join(c.label for c in found) + "): name one target as RUN:TARGET")
+                     + "; ".join(c.label for c in found) + f"): {how}")
 
 
 def _result_text(cell: Cell) -> str:
@@ -255,14 +269,15 @@ def exits_command() -> None:
 @click.argument("spec", metavar="RUN[:TARGET]")
 @event_option
 @vcpu_option
+@workload_option
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def show(spec, event, vcpu, results, as_json) -> None:
+def show(spec, event, vcpu, workload, results, as_json) -> None:
     """Per-reason table of a run's cells, sorted by share of time, with totals."""
     store = Store(results, readonly=True)
-    found, missing = cells(store, spec, event, vcpu)
+    found, missing = cells(store, spec, event, vcpu, workload)
     if not found:
-        _one(store, spec, event, vcpu)   # raises, saying why
+        _one(store, spec, event, vcpu, workload)   # raises, saying why
     if as_json:
         click.echo(json.dumps({"cells": [asdict(c) for c in found], "without": missing},
                               indent=2))
@@ -326,9 +341,10 @@ def diff_cells(a: Cell, b: Cell) -> list[Change]:
 @click.argument("b", metavar="B")
 @event_option
 @vcpu_option
+@workload_option
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def diff(a, b, event, vcpu, results, as_json) -> None:
+def diff(a, b, event, vcpu, workload, results, as_json) -> None:
     """How each exit reason's share moved from A to B (runs or RUN:TARGET cells).
 
     Shares of samples and of time on both sides, the change in percentage points, exits
@@ -336,7 +352,8 @@ def diff(a, b, event, vcpu, results, as_json) -> None:
     result beside it, and the reasons only one side has.
     """
     store = Store(results, readonly=True)
-    cell_a, cell_b = _one(store, a, event, vcpu), _one(store, b, event, vcpu)
+    cell_a, cell_b = (_one(store, a, event, vcpu, workload),
+                      _one(store, b, event, vcpu, workload))
     changes = diff_cells(cell_a, cell_b)
     only_a = [c.reason for c in changes if c.share_b is None]
     only_b = [c.reason for c in changes if c.share_a is None]
