@@ -545,6 +545,12 @@ def _latest_comparable(store: Store) -> tuple[str, str]:
                      f"{latest['id']}; give two runs (A B)")
 
 
+def same_run(spec_a: str, spec_b: str, run_id: str) -> str:
+    """Why two specs that name one run are refused: a run against itself shows no change."""
+    return (f"{spec_a} and {spec_b} are both run {run_id}: give two runs (NAME~1 is the run "
+            "of a name before its latest, last~1 the run before the latest)")
+
+
 def _side(store: Store, spec: str) -> tuple:
     """RUN or RUN:TARGET (run ids never contain ':'; target names may, e.g. container:runc),
     RUN@HOST[:TARGET] for a host of a fleet run (run ids and names never contain '@')."""
@@ -569,9 +575,10 @@ def _side(store: Store, spec: str) -> tuple:
               help="Relative changes smaller than this are never called significant.")
 @click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
               help="Adjustment across metrics: Benjamini-Hochberg (false discovery rate) or Holm.")
-@click.option("--fail-on", type=click.Choice(["worse", "change"]),
+@click.option("--fail-on", type=click.Choice(["worse", "change", "inconclusive"]),
               help="Exit with status 1 when a metric is significantly worse (or, 'change', "
-                   "worse or better): for CI.")
+                   "worse or better; or, 'inconclusive', worse or without a verdict for too "
+                   "few runs): for CI.")
 @results_option
 @json_option
 @all_option
@@ -582,9 +589,10 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
     A and B are stored runs (RUN_ID, a unique prefix, a name, or 'last': the latest run
     recorded here, imported perf kvm stat reports aside), compared target
     by target, or targets of runs (RUN:TARGET), e.g. two QEMU builds in one run:
-      vmtax compare last:vm@stock last:vm@patched
+      vmtax compare last:vm:tcg@stock last:vm:tcg@patched   (--qemu stock=…,patched=…)
       vmtax compare last@h1 last@h2 two hosts of one fleet run (RUN@HOST[:TARGET])
       vmtax compare 20261121-2236 20261122-0910
+      vmtax compare nightly~1 nightly   a name's latest run against the one before
       vmtax compare                 the latest run against the one before it that
                                     shares a target and a workload with it
                                     (imported reports aside)
@@ -596,6 +604,9 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
     elif b is None:
         raise VmtaxError("compare takes two runs (A B), or none for the latest two")
     (run_a, target_a), (run_b, target_b) = _side(store, a), _side(store, b)
+    host_a, host_b = (spec.partition(":")[0].partition("@")[2] for spec in (a, b))
+    if (run_a.id, target_a, host_a) == (run_b.id, target_b, host_b):
+        raise VmtaxError(same_run(a, b, run_a.id))
     if bool(target_a) != bool(target_b):
         raise VmtaxError("give a target on both sides (RUN:TARGET RUN:TARGET) or on neither")
     if target_a:
@@ -621,11 +632,20 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
             out.print(f"[dim]{len(rows) - len(primary)} secondary metrics hidden: --all[/dim]")
         if shown:   # the answer last, where a long comparison ends
             out.print(tables.verdict_line(shown, alpha))
-    failing = {"worse"} if fail_on == "worse" else {"worse", "better"} if fail_on else set()
+    failing = {"worse": {"worse"}, "change": {"worse", "better"},
+               "inconclusive": {"worse", "too few runs"}}.get(fail_on, set())
     hits = [r for r in primary if r.comparison.verdict in failing]
+    open_ = [r for r in primary if r.comparison.verdict == "too few runs"]
+    if fail_on and open_ and fail_on != "inconclusive":
+        # A gate that cannot fail must not pass silently.
+        click.echo(f"vmtax: {len(open_)} of {len(primary)} metrics have too few runs for a "
+                   f"verdict, which --fail-on {fail_on} lets pass; --fail-on inconclusive "
+                   "fails on them", err=True)
     if hits:
-        click.echo(f"vmtax: {len(hits)} metric{'s' * (len(hits) != 1)} significantly "
-                   f"{'worse' if fail_on == 'worse' else 'changed'} (--fail-on {fail_on}): "
+        said = {"worse": "significantly worse", "change": "significantly changed",
+                "inconclusive": "worse or without a verdict"}[fail_on]
+        click.echo(f"vmtax: {len(hits)} metric{'s' * (len(hits) != 1)} {said} "
+                   f"(--fail-on {fail_on}): "
                    + printable(", ".join(f"{r.workload} {r.metric}" for r in hits[:5]))
                    + (" …" if len(hits) > 5 else ""), err=True)
         sys.exit(1)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
 import click
 
 from vmtax.core import paths
+from vmtax.cli.main import same_run
 from vmtax.core.errors import VmtaxError
 from vmtax.report import export as export_mod
 from vmtax.analysis.model import analyse
@@ -71,7 +73,11 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     from vmtax.report import plots
 
     store = Store(results, readonly=True)
-    runs = list({run.id: run for run in (_load(store, r) for r in run_ids)}.values())
+    loaded = [_load(store, r) for r in run_ids]
+    for (spec_a, a), (spec_b, b) in itertools.combinations(zip(run_ids, loaded), 2):
+        if a.id == b.id:
+            raise VmtaxError(same_run(spec_a, spec_b, a.id))
+    runs = loaded
     per_host = _per_host(store, runs[0]) if len(runs) == 1 else None
     spread = None
     if per_host:

@@ -55,6 +55,8 @@ DB_NAME = "vmtax.sqlite"
 # they never read as a run id (ids start with the date) or a prefix of one, and hold no ':'
 # (RUN:TARGET), '@' (RUN@HOST) or space.
 RUN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+# NAME~N or last~N: the Nth run before (run names and ids hold no '~').
+_BACK = re.compile(r"(.+)~(\d{1,9})")
 
 # A report recorded elsewhere and imported (`vmtax exits import`) is stored as a run whose
 # plan keeps the file it came from under this key, with one target named by its label.
@@ -397,8 +399,14 @@ class Store(PendingSideFile):
         - a run id;
         - a run's name or an imported report's label: the latest run that has it (of two
           imports of one label, or a run and an import of one name, the later);
-        - a unique prefix of a run id.
+        - a unique prefix of a run id;
+        - NAME~N or last~N: the Nth run before the one NAME or 'last' names, of that name
+          (nightly~1: the run of nightly before its latest; last~1: the run before the
+          latest).
         A name that is also a prefix of a run id is refused as ambiguous."""
+        back = _BACK.fullmatch(spec)
+        if back:
+            return self._before(back.group(1), int(back.group(2)), last_may_be_imported)
         if spec == "last":
             return self._last(last_may_be_imported)
         if self.db.execute("SELECT 1 FROM runs WHERE id = ?", (spec,)).fetchone():
@@ -424,6 +432,25 @@ class Store(PendingSideFile):
                              "imported report's label matches it; `vmtax runs` lists them")
         raise VmtaxError(f"run id {spec!r} is ambiguous ({len(prefixed)} runs match); "
                          "give more of it")
+
+    def _before(self, spec: str, steps: int, imported: bool) -> str:
+        """The run `steps` before the latest one of spec ('last' or a run's name)."""
+        if spec == "last":
+            where = "" if imported else f" WHERE json_extract(plan, '$.{IMPORTED}') IS NULL"
+            args: tuple[str, ...] = ()
+        elif RUN_NAME.fullmatch(spec):
+            where, args = " WHERE json_extract(plan, '$.name') = ?", (spec,)
+        else:
+            raise VmtaxError(f"{spec}~{steps}: ~N follows a run's name or 'last' "
+                             "(nightly~1: the run of nightly before its latest)")
+        rows = self.db.execute(f"SELECT id FROM runs{where} ORDER BY created DESC LIMIT 1"
+                               " OFFSET ?", (*args, steps)).fetchall()
+        if rows:
+            return str(rows[0]["id"])
+        count = self.db.execute(f"SELECT count(*) FROM runs{where}", args).fetchone()[0]
+        raise VmtaxError(f"{spec}~{steps}: {spec!r} names {count} run"
+                         f"{'s' * (count != 1)} in {self.path}; ~N goes back at most "
+                         f"{max(count - 1, 0)}")
 
     def _last(self, imported: bool) -> str:
         recorded = "" if imported else f" WHERE json_extract(plan, '$.{IMPORTED}') IS NULL"
