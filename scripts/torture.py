@@ -1313,7 +1313,8 @@ def terminal_escape_attack(env: Env, outcome: Outcome, quick: bool) -> None:
     results = _hostile_store(env, "terminal-escapes")
     commands = [["runs"], ["show", "last", "--all"]]
     if not quick:   # compare loads SciPy: seconds
-        commands += [["show", "last"], ["show", "last:nope"], ["compare", "last", "last"]]
+        commands += [["show", "last"], ["show", "last:nope"],
+                     ["compare", "last:native", "last:" + ESCAPES[0]]]
     for command in commands:
         outcome.cases += 1
         code, output, exc = in_process(*command, "--results", str(results))

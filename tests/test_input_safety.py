@@ -101,7 +101,7 @@ def test_csv_cells_a_spreadsheet_would_run_get_a_quote_and_numbers_stay(tmp_path
 
 
 @pytest.mark.parametrize("command", [["runs"], ["show", "last"], ["show", "last", "--all"],
-                                     ["compare", "last", "last"]])
+                                     ["compare", "last:native", f"last:vm{ESC_TITLE}"]])
 def test_stored_names_reach_the_terminal_escaped(tmp_path, command):
     hostile_run(tmp_path)
     done = CliRunner().invoke(cli, [*command, "--results", str(tmp_path)],
