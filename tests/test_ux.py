@@ -265,9 +265,9 @@ def test_names_compare_without_arguments_and_fail_on(tmp_path):
     assert fail.returncode == 1, fail.stderr
     assert fail.stderr.startswith("vmtax: ") and "significantly worse (--fail-on worse)" in (
         fail.stderr) and "cpu events/s" in fail.stderr
-    # B against itself: nothing worse, exit 0
-    assert vmtax("compare", "after", "after", "--fail-on", "change",
-                 "--results", results).returncode == 0
+    # B against itself: refused, it could show no change
+    itself = vmtax("compare", "after", "after", "--fail-on", "change", "--results", results)
+    assert itself.returncode == 2 and f"are both run {after}" in itself.stderr
     one = vmtax("compare", "after", "--results", results)
     assert one.returncode == 2 and "compare takes two runs" in one.stderr
 
