@@ -175,3 +175,25 @@ def test_the_html_report_says_a_run_is_the_labs(tmp_path):
     page = html.render_html([html.build(analyse(store.load_run(run_id)))])
     assert f"{machine.LAB_LABEL}: the shape of the tax, not hardware" in page
     assert "vm:kvm (nested KVM)" in page
+
+
+def test_a_lab_that_hangs_while_booting_is_caught_by_the_watchdog(tmp_path, monkeypatch):
+    """Found in CI: a lab's QEMU busy for 15 minutes without a console line. Its vmtax
+    never wrote STARTED: the watch gives up at BOOT_TIMEOUT, with QEMU still running."""
+    from vmtax.studies import lab as study
+
+    monkeypatch.setattr(study, "BOOT_TIMEOUT", 0.3)
+    hung = subprocess.Popen(["sleep", "30"])
+    try:
+        assert study._watch(hung, tmp_path, lambda data: None) is False
+        assert hung.poll() is None
+    finally:
+        hung.kill()
+        hung.wait()
+    # Started, it is watched until QEMU exits, however long after the timeout.
+    (tmp_path / lab.STARTED).write_text("12.5")
+    (tmp_path / "out.log").write_bytes(b"hello\n")
+    seen: list[bytes] = []
+    booted = subprocess.Popen(["sleep", "0.8"])
+    assert study._watch(booted, tmp_path, seen.append) is True
+    assert b"".join(seen) == b"hello\n"

@@ -64,6 +64,8 @@ HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
 JOB, RC, RESULTS, PYTHON, TIMINGS = "job.json", "rc", "results", "python", "timings.json"
+# Written by the lab's own vmtax as it starts: the lab has booted (the host's watchdog).
+STARTED = "started"
 # The lab's results directory: in the share, so each repetition is on the host's disk the
 # moment it is stored (one writer, the lab's vmtax; the host reads it once the lab is gone).
 LAB_RESULTS = f"{SHARE}/{RESULTS}"
@@ -299,6 +301,8 @@ def inside(job_path: str) -> int:
     the exit status and the results handed back through the share, and power off."""
     share = Path(job_path).parent
     rc = 125
+    with contextlib.suppress(OSError):
+        (share / STARTED).write_text(str(_uptime()))
     try:
         job = json.loads(Path(job_path).read_text())
         problem = _prepare(job)

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,11 @@ DEFAULT_MEMORY = "4G"
 DEFAULT_DISK = "16G"
 # Lines of the lab's kernel console shown when it ends without the command's status.
 CONSOLE_TAIL = 15
+# A lab whose vmtax has not started by then has hung while booting (seen in a CI run here
+# at low load: QEMU busy for 15 min, not a console line): booted again, once. A lab's boot
+# took 15-55 s of the host's time at load 16, and its Python 8-13 s more.
+BOOT_TIMEOUT = 300.0
+BOOT_TRIES = 2
 
 
 @dataclass
@@ -83,6 +89,20 @@ def _console_tail(share: Path) -> str:
     return "\n".join(lines[-CONSOLE_TAIL:])
 
 
+def _watch(qemu_proc: subprocess.Popen, share: Path, echo: Callable[[bytes], None]) -> bool:
+    """Echo the lab's output until its QEMU exits: True; False when its vmtax has not
+    started within BOOT_TIMEOUT (QEMU still running)."""
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    offset = 0
+    while qemu_proc.poll() is None:
+        offset = _tail(share / "out.log", offset, echo)
+        if time.monotonic() > deadline and not (share / lab.STARTED).exists():
+            return False
+        time.sleep(0.2)
+    _tail(share / "out.log", offset, echo)
+    return True
+
+
 def _read_outcome(share: Path, qemu_status: int | None, outcome: LabOutcome) -> None:
     """The command's exit status and timings, as the lab left them in its share."""
     try:
@@ -126,16 +146,24 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
             f"(kernel {kernel.version})")
         started = time.monotonic()
-        qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
-        tokens.append(journal.process(qemu_proc.pid))
-        try:
-            offset = 0
-            while qemu_proc.poll() is None:
-                offset = _tail(share / "out.log", offset, echo)
-                time.sleep(0.2)
-            _tail(share / "out.log", offset, echo)
-        except KeyboardInterrupt:
-            outcome.interrupted = True
+        for attempt in range(1, BOOT_TRIES + 1):
+            qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
+            tokens.append(journal.process(qemu_proc.pid))
+            try:
+                if _watch(qemu_proc, share, echo):
+                    break
+            except KeyboardInterrupt:
+                outcome.interrupted = True
+                break
+            journal.undo(tokens.pop())   # hung at boot: stop it, and boot a new one
+            if attempt == BOOT_TRIES:
+                raise VmtaxError(f"lab: did not boot within {BOOT_TIMEOUT:g} s, "
+                                 f"{BOOT_TRIES} times; its console's last lines:\n"
+                                 + _console_tail(share))
+            say(f"lab: no sign of its vmtax within {BOOT_TIMEOUT:g} s (hung while booting); "
+                "booting it again")
+            (share / lab.UPPER).unlink()
+            make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
         outcome.seconds["lab"] = round(time.monotonic() - started, 2)
         if not outcome.interrupted:
             _read_outcome(share, qemu_proc.returncode, outcome)
