@@ -467,3 +467,10 @@ def test_interleave_edge_cases():
     for labels, runs in [([], 2), (["A", "A"], 2), (["A", "B"], -1)]:
         with pytest.raises(ValueError):
             interleave(labels, runs)
+
+
+def test_a_cell_of_more_than_1023_repetitions_has_a_median_interval():
+    """Found by the torture's readers-against-a-writer attack: 2.0 ** n overflowed a float
+    from n = 1024, and `vmtax show` of such a run crashed."""
+    s = stats.summarize(np.arange(1, 3001, dtype=float))
+    assert s.ci_low < s.median < s.ci_high and s.ci_level >= 0.95

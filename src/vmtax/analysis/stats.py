@@ -145,7 +145,13 @@ def _median_ci(x: np.ndarray, confidence: float) -> tuple[float, float, float]:
     s = np.sort(x)
     n = s.size
     k = np.arange(1, (n + 1) // 2 + 1)
-    cdf = np.cumsum([math.comb(n, i) for i in range(k.size)]) / 2.0 ** n   # P(B <= k - 1)
+    # P(B <= k - 1), summed in integers and divided exactly: 2.0 ** n overflows a float
+    # from n = 1024 (a run of that many repetitions of one cell crashed `vmtax show`).
+    total, below = 2 ** n, 0
+    cdf = np.empty(k.size)
+    for i in range(k.size):
+        below += math.comb(n, i)
+        cdf[i] = below / total
     coverage = 1 - 2 * cdf
     # Coverages are multiples of 2**-n; the slack absorbs cdf rounding at exact ties.
     ok = np.flatnonzero(coverage >= confidence - 1e-12)
