@@ -152,6 +152,33 @@ def test_the_newest_run_alone_is_judged_as_compare_judges_it(tmp_path):
     assert "newest run 9 worse: -29.7%" in result.stdout and "against runs 1–8" in result.stdout
 
 
+def test_a_newest_run_within_the_earlier_runs_own_spread_is_no_regression(tmp_path):
+    # Each run is tight (1% noise) but runs differ by ±15% from night to night: pooled
+    # repetitions call the newest -15% "worse"; the spread of the runs' medians does not.
+    store = Store(tmp_path)
+    for i, level in enumerate((1000, 1150, 880, 1100, 900, 1050, 950, 1120)):
+        add_run(store, "nightly", {"native": level}, seed=i)
+    add_run(store, "nightly", {"native": 860}, seed=9)
+    [s] = judged(tmp_path).series
+    assert s.newest.verdict == "worse"
+    low, high = s.newest_spread
+    assert low < -0.15 and high > 0.15 and s.newest_within_spread
+    assert s.regression() is None
+    result = vmtax("trend", "nightly", "--fail-on", "regression", "--results", str(tmp_path))
+    assert result.returncode == 0, result.stdout
+    assert "within those runs' own run-to-run spread" in result.stdout
+    assert "no verdict" in result.stdout and "newest run 9 worse" not in result.stdout
+
+
+def test_the_run_to_run_spread_needs_three_runs_before_the_newest(tmp_path):
+    store = Store(tmp_path)
+    for i, level in enumerate((1000, 1150)):
+        add_run(store, "nightly", {"native": level}, seed=i)
+    add_run(store, "nightly", {"native": 700}, seed=9)
+    [s] = judged(tmp_path).series
+    assert s.newest_spread is None and not s.newest_within_spread
+
+
 def test_a_name_with_no_runs_lists_the_names_there_are(tmp_path):
     store = Store(tmp_path)
     add_run(store, "nightly", {"native": 1000})

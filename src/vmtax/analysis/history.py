@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -34,6 +35,8 @@ _PLAN_ELSEWHERE = {"targets", "workloads", "name"}
 NOTHING_CHANGED = "nothing recorded changed"
 # The newest run is judged against at most this many runs before it.
 NEWEST_AGAINST = 10
+# Runs before the newest needed to estimate how much a point moves from run to run.
+SPREAD_FROM = 3
 _ABSENT = object()
 
 
@@ -86,6 +89,9 @@ class Series:
     # The newest point against the rest of its segment, as `compare` judges two runs.
     newest: stats.Comparison | None = None
     newest_accepted: dict[str, Any] | None = None
+    # Where the runs before the newest let its median fall from run to run alone, as changes
+    # (-0.1 = 10% lower); None with fewer than SPREAD_FROM of them.
+    newest_spread: tuple[float, float] | None = None
     note: str = ""                    # why no change was sought
 
     @property
@@ -104,12 +110,23 @@ class Series:
                 return (f"{_percent(last.change.change)} from run {last.after.number} "
                         f"({last.after.id}) on")
         elif (self.newest is not None and self.newest.verdict == "worse"
-              and self.newest_accepted is None):
+              and not self.newest_within_spread and self.newest_accepted is None):
             run = self.points[-1].run
             return (f"run {run.number} ({run.id}) {_percent(self.newest.change)} against "
                     f"the {len(self.before_newest)} runs before it "
                     "(too few after it yet to call a change)")
         return None
+
+    @property
+    def newest_within_spread(self) -> bool:
+        """Whether the newest median lies where the runs before it let a run fall by chance:
+        `compare` pools repetitions, so a host busier on one night than on another looks
+        like a change to it; the spread of earlier runs' medians says how much that moves."""
+        if self.newest_spread is None:
+            return False
+        low, high = self.newest_spread
+        change = self.points[-1].median / _centre(self.before_newest) - 1
+        return low <= change <= high
 
     @property
     def before_newest(self) -> list[Point]:
@@ -136,6 +153,24 @@ class Trend:
 
     def regressions(self) -> list[tuple[Series, str]]:
         return [(s, why) for s in self.series if (why := s.regression()) is not None]
+
+
+def _centre(points: Sequence[Point]) -> float:
+    """The geometric mean of points' medians."""
+    return math.exp(statistics.fmean(math.log(p.median) for p in points))
+
+
+def run_to_run_spread(points: Sequence[Point], alpha: float) -> tuple[float, float] | None:
+    """The 1 - alpha prediction interval of one more run's median, from the medians of
+    points (log-normal, Student's t), as changes from their geometric mean; None with too
+    few points."""
+    if len(points) < SPREAD_FROM:
+        return None
+    from scipy.stats import t
+    logs = [math.log(p.median) for p in points]
+    k = len(logs)
+    half = float(t.ppf(1 - alpha / 2, k - 1)) * statistics.stdev(logs) * math.sqrt(1 + 1 / k)
+    return math.exp(-half) - 1, math.exp(half) - 1
 
 
 def _percent(change: float) -> str:
@@ -309,6 +344,7 @@ def _judge_newest(analysed: list[Series], alpha: float, noise_floor: float,
                                      resolutions=[sp.resolution if sp else None for sp in specs])
     for s, c in zip(judged, comparisons):
         s.newest = c
+        s.newest_spread = run_to_run_spread(s.before_newest, alpha)
         s.newest_accepted = _acceptance(accepted, s.points[-1].run)
 
 
@@ -400,6 +436,8 @@ def to_json(trend: Trend) -> dict[str, Any]:
             "changes": [change(c) for c in s.changes],
             "newest": None if s.newest is None else {
                 "verdict": s.newest.verdict, "change": s.newest.change,
-                "ci": list(s.newest.change_ci), "p_adjusted": s.newest.p_adjusted},
+                "ci": list(s.newest.change_ci), "p_adjusted": s.newest.p_adjusted,
+                "run_to_run_spread": None if s.newest_spread is None else list(s.newest_spread),
+                "within_run_to_run_spread": s.newest_within_spread},
             "regression": s.regression(), "note": s.note} for s in trend.series],
     }

@@ -86,10 +86,17 @@ def _print_series(console: Console, s: Series) -> None:
     newest = s.newest
     if newest is not None and newest.verdict in ("better", "worse"):
         first = s.before_newest[0].run.number
+        against = (f"{newest.change:+.1%} {_interval(*newest.change_ci)} against runs "
+                   f"{first}–{s.points[-2].run.number}")
+        if s.newest_within_spread and s.newest_spread is not None:
+            low, high = s.newest_spread
+            console.print(f"  newest run {latest.run.number}: {against}, within those runs' "
+                          f"own run-to-run spread ({low:+.1%} … {high:+.1%}): no verdict",
+                          soft_wrap=True)
+            return
         style = "red" if newest.verdict == "worse" else "green"
         console.print(f"  newest run {latest.run.number} [{style}]{newest.verdict}[/{style}]: "
-                      f"{newest.change:+.1%} {_interval(*newest.change_ci)} against runs "
-                      f"{first}–{s.points[-2].run.number}", soft_wrap=True)
+                      f"{against}", soft_wrap=True)
         console.print(f"    p={newest.p_adjusted:.2g} (adjusted); too recent to call a change",
                       soft_wrap=True)
         if newest.verdict == "worse" and s.newest_accepted:
