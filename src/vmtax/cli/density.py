@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vmtax.cli import bounds
-from vmtax.core import plugin
+from vmtax.core import hints, plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import unique_names
@@ -155,7 +155,7 @@ def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:
     """Stored density runs by id (a prefix, or 'last'); one-line errors otherwise."""
     store = Store(results, readonly=True)
     try:
-        return [density.stored_study(store.load_run(run_id, with_output=True))
+        return [density.stored_study(store.load_run(run_id, with_output=True), store.dir)
                 for run_id in run_ids]
     finally:
         store.close()
@@ -320,5 +320,6 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
                             metrics=density.summary_metrics(
                                 summary, ratio.get((outcome.target, outcome.ksm))))
     if sys.stderr.isatty():
-        err.print(f"stored as run {run_id}: vmtax show {run_id}")
+        err.print(escape(f"stored as run {run_id}: "
+                         + hints.command("show", run_id, results=s.store.dir)))
     return run_id, outcomes

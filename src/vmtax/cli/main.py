@@ -27,6 +27,7 @@ from rich.text import Text
 
 from vmtax import __version__
 from vmtax.cli import bounds
+from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
@@ -117,7 +118,8 @@ def recovered(line: str) -> None:
 
 def stopped(message: str) -> NoReturn:
     """End a study that Ctrl-C or SIGTERM stopped: say what was kept, exit as stopped."""
-    err.print(message)
+    # Plain text (a hint's directory may hold "[...]"), unwrapped: a command pastes whole.
+    err.print(escape(message), soft_wrap=True)
     sys.exit(proc.stopped_exit_code())
 
 
@@ -465,7 +467,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                 store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
             except KeyboardInterrupt:
                 stopped(f"interrupted; what finished is stored in run {runner.run_id} "
-                        f"(continue it with: vmtax run --resume {runner.run_id})"
+                        "(continue it with: "
+                        f"{hints.command('run', '--resume', runner.run_id, results=results)})"
                         if runner.run_id else "interrupted before the first run; nothing stored")
     _show(store, run_id, as_json, show_all)
 
@@ -498,7 +501,8 @@ def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> N
         from vmtax.analysis.model import analyse
         from vmtax.host import quiet
 
-        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host))
+        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host),
+                              results=store.dir)
 
 
 @cli.command()
@@ -523,7 +527,8 @@ def runs(results, as_json) -> None:
     if as_json:
         _print_json(rows)
     elif not rows:
-        out.print(f"no runs stored in {store.path} yet; start one with `vmtax run`")
+        out.print(escape(f"no runs stored in {store.path} yet; start one with "
+                         f"`{hints.command('run', results=results)}`"), soft_wrap=True)
     else:
         from vmtax.report import terminal as tables
         tables.print_runs(out, rows, str(store.path))

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from vmtax.core import paths
+from vmtax.core import hints, paths
 from vmtax.cli.main import same_run
 from vmtax.core.errors import VmtaxError
 from vmtax.report import export as export_mod
@@ -32,14 +32,15 @@ def _load(store: Store, run_id: str, imported_ok: bool = False) -> Run:
             return run
         label = next(iter(run.targets), run.id)
         raise VmtaxError(f"run {run.id} is an imported perf kvm stat report ({label}): VM "
-                         f"exits per reason, no repetitions to report; `vmtax exits "
-                         f"{run.id}` shows them, `vmtax export {run.id} --csv FILE` exports "
-                         "them")
+                         "exits per reason, no repetitions to report; "
+                         f"`{hints.command('exits', run.id, results=store.dir)}` shows them, "
+                         f"`{hints.command('export', run.id, '--csv', 'FILE', results=store.dir)}`"
+                         " exports them")
     measured = [r for r in run.reps if r.phase == "measure"]
     if not any(r.status == "ok" for r in measured):
         failed = sum(r.status != "ok" for r in run.reps)
         raise VmtaxError(f"run {run.id} has no successful repetitions ({failed} failed); "
-                         f"`vmtax show {run.id}` lists why")
+                         f"`{hints.command('show', run.id, results=store.dir)}` lists why")
     return run
 
 
