@@ -105,3 +105,51 @@ def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
     db = sqlite3.connect(results / "vmtax.sqlite")
     assert db.execute("SELECT status, count(*) FROM runs").fetchone() == ("done", 1)
     assert not (tmp_path / "results").exists()   # the default store was never touched
+
+
+# -- item 9: progress without a terminal reports every cell, sweeps included -----------------
+
+def test_each_configuration_of_a_sweep_is_named_by_what_varies():
+    from vmtax.studies.plan import WorkloadSpec, point_labels
+
+    specs = [WorkloadSpec("memory", {"threads": t, "memory-block-size": b, "time": 1})
+             for t in (1, 2) for b in ("16K", "1M")]
+    specs += [WorkloadSpec("serving", {"mode": "rate", "download_rates": [10.0, 20.0]}),
+              WorkloadSpec("serving", {"mode": "workers", "workers": 2}),
+              WorkloadSpec("fio", {"rw": "read"}), WorkloadSpec("fio", {"size": "1M"}),
+              WorkloadSpec("cpu", {"cpu-max-prime": 100})]
+    assert point_labels(specs) == [
+        "memory threads=1 memory-block-size=16K", "memory threads=1 memory-block-size=1M",
+        "memory threads=2 memory-block-size=16K", "memory threads=2 memory-block-size=1M",
+        "serving mode=rate", "serving mode=workers", "fio #1", "fio #2", "cpu"]
+
+
+def test_without_a_terminal_every_configuration_of_a_sweep_reports(capsys):
+    from vmtax.cli import main as cli
+    from vmtax.studies.plan import WorkloadSpec, point_labels
+
+    labels = point_labels([WorkloadSpec("memory", {"threads": t}) for t in (1, 2, 4)])
+    with cli.ProgressReporter(estimate=10.0, per_cell=1) as reporter:
+        reporter.start(6)
+        for label in labels:            # as the runner steps: A B per configuration
+            for target in ("native", "vm"):
+                reporter.step(f"{target} · {label} · run 1")
+                reporter.advance()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" done")[0] for line in lines] == [
+        "[1/6] native · memory threads=1", "[2/6] vm · memory threads=1",
+        "[3/6] native · memory threads=2", "[4/6] vm · memory threads=2",
+        "[5/6] native · memory threads=4", "[6/6] vm · memory threads=4"]
+
+
+@pytest.mark.live
+def test_a_piped_sweep_reports_every_cell(tmp_path):
+    plan = tmp_path / "sweep.toml"
+    plan.write_text('runs = 1\nwarmup = 0\ntime = 1\n[targets.native]\n'
+                    '[[workloads]]\nname = "cpu"\n'
+                    '[workloads.params]\ncpu-max-prime = [100, 200, 300]\n')
+    res = vmtax("run", str(plan), "--results", str(tmp_path / "r"), check=True)
+    progress = [line.split(" done")[0] for line in res.stderr.splitlines()
+                if line.startswith("[")]
+    assert progress == [f"[{i}/3] native · cpu cpu-max-prime={p}"
+                        for i, p in ((1, 100), (2, 200), (3, 300))], res.stderr
