@@ -1,6 +1,7 @@
 """Every command vmtax prints for the user works as pasted (issue 36, item 6): it carries
 --results DIR when the results directory is not the default, quoted as a shell needs it."""
 
+import json
 import os
 import re
 import shlex
@@ -153,3 +154,71 @@ def test_a_piped_sweep_reports_every_cell(tmp_path):
                 if line.startswith("[")]
     assert progress == [f"[{i}/3] native · cpu cpu-max-prime={p}"
                         for i, p in ((1, 100), (2, 200), (3, 300))], res.stderr
+
+
+# -- item 8: help and docs that agree with the program --------------------------------------
+
+def test_list_targets_shows_what_tune_tries_and_each_unsafe_value(tmp_path):
+    described = json.loads(vmtax("list", "targets", "--json", check=True).stdout)
+    shown = " ".join(vmtax("list", "targets", env={"COLUMNS": "100"}, check=True).stdout.split())
+    knobs = [o for kind in described for o in kind["options"] if o.get("tune")]
+    unsafe = [(o, t) for o in knobs for t in o["tune"] if t["safety"]]
+    assert knobs and unsafe
+    for option in knobs:
+        tried = ", ".join(json.dumps(t["value"]) for t in option["tune"])
+        assert f"vmtax tune tries: {tried}" in shown, option["name"]
+    for option, value in unsafe:
+        said = " ".join(f'⚠ {json.dumps(value["value"])} is unsafe: {value["safety"]}'.split())
+        assert said in shown, option["name"]
+
+
+@pytest.mark.parametrize("have_go", [True, False])
+def test_doctor_says_the_serving_server_is_built_on_first_use(tmp_path, monkeypatch, have_go):
+    from vmtax.helpers import go_toolchain, serving_tools
+    from vmtax.host import doctor
+
+    monkeypatch.setenv("VMTAX_CACHE", str(tmp_path / "cache"))   # nothing built there
+    monkeypatch.setattr(go_toolchain, "bootstrap_go", lambda: "/usr/bin/go" if have_go else None)
+    httpd = str(serving_tools.httpd_path())
+    checks = [check for make in doctor._plugin_checks() if (check := make()) is not None]
+    found = next(c for c in checks if c.name == httpd)
+    assert "not found on PATH" not in found.detail
+    if have_go:
+        assert found.ok and "the first serving run builds it from " in found.detail
+        assert str(serving_tools.SOURCE) in found.detail and "/usr/bin/go" in found.detail
+    else:
+        assert not found.ok and "needs Go: apt-get install golang-go" in found.detail
+
+
+def test_kvm_asked_for_by_a_target_name_names_that_target(tmp_path):
+    from vmtax.host import kvm
+
+    status = kvm.probe()
+    if status.usable:
+        pytest.skip("KVM runs guests on this host")
+    res = vmtax("run", "--targets", "native,vm:kvm", "--workloads", "cpu",
+                "--results", str(tmp_path / "results"))
+    assert res.returncode == 2
+    assert res.stderr == f"vmtax: error: vm:kvm: {status.reason}; use vm:tcg or vm:auto\n"
+
+
+def test_a_misspelt_target_gets_a_did_you_mean_as_a_workload_does():
+    from vmtax.core import target as targets
+
+    for typo, meant in (("contianer:runc", "container:runc"), ("vm:kmv", "vm:kvm")):
+        with pytest.raises(VmtaxError) as caught:
+            targets.parse_name(typo)
+        assert str(caught.value).endswith(f" (did you mean {meant!r}?)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "plans/classic.toml", "--results", "r"],
+     "vmtax: error: No such option '--results'; `vmtax plan --help` lists what it takes"),
+    (["run", "--runs"],
+     "vmtax: error: Option '--runs' requires an argument; `vmtax run --help` lists what it "
+     "takes"),
+    (["nosuch"], "vmtax: error: No such command 'nosuch'; `vmtax --help` lists what it takes"),
+])
+def test_a_usage_mistake_is_one_line(args, message):
+    res = vmtax(*args, cwd=Path(__file__).parents[1])
+    assert res.returncode == 2 and res.stderr == message + "\n"

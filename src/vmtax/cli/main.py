@@ -701,6 +701,19 @@ def cleanup() -> None:
         out.print("nothing to clean up")
 
 
+def _command_words(ctx: click.Context | None) -> list[str]:
+    """The (sub)command a usage error is about, as typed after `vmtax` (an option's own
+    parse error comes without its command's context: then the command line's first word)."""
+    if ctx is None:
+        return sys.argv[1:2] if sys.argv[1:2] and sys.argv[1] in {*cli.LAZY, *cli.commands} \
+            else []
+    words = []
+    while ctx.parent is not None:
+        words.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return words
+
+
 def main() -> None:
     # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept. SIGINT
     # stays ignored when vmtax was started so (a background job of a script).
@@ -712,6 +725,12 @@ def main() -> None:
     except click.exceptions.Abort:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())
+    except click.UsageError as exc:
+        # One line, as vmtax's own errors, where click prints a usage block.
+        click.echo(f"vmtax: error: {printable(exc.format_message().rstrip('.'))}; "
+                   f"`{hints.command(*_command_words(exc.ctx), '--help')}` lists what it "
+                   "takes", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -174,6 +174,10 @@ class Serving(Workload):
     packages = ("ffmpeg", "golang-go", "curl")
     time_option = "duration"
     server_port = PORT
+
+    @classmethod
+    def built_on_first_use(cls) -> dict[str, tuple[bool, str]]:
+        return {str(serving_tools.httpd_path()): serving_tools.how_built()}
     metrics = (
         MetricSpec("requests/s", "requests/s", True, "Rate mode: the capacity, the highest "
                    "offered rate the server sustained; workers mode: the rate the workers "
