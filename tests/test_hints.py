@@ -174,12 +174,15 @@ def test_list_targets_shows_what_tune_tries_and_each_unsafe_value(tmp_path):
 
 @pytest.mark.parametrize("have_go", [True, False])
 def test_doctor_says_the_serving_server_is_built_on_first_use(tmp_path, monkeypatch, have_go):
+    from vmtax.core import workload as workloads
     from vmtax.helpers import go_toolchain, serving_tools
     from vmtax.host import doctor
 
-    monkeypatch.setenv("VMTAX_CACHE", str(tmp_path / "cache"))   # nothing built there
+    httpd = workloads.registered()["serving"].binaries[1]
+    which = shutil.which
+    monkeypatch.setattr(doctor.shutil, "which",   # as where nothing is built yet
+                        lambda name, *args: None if name == httpd else which(name, *args))
     monkeypatch.setattr(go_toolchain, "bootstrap_go", lambda: "/usr/bin/go" if have_go else None)
-    httpd = str(serving_tools.httpd_path())
     checks = [check for make in doctor._plugin_checks() if (check := make()) is not None]
     found = next(c for c in checks if c.name == httpd)
     assert "not found on PATH" not in found.detail

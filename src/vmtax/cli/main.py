@@ -260,7 +260,7 @@ class _Commands(click.Group):
         "export": ("vmtax.cli.report:export", "Write a run's tidy data: one row per "
                    "repetition × metric, with every parameter and the host and target "
                    "fingerprints as columns (for pandas, R, spreadsheets); or its samples "
-                   "for benchstat."),
+                   "for benchstat; or its summary as Markdown."),
         "plan": ("vmtax.cli.plan:plan_command", "Check a plan file and show what it would "
                  "run; nothing is run."),
         "list": ("vmtax.cli.list:list_command", "Every target kind or workload: options "
@@ -584,10 +584,15 @@ def _side(store: Store, spec: str) -> tuple:
               help="Exit with status 1 when a metric is significantly worse (or, 'change', "
                    "worse or better; or, 'inconclusive', worse or without a verdict for too "
                    "few runs): for CI.")
+@click.option("--junit", "junit_path", type=click.Path(), metavar="FILE",
+              help="Also write the verdicts as JUnit XML, a test case per primary metric "
+                   "failing as --fail-on judges it ('worse' without it), for CI systems' "
+                   "test reports.")
 @results_option
 @json_option
 @all_option
-def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_all) -> None:
+def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_json,
+            show_all) -> None:
     """Is B better or worse than A, metric by metric, beyond noise?
 
     \b
@@ -640,6 +645,13 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
     failing = {"worse": {"worse"}, "change": {"worse", "better"},
                "inconclusive": {"worse", "too few runs"}}.get(fail_on, set())
     hits = [r for r in primary if r.comparison.verdict in failing]
+    if junit_path:
+        from vmtax.report import export as export_mod
+        from vmtax.report import junit
+
+        gate = f"--fail-on {fail_on}" if fail_on else "no --fail-on: failing on worse"
+        export_mod.write_file(junit_path, junit.render(primary, failing or {"worse"}, gate))
+        click.echo(f"wrote {junit_path}", err=True)
     open_ = [r for r in primary if r.comparison.verdict == "too few runs"]
     if fail_on and open_ and fail_on != "inconclusive":
         # A gate that cannot fail must not pass silently.
@@ -707,7 +719,7 @@ def _command_words(ctx: click.Context | None) -> list[str]:
     if ctx is None:
         return sys.argv[1:2] if sys.argv[1:2] and sys.argv[1] in {*cli.LAZY, *cli.commands} \
             else []
-    words = []
+    words: list[str] = []
     while ctx.parent is not None:
         words.insert(0, ctx.info_name or "")
         ctx = ctx.parent
