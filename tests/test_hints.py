@@ -78,6 +78,15 @@ def test_an_empty_store_says_how_to_start_a_run_there(tmp_path):
     assert f"start one with `vmtax run --results '{results}'`" in said
 
 
+def test_a_plan_given_to_the_other_command_is_run_into_the_same_store(tmp_path):
+    results = tmp_path / "my results"
+    res = vmtax("density", "plans/classic.toml", "--results", str(results),
+                cwd=Path(__file__).parents[1])
+    assert res.returncode == 2
+    assert res.stderr.rstrip().endswith(
+        f"run it with `vmtax run plans/classic.toml --results '{results}'`")
+
+
 @pytest.mark.live
 def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
     results = tmp_path / "my results"

@@ -58,12 +58,14 @@ def session(results: str) -> Iterator[Session]:
 
 # --- the plan file -----------------------------------------------------------------------
 
-def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
-    """(settings values, targets) of a density plan file; errors name the file and key."""
+def load_plan(path: str, quick: bool = False, results: str | None = None
+              ) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
+    """(settings values, targets) of a density plan file; errors name the file and key (and
+    a plan of workloads the `vmtax run` of it, into results)."""
     data = planfile.parse(planfile.read_text(path), path)
     if "workloads" in data:
         raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
-                         f"run it with `vmtax run {path}`")
+                         f"run it with `{hints.command('run', path, results=results)}`")
     tables = data.pop("targets", None)
     quick_values = data.pop("quick", None)
     if not isinstance(tables, dict) or not tables:
@@ -242,7 +244,7 @@ def density_command(args, target_names, max_, batch, singles, budget, ksm, quick
     values: dict[str, Any] = {}
     specs: dict[str, TargetSpec] = {}
     if plan_file:
-        values, specs = load_plan(plan_file, quick)
+        values, specs = load_plan(plan_file, quick, results)
     elif quick:
         raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
     if target_names:
