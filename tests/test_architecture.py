@@ -25,6 +25,8 @@ OTHER_MEANING = {
     ("helpers/serving_tools.py", "serving"): "the serving workload's own tools, named for it",
     ("cli/main.py", "exits"): "the name of the `vmtax exits` command",
     ("cli/main.py", "profile"): "the name of the `vmtax profile` command",
+    ("cli/report.py", "exits"): "the `vmtax exits` command, in a hint (core.hints)",
+    ("results/store.py", "exits"): "the `vmtax exits` command, in a hint (core.hints)",
     ("helpers/runtime_cgroup.py", "cpu"): "the name of a cgroup controller",
     ("guest/libvirt_xml.py", "cpu"): "an element of libvirt's domain XML",
     ("guest/libvirt_xml.py", "memory"): "an element of libvirt's domain XML",

@@ -136,7 +136,8 @@ def test_bad_input_is_one_line_and_leaves_no_file(tmp_path, stored, args, messag
 def test_export_needs_an_output(stored):
     run, results = stored
     out = vmtax("export", run.id, "--results", results)
-    assert out.returncode == 2 and "give --csv, --json, --jsonl or --benchstat FILE" in out.stderr
+    assert out.returncode == 2
+    assert "give --csv, --json, --jsonl, --benchstat or --markdown FILE" in out.stderr
 
 
 def test_write_file_replaces_atomically(tmp_path):

@@ -149,6 +149,7 @@ FORMS: dict[str, Form] = {
     "vmtax run --name nightly --dry-run": Form(),
     # golden-b is worse than golden-a: exit status 1 is the example's point.
     "vmtax compare --fail-on worse": Form(codes=(1,)),
+    "vmtax compare --fail-on worse --junit verdicts.xml": Form(codes=(1,)),
     "vmtax run --resume RUN_ID": Form("vmtax run --resume golden-b --dry-run",
                                       "RUN_ID: golden-b; " + DRY),
     "vmtax cleanup": Form(),
@@ -177,6 +178,7 @@ FORMS: dict[str, Form] = {
     "vmtax export nightly --format benchstat > new.txt": Form(
         "vmtax export nightly --format benchstat", "stdout read by the test, not a file"),
     "vmtax report nightly last --html ab.html": Form(),
+    "vmtax export last --markdown summary.md": Form(),
     "vmtax density --targets container,vm:tcg --max 32 --ksm both": Form(
         "vmtax density --targets container,vm:tcg --max 1 --singles 1 --ksm off",
         "1 instance each, KSM off: 32 each with KSM off and on take many minutes (and 2 "

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vmtax.cli import bounds
-from vmtax.core import plugin
+from vmtax.core import hints, plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import unique_names
@@ -58,12 +58,14 @@ def session(results: str) -> Iterator[Session]:
 
 # --- the plan file -----------------------------------------------------------------------
 
-def load_plan(path: str, quick: bool = False) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
-    """(settings values, targets) of a density plan file; errors name the file and key."""
+def load_plan(path: str, quick: bool = False, results: str | None = None
+              ) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
+    """(settings values, targets) of a density plan file; errors name the file and key (and
+    a plan of workloads the `vmtax run` of it, into results)."""
     data = planfile.parse(planfile.read_text(path), path)
     if "workloads" in data:
         raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
-                         f"run it with `vmtax run {path}`")
+                         f"run it with `{hints.command('run', path, results=results)}`")
     tables = data.pop("targets", None)
     quick_values = data.pop("quick", None)
     if not isinstance(tables, dict) or not tables:
@@ -155,7 +157,7 @@ def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:
     """Stored density runs by id (a prefix, or 'last'); one-line errors otherwise."""
     store = Store(results, readonly=True)
     try:
-        return [density.stored_study(store.load_run(run_id, with_output=True))
+        return [density.stored_study(store.load_run(run_id, with_output=True), store.dir)
                 for run_id in run_ids]
     finally:
         store.close()
@@ -242,7 +244,7 @@ def density_command(args, target_names, max_, batch, singles, budget, ksm, quick
     values: dict[str, Any] = {}
     specs: dict[str, TargetSpec] = {}
     if plan_file:
-        values, specs = load_plan(plan_file, quick)
+        values, specs = load_plan(plan_file, quick, results)
     elif quick:
         raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
     if target_names:
@@ -320,5 +322,6 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
                             metrics=density.summary_metrics(
                                 summary, ratio.get((outcome.target, outcome.ksm))))
     if sys.stderr.isatty():
-        err.print(f"stored as run {run_id}: vmtax show {run_id}")
+        err.print(escape(f"stored as run {run_id}: "
+                         + hints.command("show", run_id, results=s.store.dir)))
     return run_id, outcomes

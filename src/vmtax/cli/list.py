@@ -23,8 +23,20 @@ def _options_table(options: list[dict[str, Any]]) -> Table:
         default = "—" if o["default"] in (None, []) else json.dumps(o["default"])
         table.add_row(escape(o["name"]), escape(default), escape(o["unit"] or ""),
                       escape(o["expected"]) + ("\n[dim]" + escape(o["doc"]) + "[/dim]"
-                                               if o["doc"] else ""))
+                                               if o["doc"] else "") + _tune_text(o))
     return table
+
+
+def _tune_text(option: dict[str, Any]) -> str:
+    """The values `vmtax tune` tries for a knob, and what each unsafe one gives up: what
+    --json lists, said in the table too."""
+    tried = option.get("tune") or []
+    if not tried:
+        return ""
+    text = ("\n[cyan]vmtax tune tries: "
+            + escape(", ".join(json.dumps(t["value"]) for t in tried)) + "[/cyan]")
+    return text + "".join(f"\n[yellow]⚠ {escape(json.dumps(t['value']))} is unsafe: "
+                          f"{escape(t['safety'])}[/yellow]" for t in tried if t.get("safety"))
 
 
 def _show_targets(described: list[dict[str, Any]]) -> None:

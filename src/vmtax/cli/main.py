@@ -27,6 +27,7 @@ from rich.text import Text
 
 from vmtax import __version__
 from vmtax.cli import bounds
+from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
@@ -117,7 +118,8 @@ def recovered(line: str) -> None:
 
 def stopped(message: str) -> NoReturn:
     """End a study that Ctrl-C or SIGTERM stopped: say what was kept, exit as stopped."""
-    err.print(message)
+    # Plain text (a hint's directory may hold "[...]"), unwrapped: a command pastes whole.
+    err.print(escape(message), soft_wrap=True)
     sys.exit(proc.stopped_exit_code())
 
 
@@ -258,7 +260,7 @@ class _Commands(click.Group):
         "export": ("vmtax.cli.report:export", "Write a run's tidy data: one row per "
                    "repetition × metric, with every parameter and the host and target "
                    "fingerprints as columns (for pandas, R, spreadsheets); or its samples "
-                   "for benchstat."),
+                   "for benchstat; or its summary as Markdown."),
         "plan": ("vmtax.cli.plan:plan_command", "Check a plan file and show what it would "
                  "run; nothing is run."),
         "list": ("vmtax.cli.list:list_command", "Every target kind or workload: options "
@@ -465,7 +467,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
                 store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
             except KeyboardInterrupt:
                 stopped(f"interrupted; what finished is stored in run {runner.run_id} "
-                        f"(continue it with: vmtax run --resume {runner.run_id})"
+                        "(continue it with: "
+                        f"{hints.command('run', '--resume', runner.run_id, results=results)})"
                         if runner.run_id else "interrupted before the first run; nothing stored")
     _show(store, run_id, as_json, show_all)
 
@@ -498,7 +501,8 @@ def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> N
         from vmtax.analysis.model import analyse
         from vmtax.host import quiet
 
-        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host))
+        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host),
+                              results=store.dir)
 
 
 @cli.command()
@@ -523,7 +527,8 @@ def runs(results, as_json) -> None:
     if as_json:
         _print_json(rows)
     elif not rows:
-        out.print(f"no runs stored in {store.path} yet; start one with `vmtax run`")
+        out.print(escape(f"no runs stored in {store.path} yet; start one with "
+                         f"`{hints.command('run', results=results)}`"), soft_wrap=True)
     else:
         from vmtax.report import terminal as tables
         tables.print_runs(out, rows, str(store.path))
@@ -579,10 +584,15 @@ def _side(store: Store, spec: str) -> tuple:
               help="Exit with status 1 when a metric is significantly worse (or, 'change', "
                    "worse or better; or, 'inconclusive', worse or without a verdict for too "
                    "few runs): for CI.")
+@click.option("--junit", "junit_path", type=click.Path(), metavar="FILE",
+              help="Also write the verdicts as JUnit XML, a test case per primary metric "
+                   "failing as --fail-on judges it ('worse' without it), for CI systems' "
+                   "test reports.")
 @results_option
 @json_option
 @all_option
-def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_all) -> None:
+def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_json,
+            show_all) -> None:
     """Is B better or worse than A, metric by metric, beyond noise?
 
     \b
@@ -635,6 +645,13 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
     failing = {"worse": {"worse"}, "change": {"worse", "better"},
                "inconclusive": {"worse", "too few runs"}}.get(fail_on, set())
     hits = [r for r in primary if r.comparison.verdict in failing]
+    if junit_path:
+        from vmtax.report import export as export_mod
+        from vmtax.report import junit
+
+        gate = f"--fail-on {fail_on}" if fail_on else "no --fail-on: failing on worse"
+        export_mod.write_file(junit_path, junit.render(primary, failing or {"worse"}, gate))
+        click.echo(f"wrote {junit_path}", err=True)
     open_ = [r for r in primary if r.comparison.verdict == "too few runs"]
     if fail_on and open_ and fail_on != "inconclusive":
         # A gate that cannot fail must not pass silently.
@@ -696,6 +713,19 @@ def cleanup() -> None:
         out.print("nothing to clean up")
 
 
+def _command_words(ctx: click.Context | None) -> list[str]:
+    """The (sub)command a usage error is about, as typed after `vmtax` (an option's own
+    parse error comes without its command's context: then the command line's first word)."""
+    if ctx is None:
+        return sys.argv[1:2] if sys.argv[1:2] and sys.argv[1] in {*cli.LAZY, *cli.commands} \
+            else []
+    words: list[str] = []
+    while ctx.parent is not None:
+        words.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return words
+
+
 def main() -> None:
     # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept. SIGINT
     # stays ignored when vmtax was started so (a background job of a script).
@@ -707,6 +737,12 @@ def main() -> None:
     except click.exceptions.Abort:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())
+    except click.UsageError as exc:
+        # One line, as vmtax's own errors, where click prints a usage block.
+        click.echo(f"vmtax: error: {printable(exc.format_message().rstrip('.'))}; "
+                   f"`{hints.command(*_command_words(exc.ctx), '--help')}` lists what it "
+                   "takes", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from vmtax.core import paths
+from vmtax.core import hints, paths
 from vmtax.cli.main import same_run
 from vmtax.core.errors import VmtaxError
 from vmtax.report import export as export_mod
@@ -32,14 +32,15 @@ def _load(store: Store, run_id: str, imported_ok: bool = False) -> Run:
             return run
         label = next(iter(run.targets), run.id)
         raise VmtaxError(f"run {run.id} is an imported perf kvm stat report ({label}): VM "
-                         f"exits per reason, no repetitions to report; `vmtax exits "
-                         f"{run.id}` shows them, `vmtax export {run.id} --csv FILE` exports "
-                         "them")
+                         "exits per reason, no repetitions to report; "
+                         f"`{hints.command('exits', run.id, results=store.dir)}` shows them, "
+                         f"`{hints.command('export', run.id, '--csv', 'FILE', results=store.dir)}`"
+                         " exports them")
     measured = [r for r in run.reps if r.phase == "measure"]
     if not any(r.status == "ok" for r in measured):
         failed = sum(r.status != "ok" for r in run.reps)
         raise VmtaxError(f"run {run.id} has no successful repetitions ({failed} failed); "
-                         f"`vmtax show {run.id}` lists why")
+                         f"`{hints.command('show', run.id, results=store.dir)}` lists why")
     return run
 
 
@@ -106,8 +107,14 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     click.echo(f"wrote {html_path}" + (f" and {written} figure files" if written else ""))
 
 
+def _markdown(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
+    from vmtax.report import markdown
+
+    return markdown.render(run, per_host)
+
+
 FORMATS = {"csv": export_mod.to_csv, "json": export_mod.to_json, "jsonl": export_mod.to_jsonl,
-           "benchstat": export_mod.to_benchstat}
+           "benchstat": export_mod.to_benchstat, "markdown": _markdown}
 
 
 @click.command()
@@ -121,35 +128,41 @@ FORMATS = {"csv": export_mod.to_csv, "json": export_mod.to_json, "jsonl": export
 @click.option("--benchstat", "benchstat_path", type=click.Path(), metavar="FILE",
               help="Write Go benchmark lines, one per repetition, for `benchstat` "
                    "(- for stdout): benchstat -col /target FILE.")
+@click.option("--markdown", "markdown_path", type=click.Path(), metavar="FILE",
+              help="Write the run's summary as a Markdown table, for a pull request or a CI "
+                   "step summary (- for stdout).")
 @click.option("--format", "to_stdout", type=click.Choice([*FORMATS, "otava"]),
               help="Write this format to stdout (as --FORMAT -); otava: the series of runs "
                    "named RUN_ID, one row per run, as Apache Otava's CSV input.")
 @results_option
-def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, to_stdout, results) -> None:
+def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, markdown_path, to_stdout,
+           results) -> None:
     """Write a run's tidy data: one row per repetition × metric, with every parameter and
     the host and target fingerprints as columns (for pandas, R, spreadsheets); or its
-    samples for benchstat. Times are ISO 8601 (UTC). A run of a fleet (`vmtax run --fleet`)
-    is exported with its whole fleet run set: every host's rows, with a `host` column."""
+    samples for benchstat; or its summary as Markdown. Times are ISO 8601 (UTC). A run of a
+    fleet (`vmtax run --fleet`) is exported with its whole fleet run set: every host's rows,
+    with a `host` column."""
     if to_stdout == "otava":   # a series of runs, not one run
         from vmtax.cli.trend import export_otava
 
         export_otava(results, run_id)
         return
     paths = {"csv": csv_path, "json": json_path, "jsonl": jsonl_path,
-             "benchstat": benchstat_path}
+             "benchstat": benchstat_path, "markdown": markdown_path}
     if to_stdout:
         if paths[to_stdout] not in (None, "-"):
             raise click.UsageError(f"--format {to_stdout} writes to stdout; --{to_stdout} "
                                    "names a file: give one of them")
         paths[to_stdout] = "-"
     if not any(paths.values()):
-        raise click.UsageError("give --csv, --json, --jsonl or --benchstat FILE (or several), "
-                               "or --format FORMAT for stdout")
+        raise click.UsageError("give --csv, --json, --jsonl, --benchstat or --markdown FILE (or "
+                               "several), or --format FORMAT for stdout")
     if sum(p == "-" for p in paths.values()) > 1:
         raise click.UsageError("only one format can go to stdout (-)")
     store = Store(results, readonly=True)
-    # benchstat's lines are measured repetitions, which an imported report has none of.
-    run = _load(store, run_id, imported_ok=not paths["benchstat"])
+    # benchstat's lines and the summary are of measured repetitions, which an imported
+    # report has none of.
+    run = _load(store, run_id, imported_ok=not (paths["benchstat"] or paths["markdown"]))
     per_host = _per_host(store, run)
     for fmt, path in paths.items():
         encode = FORMATS[fmt]

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from vmtax.analysis import history
 from vmtax.cli.main import _csv, results_option
+from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
 from vmtax.results.store import Store
@@ -50,7 +51,8 @@ def _accept(results: str, name: str, spec: str) -> None:
     who = _who()
     store.accept(name, host, run.id, who)
     click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
-               f"`vmtax trend {name} --fail-on regression` no longer fails on changes up to it")
+               f"`{hints.command('trend', name, '--fail-on', 'regression', results=results)}` "
+               "no longer fails on changes up to it")
 
 
 def load_trend(results: str, name: str, *, since: str | None = None,
@@ -126,7 +128,8 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
         shown = "; ".join(f"{s.label} {why}" for s, why in regressions[:3])
         more = f" and {len(regressions) - 3} more" if len(regressions) > 3 else ""
         click.echo(f"vmtax: {len(regressions)} series regressed (--fail-on regression): "
-                   f"{printable(shown)}{more}; if intended: vmtax trend {name} --accept RUN",
+                   f"{printable(shown)}{more}; if intended: "
+                   + printable(hints.command("trend", name, "--accept", "RUN", results=results)),
                    err=True)
         sys.exit(1)
 

@@ -26,6 +26,7 @@ from typing import (
     Any,
     Callable,
     ClassVar,
+    Iterable,
     Iterator,
     Literal,
     Mapping,
@@ -389,10 +390,16 @@ def plugins(group: str) -> dict[str, type[Plugin]]:
     return registry().get(group, {})
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """The end of an unknown name's error: the closest known name, a misspelling's likely
+    intent (" (did you mean 'cpu'?)"), or "" when none is close."""
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def get(group: str, name: str) -> type[Plugin]:
     found = plugins(group)
     if name not in found:
-        near = difflib.get_close_matches(name, list(found), n=1)
         raise VmtaxError(f"unknown {group} {name!r}; known {group}s: {', '.join(found) or 'none'}"
-                         + (f" (did you mean {near[0]!r}?)" if near else ""))
+                         + did_you_mean(name, found))
     return found[name]

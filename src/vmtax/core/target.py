@@ -274,7 +274,9 @@ def parse_name(name: str) -> tuple[str, dict[str, Any]]:
     cls = kinds().get(kind)
     if cls is None or (variant and (cls.variant_option is None
                                     or variant not in cls.variants())):
-        raise VmtaxError(f"unknown target {name!r}; known targets: " + ", ".join(known_names()))
+        known = known_names()
+        raise VmtaxError(f"unknown target {name!r}; known targets: " + ", ".join(known)
+                         + plugin.did_you_mean(name, known))
     return kind, ({cls.variant_option: variant} if variant and cls.variant_option else {})
 
 

@@ -71,6 +71,14 @@ class Workload(plugin.Plugin, abc.ABC):
         """The parameters as run and stored: every option with a value, by its key."""
         return self.options.values()
 
+    @classmethod
+    def built_on_first_use(cls) -> dict[str, tuple[bool, str]]:
+        """Of its binaries, those the workload builds itself when a run first needs them
+        (not found on PATH until then): per binary, whether this host can build it and a
+        line saying from what, or what it lacks. `vmtax doctor` shows it for one not built
+        yet, where it would otherwise say "not found"."""
+        return {}
+
     # -- the manifest --------------------------------------------------------------------
 
     @classmethod

@@ -42,8 +42,10 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
 
 
-def resolve_accel(accel: str) -> str:
-    """"auto" | "kvm" | "tcg" -> the accelerator to use, "kvm" only when KVM really runs guests."""
+def resolve_accel(accel: str, asked: tuple[str, str] = ("--accel kvm", "--accel tcg or auto")
+                  ) -> str:
+    """"auto" | "kvm" | "tcg" -> the accelerator to use, "kvm" only when KVM really runs guests.
+    asked: what the user typed to ask for KVM, and what to type instead, for the error."""
     if accel == "tcg":
         return "tcg"
     if accel not in ("auto", "kvm"):
@@ -53,7 +55,7 @@ def resolve_accel(accel: str) -> str:
     if status.usable:
         return "kvm"
     if accel == "kvm":
-        raise VmtaxError(f"--accel kvm: {status.reason}; use --accel tcg or auto")
+        raise VmtaxError(f"{asked[0]}: {status.reason}; use {asked[1]}")
     return "tcg"
 
 

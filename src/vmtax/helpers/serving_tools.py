@@ -82,6 +82,17 @@ def _publish(target: Path, build: Callable[[Path], None]) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def how_built() -> tuple[bool, str]:
+    """Whether the server and vegeta can be built here, and from what (for doctor)."""
+    go = go_toolchain.bootstrap_go()
+    if go is None:
+        return False, (f"not built yet, and building it needs Go: {go_toolchain.INSTALL} "
+                       "(the first serving run builds it)")
+    return True, (f"not built yet: the first serving run builds it from {SOURCE} with {go}, "
+                  f"and vegeta {VEGETA_VERSION} with Go {go_toolchain.GO_VERSION} from the "
+                  "Go module proxy (a minute or two)")
+
+
 def _build_httpd(scratch: Path, progress: build_progress.Build) -> None:
     # Standard library only and written for Go 1.19: Debian's own Go builds it offline.
     go = go_toolchain.bootstrap_go()

@@ -200,9 +200,14 @@ def _plugin_checks() -> list[Callable[[], Check | None]]:
     for w in workloads.registered().values():
         for binary in w.binaries:
             programs.setdefault(binary, []).append(w.name)
+    built = {b: how for w in workloads.registered().values()
+             for b, how in w.built_on_first_use().items()}
     for binary, users in programs.items():
         packages = sorted({p for w in workloads.registered().values() if w.name in users
                            for p in w.packages})
+        if binary in built and shutil.which(binary) is None:
+            checks.append(functools.partial(Check, binary, *built[binary]))
+            continue
         checks.append(functools.partial(
             _tool_check, binary, f"apt-get install {' '.join(packages) or binary} "
             f"(workloads {', '.join(users)})"))

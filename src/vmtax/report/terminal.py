@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.model import RunModel
 from vmtax.analysis.summary import TOO_SHORT, Cell, Row, RunSummary
+from vmtax.core import hints
 from vmtax.core.text import printable
 from vmtax.report.export import flatten
 from vmtax.results.store import Run
@@ -197,12 +199,13 @@ def flags_line(rows: list[Row], context: str = "") -> str:
     return "⚠ primary metrics: " + ", ".join(parts) + (f": {context}" if context else "")
 
 
-def print_headline(console: Console, model: RunModel, context: str = "") -> None:
+def print_headline(console: Console, model: RunModel, context: str = "",
+                   results: str | os.PathLike | None = None) -> None:
     """The answer on one screen: per workload its primary metric, the baseline's median and
     each target's ratio to it with its 95% CI, then each class's composite index (E3's
     geometric mean of its workloads' ratios, with its CI) and overall; one recommendation
     line per class, each suspicious win explained, every flag in one line. `vmtax show
-    --all` has every metric."""
+    --all` has every metric (its hint names results, the run's results directory)."""
     run, summary, rows = model.run, model.summary, model.headline
     others = [t for t in summary.targets if t != summary.baseline]
     # The title on a line of its own: a table's title wraps at the table's width.
@@ -250,7 +253,9 @@ def print_headline(console: Console, model: RunModel, context: str = "") -> None
     _print_failures(console, summary)
     hidden = len(summary.rows) - len(rows)
     if hidden:
-        console.print(f"[dim]{hidden} more metric rows: vmtax show {run.id} --all[/dim]")
+        console.print(Text(f"{hidden} more metric rows: "
+                           + hints.command("show", run.id, "--all", results=results),
+                           style="dim"), soft_wrap=True)   # a command pastes whole
 
 
 def _fits(console: Console, table: Table) -> bool:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Iterator
 
-from vmtax.core import paths
+from vmtax.core import hints, paths
 from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.host.proc import process_start_time, running
@@ -429,7 +429,8 @@ class Store(PendingSideFile):
             return prefixed[0]
         if not prefixed:
             raise VmtaxError(f"unknown run id {spec!r} in {self.path}: no run's id, name or "
-                             "imported report's label matches it; `vmtax runs` lists them")
+                             "imported report's label matches it; "
+                             f"`{hints.command('runs', results=self.dir)}` lists them")
         raise VmtaxError(f"run id {spec!r} is ambiguous ({len(prefixed)} runs match); "
                          "give more of it")
 
@@ -460,7 +461,8 @@ class Store(PendingSideFile):
             return row["id"]
         if self.db.execute("SELECT 1 FROM runs").fetchone():
             raise VmtaxError(f"no runs recorded in {self.path}, only imported perf kvm stat "
-                             "reports, which `last` leaves out: `vmtax exits last` shows them")
+                             "reports, which `last` leaves out: "
+                             f"`{hints.command('exits', 'last', results=self.dir)}` shows them")
         raise VmtaxError(f"no runs stored in {self.path}")
 
     @contextlib.contextmanager

@@ -30,6 +30,7 @@ the cheaper fit in the memory of one of the dearer.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -39,7 +40,7 @@ from typing import Annotated, Any, Callable, Sequence
 
 from pydantic import AfterValidator
 
-from vmtax.core import plugin
+from vmtax.core import hints, plugin
 from vmtax.core.errors import VmtaxError
 from vmtax.core.instance import Instance
 from vmtax.core import target as target_registry
@@ -518,18 +519,21 @@ class StoredStudy:
     kernel: str                   # the host's kernel release when it ran
 
 
-def stored_study(run: Any) -> StoredStudy:
-    """The summaries of a stored density run (vmtax.results.store.Run, loaded with its output);
-    VmtaxError in one line when it is not one or measured nothing."""
+def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredStudy:
+    """The summaries of a stored density run (vmtax.results.store.Run, loaded with its output,
+    from the results directory results); VmtaxError in one line when it is not one or
+    measured nothing."""
     kind = run.plan.get("kind") if isinstance(run.plan, dict) else None
     if kind != WORKLOAD:
         what = f"a {kind} run" if kind else "a run of workloads"
-        raise VmtaxError(f"run {run.id} is not a density run ({what}); `vmtax runs` lists "
-                         "them, `vmtax density` makes them")
+        raise VmtaxError(f"run {run.id} is not a density run ({what}); "
+                         f"`{hints.command('runs', results=results)}` lists them, "
+                         f"`{hints.command('density', results=results)}` makes them")
     outcomes = load_outcomes(run)
     if not outcomes:
         raise VmtaxError(f"run {run.id} is a density run without a measured step "
-                         f"(status {run.status}); `vmtax show {run.id}` lists why")
+                         f"(status {run.status}); "
+                         f"`{hints.command('show', run.id, results=results)}` lists why")
     kinds = {t["name"]: t.get("kind", "") for t in run.plan.get("targets", [])
              if isinstance(t, dict) and "name" in t}
     kinds.update({name: t.get("kind", kinds.get(name, "")) for name, t in run.targets.items()})

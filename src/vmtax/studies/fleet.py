@@ -40,6 +40,7 @@ from typing import Any, Iterator
 
 from vmtax import __version__
 from vmtax.analysis import summary as analysis
+from vmtax.core import hints
 from vmtax.results.store import Run, Store
 from vmtax.studies.fleet_ray import (RESOURCE, FleetError, Host, connected, hosts, identity,
                                      kv_del, kv_put, node_hosts)
@@ -408,7 +409,8 @@ def host_runs(store: Store, run: Run) -> dict[str, Run]:
     the host that ran each repetition (fleet.sqlite)."""
     info = run.host.get("fleet")
     if not info:
-        raise FleetError(f"run {run.id} was not run on a fleet; `vmtax show {run.id}` shows it")
+        raise FleetError(f"run {run.id} was not run on a fleet; "
+                         f"`{hints.command('show', run.id, results=store.dir)}` shows it")
     if "host" in info:
         ids = [r[0] for r in store.db.execute(
             "SELECT id FROM runs WHERE json_extract(host, '$.fleet.id') = ? ORDER BY created",

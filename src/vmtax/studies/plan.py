@@ -198,3 +198,27 @@ def from_names(target_names: list[str], workload_names: list[str],
             raise VmtaxError(f"--workloads {spec.name}: this host cannot run it: {option}: "
                              f"expected {expected}")
     return plan
+
+
+def point_labels(specs: list[WorkloadSpec]) -> list[str]:
+    """Each workload configuration as progress names it: its workload's name, and for a
+    workload the plan runs more than once (a sweep) the parameters its configurations all
+    set but to different values (`memory threads=2 memory-block-size=1M`); one told apart by
+    none of those, by its place among them (`serving #2`)."""
+    labels = []
+    for i, spec in enumerate(specs):
+        same = [s for s in specs if s.name == spec.name]
+        if len(same) == 1:
+            labels.append(spec.name)
+            continue
+        shared = set.intersection(*(set(s.params) for s in same))
+        varying = [key for key in spec.params if key in shared
+                   and any(s.params[key] != spec.params[key] for s in same)]
+        shown = " ".join(f"{key}={_shown(spec.params[key])}" for key in varying)
+        place = sum(s.name == spec.name for s in specs[:i]) + 1
+        labels.append(f"{spec.name} {shown or f'#{place}'}")
+    return labels
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -65,7 +65,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from vmtax.core import plugin
+from vmtax.core import hints, plugin
 from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.core.limits import MAX_SECONDS
@@ -684,7 +684,8 @@ def _other_command(data: dict[str, Any], source: str) -> str | None:
     if not theirs:
         return None
     return (f"{source}: a density plan ({', '.join(theirs[:3])} are `vmtax density` "
-            f"settings and it has no [[workloads]]): run it with `vmtax density {source}`")
+            f"settings and it has no [[workloads]]): run it with "
+            f"`{hints.command('density', source)}`")
 
 
 def read_text(path: str | os.PathLike[str]) -> str:

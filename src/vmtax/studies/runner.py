@@ -30,7 +30,7 @@ from vmtax.host import proc
 from vmtax.host.journal import Journal
 from vmtax.results.store import Store
 from vmtax.studies import estimate
-from vmtax.studies.plan import Plan
+from vmtax.studies.plan import Plan, point_labels
 from vmtax.studies.session import Session, session
 
 
@@ -144,6 +144,8 @@ class Runner:
         self.broken: dict[str, str] = {}   # target -> why it can no longer run jobs
         # The current cell of a client-server workload: each target's server, or why not.
         self.endpoints: dict[str, Endpoint] = {}
+        # The workload configuration being run, as progress names it (plan.point_labels).
+        self.point = ""
         # CPU time of each target's client on the host during the cell (collectors read it)
         self.clients: dict[str, HostClient] = {}
         self.cell_errors: dict[str, str] = {}
@@ -194,7 +196,8 @@ class Runner:
             s.new_run(self.plan.to_dict())
         self.run_id = s.run_id
         s.store_fingerprints()
-        for workload in made:
+        for workload, label in zip(made, point_labels(self.plan.workloads)):
+            self.point = label
             self._run_workload(workload, units, done)
 
     @property
@@ -234,7 +237,7 @@ class Runner:
         active = [t for t in self.targets if any(u.target == t for u in todo)]
         for name in active:
             for i, job in enumerate(workload.prepare_jobs()):
-                self.reporter.step(f"{name} · {workload.name} · prepare")
+                self.reporter.step(f"{name} · {self.point} · prepare")
                 stored = (name, *key, "prepare", i) in done
                 self._measure(name, workload, job, "prepare", i, workload.parse_prepare,
                               store=not stored)
@@ -244,7 +247,7 @@ class Runner:
         try:
             self._start_servers(workload, active)
             for unit in todo:
-                self.reporter.step(f"{unit.target} · {workload.name} · "
+                self.reporter.step(f"{unit.target} · {self.point} · "
                                    f"{'warm-up' if unit.phase == 'warmup' else 'run'} "
                                    f"{unit.idx + 1}")
                 self._drop_caches(unit.target)
@@ -458,7 +461,7 @@ class Runner:
                 return
             for name in need if rounds % 2 else reversed(need):
                 idx = plan.warmup + attempts[name]
-                self.reporter.step(f"{name} · {workload.name} · run {idx + 1} (adaptive)")
+                self.reporter.step(f"{name} · {self.point} · run {idx + 1} (adaptive)")
                 self._drop_caches(name)
                 job, on_host = self._measured_job(name, workload)
                 with self._recorded(name, workload, done, recording):
@@ -552,7 +555,7 @@ class Runner:
             except Exception as exc:   # any parser failure fails this repetition, not the plan
                 status, error = "failed", f"unparseable output: {str(exc)[:300]}"
         if error:
-            self.reporter.warn(f"{name} · {workload.name} · {phase} {idx + 1}: {error}")
+            self.reporter.warn(f"{name} · {self.point} · {phase} {idx + 1}: {error}")
         if store:
             # A guest time is kept only from a target with a clock of its own to check.
             own_clock = self.targets[name].guest_clock

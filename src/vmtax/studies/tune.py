@@ -429,7 +429,7 @@ class RacingRunner(Runner):
                 return None
             idx = self.plan.warmup + attempts[name]
             attempts[name] += 1
-            self.reporter.step(f"{name} · {workload.name} · run {idx + 1} (racing)")
+            self.reporter.step(f"{name} · {self.point} · run {idx + 1} (racing)")
             self._drop_caches(name)
             job, on_host = self._measured_job(name, workload)
             with self._recorded(name, workload, done, recording):

@@ -259,12 +259,20 @@ class VmTarget(GuestTarget):
     def qemu_path(self) -> str:
         return self.opts.qemu
 
+    def _accel_asked(self) -> tuple[str, str]:
+        """How the user asked for the accelerator, for resolve_accel's error: a target named
+        vm:kvm (its variant) names itself; else it was --accel (or a plan's accel key)."""
+        kind, _, variant = self.name.partition("@")[0].partition(":")
+        if variant == self.opts.accel:
+            return self.name, f"{kind}:tcg or {kind}:auto"
+        return "--accel kvm", "--accel tcg or auto"
+
     def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str,
                 mem_path: Path | None = None, network: str = "none",
                 tap: Any = None) -> VmConfig:
         # Cheap checks first: a missing QEMU should not wait for a kernel download.
         qemu = find_qemu(self.opts.qemu)
-        accel = resolve_accel(self.opts.accel)
+        accel = resolve_accel(self.opts.accel, self._accel_asked())
         image = self.image()
         machine = self.opts.machine
         return VmConfig(

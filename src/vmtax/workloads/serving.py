@@ -162,6 +162,9 @@ def _flags(endpoint: str, medians: dict[str, float]) -> list[str]:
     return flags
 
 
+HTTPD = str(serving_tools.httpd_path())   # the server, built on first use
+
+
 class Serving(Workload):
     name = "serving"
     description = ("HTTP server in the target (download, upload, transcode) driven by "
@@ -169,11 +172,15 @@ class Serving(Workload):
                    "requests/s of a fixed number of workers")
     Options = ServingOptions
     options: ServingOptions
-    binaries = ("ffmpeg", str(serving_tools.httpd_path()))
+    binaries = ("ffmpeg", HTTPD)
     # curl: the cross-check, on the host
     packages = ("ffmpeg", "golang-go", "curl")
     time_option = "duration"
     server_port = PORT
+
+    @classmethod
+    def built_on_first_use(cls) -> dict[str, tuple[bool, str]]:
+        return {HTTPD: serving_tools.how_built()}
     metrics = (
         MetricSpec("requests/s", "requests/s", True, "Rate mode: the capacity, the highest "
                    "offered rate the server sustained; workers mode: the rate the workers "

@@ -1,0 +1,73 @@
+"""`vmtax export RUN --format markdown`: a run's answer as a Markdown table, for a pull
+request or a CI step summary ($GITHUB_STEP_SUMMARY), as hyperfine's --export-markdown.
+
+It is the terminal's headline (vmtax.report.terminal.print_headline) with the same numbers
+in the same words: per workload its primary metric, the baseline's median and each other
+target's ratio to it with its interval, each class's index; then the legend, the
+recommendations, each suspicious win and the flags. A fleet run set gets a section per host.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vmtax.analysis import composite
+from vmtax.analysis.model import analyse
+from vmtax.core.text import printable
+from vmtax.report import terminal
+from vmtax.results.store import Run
+
+# What Markdown (GitHub's included) would read as markup, a cell's end or HTML; a bracket
+# only where it would close a link's text (intervals keep their plain brackets).
+SPECIAL = re.compile(r"([\\`*_<>|~]|\](?=\())")
+
+
+def _md(text: str) -> str:
+    """Stored text as Markdown that shows it as it is, on one line of one table cell."""
+    return SPECIAL.sub(r"\\\1", printable(text))
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _run(run: Run, heading: str) -> list[str]:
+    model = analyse(run)
+    summary = model.summary
+    others = [t for t in summary.targets if t != summary.baseline]
+    names = [summary.baseline, *others]
+    lines = [f"{heading} {_md(terminal._title(run))}", "",
+             _row(["workload", "metric", *(_md(terminal.target_label(run, t)) for t in names)]),
+             _row([":--", ":--", *("--:" for _ in names)])]
+    for row in model.headline:
+        tags = " ".join(f"{k}={v}" for k, v in {**row.params, **row.dimensions}.items())
+        unit = "" if row.unit == row.metric else f" ({row.unit})"
+        lines.append(_row([_md(f"{row.workload} {tags}".strip()),
+                           f"{'↑' if row.higher_is_better else '↓'} {_md(row.metric + unit)}",
+                           _md(terminal.cell_median(row.cells.get(summary.baseline)).plain),
+                           *(_md(terminal._ratio_text(row.cells.get(t)).plain) for t in others)]))
+    for ci in model.classes:
+        lines.append(_row(["**index**", f"**{_md(ci.cls)}**", "1", *(
+            _md(terminal._index_text(ci.by_target.get(t)).plain) for t in others)]))
+    lines += ["", f"{_md(summary.baseline)}: median of its runs; others: ratio to it [95% CI], "
+              "below 1 = worse (↑ higher is better, ↓ lower)"
+              + ("; index: geometric mean of a class's workloads" if model.classes else ""), ""]
+    said = [f"→ {ci.recommendation}" for ci in model.classes]
+    if said and all("too few runs" in line for line in said):   # as the terminal says it
+        said = [f"→ no recommendation: too few runs for a verdict (at least "
+                f"{composite.MIN_RUNS} per target)"]
+    said += [f"⚠ suspicious win: {line}" for line in (model.explanations if model.classes else [])]
+    said += [line for line in [terminal.flags_line(model.headline)] if line]
+    if summary.failures:
+        said.append(f"{len(summary.failures)} failed repetitions")
+    return lines + [f"- {_md(line)}" for line in said] + ([""] if said else [])
+
+
+def render(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
+    """The run, or each host's run of its fleet run set, as Markdown."""
+    if not per_host:
+        return "\n".join(_run(run, "###")).encode()
+    lines = [f"## {_md(f'fleet run {run.id}')}", ""]
+    for host, host_run in per_host.items():
+        lines += _run(host_run, f"### {_md(host)}:")
+    return "\n".join(lines).encode()
