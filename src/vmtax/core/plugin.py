@@ -421,7 +421,7 @@ def _distributions(directory: str) -> list[str]:
 
 def _index_key() -> list[Any]:
     """The stat of each built-in plugin package's directory and files, and the
-    distributions on sys.path."""
+    distributions in each directory of sys.path that has any."""
     stamps = []
     for package_name in PACKAGES:
         spec = importlib.util.find_spec(package_name)
@@ -429,14 +429,16 @@ def _index_key() -> list[Any]:
             stamps.append(_stamp(directory))
             with os.scandir(directory) as entries:
                 stamps += sorted(_stamp(e.path) for e in entries if e.name.endswith(".py"))
-    return [_INDEX_VERSION, sys.path, stamps, [_distributions(p) for p in sys.path]]
+    installed = [[p, found] for p in sys.path if (found := _distributions(p))]
+    return [_INDEX_VERSION, stamps, installed]
 
 
-def _index_path(key: list[Any]) -> Path:
+def _index_path() -> Path:
+    """One index per Python environment and vmtax source tree."""
     from vmtax.core import paths
 
-    digest = hashlib.sha256(json.dumps(key[:2]).encode()).hexdigest()[:16]
-    return paths.cache_dir() / f"plugin-index-{digest}.json"
+    where = hashlib.sha256(json.dumps([sys.executable, __file__]).encode()).hexdigest()
+    return paths.cache_dir() / f"plugin-index-{where[:16]}.json"
 
 
 def _build_index() -> dict[str, Any]:
@@ -466,7 +468,7 @@ def _build_index() -> dict[str, Any]:
 def _index() -> dict[str, Any]:
     key = _index_key()
     try:
-        path: Path | None = _index_path(key)
+        path: Path | None = _index_path()
     except OSError:   # no cache directory: the index is made each time
         path = None
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
