@@ -55,6 +55,7 @@ Methods and why
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -181,12 +182,22 @@ def _boot_medians(x: np.ndarray, y: np.ndarray, n_boot: int,
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
-    rng = np.random.default_rng(seed)
     swap = (y.size, tuple(np.sort(y))) < (x.size, tuple(np.sort(x)))
     first, second = (y, x) if swap else (x, y)
-    m1 = _row_medians(rng.choice(first, size=(n_boot, first.size)))
-    m2 = _row_medians(rng.choice(second, size=(n_boot, second.size)))
+    # Draws of a cell-sized pair are kept: every metric of a comparison has those sizes.
+    draw = _draws if n_boot * (first.size + second.size) <= 1 << 20 else _draws.__wrapped__
+    picks = draw(seed, n_boot, first.size, second.size)
+    m1, m2 = _row_medians(first[picks[0]]), _row_medians(second[picks[1]])
     return (m2, m1) if swap else (m1, m2)
+
+
+@functools.lru_cache(maxsize=16)
+def _draws(seed: int, n_boot: int, first: int, second: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which positions each bootstrap replicate takes: rng.choice(values, size) draws
+    positions whatever the values are, so one draw serves every pair of these sizes."""
+    rng = np.random.default_rng(seed)
+    return (rng.choice(first, size=(n_boot, first)),
+            rng.choice(second, size=(n_boot, second)))
 
 
 def _row_medians(samples: np.ndarray) -> np.ndarray:
