@@ -15,6 +15,10 @@ Each run uses vmtax's defaults: plan.DEFAULT_RUNS measured runs after 1 warm-up,
    2-5% log-normal noise and no step must raise at most 5 changes in all; 100 with a
    planted 5% step at point 20 must have it found within one point in >= 90. Apache
    Otava (pinned, in a venv of its own) is run on the same series' point medians beside.
+6. vmtax's own t-test on logs and Benjamini-Hochberg adjustment (which spare `compare` and
+   `show` importing scipy.stats) against scipy's, on samples shaped like 1. and 2.'s (3-9
+   runs a side, 0.5-5% log-normal noise, no step or a 2-10% step): the largest relative
+   difference of p (goal <= 1e-12: no printed digit or verdict can move) and of adjusted p.
 """
 
 from __future__ import annotations
@@ -194,6 +198,39 @@ def change_points(series_count: int = 100) -> None:
     print()
 
 
+def against_scipy(cases: int = 5_000) -> None:
+    import warnings
+
+    from scipy import stats as scipy_stats
+
+    from vmtax.analysis import stats
+
+    print(f"6. vmtax's t-test on logs and BH adjustment against scipy's, {cases} cases")
+    rng = np.random.default_rng(6)
+    worst_p = worst_adjusted = 0.0
+    ps = []
+    for _ in range(cases):
+        n_a = int(rng.integers(3, 10))
+        n_b = n_a if rng.random() < 0.7 else int(rng.integers(3, 10))
+        noise, step = rng.uniform(0.005, 0.05), rng.choice([1.0, 1.02, 1.05, 1.1])
+        a = 1000 * np.exp(rng.normal(0, noise, n_a))
+        b = 1000 * step * np.exp(rng.normal(0, noise, n_b))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = float(scipy_stats.ttest_ind(np.log(a), np.log(b),
+                                              equal_var=n_a == n_b).pvalue)
+        p = stats._t_log_p(a, b)
+        worst_p = max(worst_p, abs(p - ref) / ref)
+        ps.append(ref)
+        if len(ps) == 30:   # a comparison's worth of metrics
+            ref_adjusted = scipy_stats.false_discovery_control(ps, method="bh")
+            worst_adjusted = max(worst_adjusted, max(
+                abs(x - y) / y for x, y in zip(stats.adjust_pvalues(ps, "bh"), ref_adjusted)))
+            ps = []
+    print(f"   largest relative difference: p {worst_p:.1e}, BH-adjusted p "
+          f"{worst_adjusted:.1e} (goal <= 1e-12)\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,7 +241,12 @@ def main() -> None:
                         help="only the tune search check (synthetic, seconds)")
     parser.add_argument("--changepoints-only", action="store_true",
                         help="only the change-point check (synthetic, and Otava beside)")
+    parser.add_argument("--scipy-only", action="store_true",
+                        help="only the check of vmtax's tests against scipy's (seconds)")
     args = parser.parse_args()
+    against_scipy()
+    if args.scipy_only:
+        return
     change_points()
     if args.changepoints_only:
         return
