@@ -56,6 +56,7 @@ Methods and why
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,8 +64,8 @@ from typing import Literal
 
 import numpy as np
 
-# scipy loads only inside the tests that need it (~0.5 s): `vmtax show` summarizes
-# without it.
+# No scipy.stats (~0.6 s to import, more than a whole `vmtax compare` may take): the tests
+# below compute its p-values as it does; scripts/bench_stats.py (6.) checks them against it.
 
 N_BOOT = 10_000
 # Beyond this many arrangements the exact permutation test gets slow (~0.15 s here).
@@ -243,9 +244,9 @@ def ratio(values: Iterable[float], baseline: Iterable[float], higher_is_better: 
 
 
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
-    """scipy.stats.mannwhitneyu's two-sided p; its exact and normal-approximation paths
-    are computed here as it computes them (scipy.stats costs ~0.6 s to import; bench_stats
-    checks the two agree), its permutation test with ties is scipy's own."""
+    """scipy.stats.mannwhitneyu's two-sided p (exact, normal approximation, or its
+    permutation test over every arrangement), computed here as it computes them:
+    scipy.stats costs ~0.6 s to import; bench_stats checks the two agree."""
     pooled = np.concatenate([a, b])
     ranks, ties = _mid_ranks(pooled)
     tied = bool((ties > 1).any())
@@ -261,11 +262,7 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     elif math.comb(a.size + b.size, a.size) <= _MAX_EXACT_PERMUTATIONS:
         # scipy's "exact" ignores ties and the normal approximation is too optimistic
         # for tiny samples, so enumerate every arrangement instead.
-        from scipy import stats
-
-        return float(stats.mannwhitneyu(a, b, alternative="two-sided",
-                                        method=stats.PermutationMethod(n_resamples=np.inf)
-                                        ).pvalue)
+        return _permutation_p(ranks, a.size)
     else:
         method = "asymptotic"
     n1, n2 = a.size, b.size
@@ -278,6 +275,20 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
         sd = np.sqrt(n1 * n2 / 12 * ((n1 + n2 + 1) - tie_term / ((n1 + n2) * (n1 + n2 - 1))))
         p = _normal_cdf(-float((u - n1 * n2 / 2 - 0.5) / sd))
     return float(np.clip(2 * p, 0.0, 1.0))
+
+
+def _permutation_p(ranks: np.ndarray, n1: int) -> float:
+    """The two-sided p of U over every arrangement of the pooled (mid)ranks, as
+    scipy.stats.permutation_test gives it for mannwhitneyu (its tolerance of 100 ulps
+    around the observed U included): the share of arrangements whose U lies at or beyond
+    the observed one on the rarer side, doubled."""
+    arrangements = np.array(list(itertools.combinations(range(ranks.size), n1)))
+    null = ranks[arrangements].sum(axis=1) - n1 * (n1 + 1) / 2
+    observed = np.sum(ranks[:n1]) - n1 * (n1 + 1) / 2
+    gamma = abs(np.finfo(float).eps * 100 * observed)
+    less = np.count_nonzero(null <= observed + gamma) / len(null)
+    greater = np.count_nonzero(null >= observed - gamma) / len(null)
+    return float(min(1.0, min(less, greater) * 2))
 
 
 def _mid_ranks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
