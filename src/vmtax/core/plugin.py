@@ -7,9 +7,11 @@ list`, the report's grouping and the guest image's contents are derived from tha
 
 Plugins are found by scanning vmtax's own plugin packages (`PACKAGES`) and the modules
 named by the `vmtax.plugins` entry-point group, so a third-party package adds a workload,
-target kind or container runtime without editing vmtax. A plugin class is any subclass of
-`Plugin` that sets `name` in its own body; two plugins of one group with the same name are
-an error at load.
+target kind or container runtime without editing vmtax. Which module holds which plugin is
+kept in an index (made by importing them all, remade when a plugin file or an installed
+distribution changes), so a command imports only the plugins it looks up. A plugin class
+is any subclass of `Plugin` that sets `name` in its own body; two plugins of one group
+with the same name are an error at load.
 """
 
 from __future__ import annotations
@@ -370,11 +372,11 @@ def _entry_point_modules() -> Iterator[tuple[str, str]]:
 
 
 def _import(module_name: str, entry_point: str | None) -> pytypes.ModuleType:
-    if entry_point is None:
-        return importlib.import_module(module_name)
     try:
         return importlib.import_module(module_name)
     except Exception as exc:   # a broken third-party plugin is named, not a traceback
+        if entry_point is None:
+            raise
         raise VmtaxError(f"plugin {entry_point} failed to load: {exc}") from None
 
 
@@ -394,8 +396,9 @@ def _modules() -> Iterator[tuple[pytypes.ModuleType, str | None]]:
 # -- the index: which module holds which plugin, so a command imports only the plugins it
 # uses (all of them cost ~0.3 s). It is made by importing every plugin module, as loading
 # always did (a duplicate name still fails here), and kept in the cache directory keyed on
-# what could change it: the plugin packages' files and the import path's directories (a
-# package installed or removed changes its site directory); a change makes it again.
+# what could change it: the plugin packages' files, the distributions installed on the
+# import path (whose entry points name plugins) and the files those name; a change makes
+# it again.
 
 _INDEX_VERSION = 1
 
@@ -512,6 +515,8 @@ class _Group(MutableMapping[str, "type[Plugin]"]):
         self._loaded[name] = cls
 
     def __delitem__(self, name: str) -> None:
+        if name not in self._names:
+            raise KeyError(name)
         self._names.remove(name)
         self._loaded.pop(name, None)
         self._where.pop(name, None)
