@@ -9,12 +9,15 @@
 3. Wall time of the classic plan at default settings.
 4. The commands that read a store (runs, show, compare, trend) on a store of 400 runs
    (scripts/bench_history.py; goal: < 0.5 s each).
+5. The everyday commands' latency against issue #37's goals: --help, runs, show last,
+   compare (two runs of 2 targets × 2 workloads), doctor; whole-process medians of 5.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,17 +81,48 @@ def classic_wall_time() -> None:
         print(f"   {time.perf_counter() - start:.0f} s\n")
 
 
+# Issue #37's goals (seconds), measured as a user runs them: a new process each time.
+LATENCY_GOALS = {"--help": 0.2, "runs": 0.2, "show last": 0.3, "compare": 0.3, "doctor": 1.0}
+
+
+def latency() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_history
+
+    print("5. latency of everyday commands, median of 5 (wall; CPU beside it, which a "
+          "busy host's waiting leaves out)")
+    with tempfile.TemporaryDirectory() as results:
+        bench_history.fill(results, 2, {"native": 1.0, "vm": 0.6}, ("cpu", "memory"))
+        print(f"   host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        for command, goal in LATENCY_GOALS.items():
+            store = [] if command in ("--help", "doctor") else ["--results", results]
+            wall, cpu = bench_history.timed(*command.split(), *store, repeat=5)
+            print(f"   {'vmtax ' + command:18} {wall:6.3f} s wall {cpu:6.3f} s CPU  "
+                  f"goal <= {goal} s{'' if wall <= goal else '  (over)'}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=5, help="sysbench --time of each pair")
     parser.add_argument("--skip-classic", action="store_true")
+    parser.add_argument("--only", choices=["latency", "history"],
+                        help="Only part 5 (latency) or part 4 (a store of 400 runs).")
     args = parser.parse_args()
+    if args.only:
+        {"latency": latency, "history": history}[args.only]()
+        return
     native_overhead(args.pairs, args.seconds)
     boot_time()
     if not args.skip_classic:
         classic_wall_time()
+    history()
+    latency()
+
+
+def history() -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_history.py")], check=True)
 
 

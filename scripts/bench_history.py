@@ -43,20 +43,21 @@ def new_run(store: Store, plan: dict, host: dict) -> str:
             continue
 
 
-def fill(results: str, runs: int) -> None:
+def fill(results: str, runs: int, targets: dict[str, float] = TARGETS,
+         workload_names: tuple[str, ...] = WORKLOADS) -> None:
     store = Store(results)
     store.db.execute("PRAGMA synchronous = OFF")   # a fixture: no need to survive a crash
     rng = np.random.default_rng(0)
-    specs = {w: workloads.registered()[w].metrics for w in WORKLOADS}
+    specs = {w: workloads.registered()[w].metrics for w in workload_names}
     plan = {"name": "nightly", "runs": REPS, "warmup": 1, "time": 2, "baseline": "native",
-            "targets": [{"name": t, "kind": t, "options": {}} for t in TARGETS],
-            "workloads": [{"name": w, "params": {}} for w in WORKLOADS]}
+            "targets": [{"name": t, "kind": t, "options": {}} for t in targets],
+            "workloads": [{"name": w, "params": {}} for w in workload_names]}
     host = {"hostname": "bench", "kernel": "6.1.0-18-amd64", "cpu_model": "Xeon"}
     for i in range(runs):
         run_id = new_run(store, plan, host)
-        for target, speed in TARGETS.items():
+        for target, speed in targets.items():
             store.set_target(run_id, target, target, {"bare_host": target == "native"})
-            for workload in WORKLOADS:
+            for workload in workload_names:
                 step = 0.9 if (target, workload) == ("vm", "fileio") and i >= 3 * runs // 4 else 1
                 for rep in range(REPS):
                     noise = float(np.exp(rng.normal(0, 0.02)))
@@ -72,13 +73,18 @@ def fill(results: str, runs: int) -> None:
     store.close()
 
 
-def timed(*argv: str) -> tuple[float, float]:
+def timed(*argv: str, repeat: int = 3) -> tuple[float, float]:
     """Median wall time and CPU time (user + system) of the command: on a shared host the
-    wall time is mostly waiting for a CPU, which the CPU time leaves out."""
+    wall time is mostly waiting for a CPU, which the CPU time leaves out. As a user runs
+    it: with Python's compiled modules written (PYTHONDONTWRITEBYTECODE, which some shells
+    set, makes every start compile vmtax's sources again: ~0.25 s) by a first, untimed
+    run."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([*VMTAX, *argv], stdout=subprocess.DEVNULL, env=env)
     walls, cpus = [], []
-    for _ in range(3):
+    for _ in range(repeat):
         start, used = time.perf_counter(), _children_cpu()
-        subprocess.run([*VMTAX, *argv], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*VMTAX, *argv], check=True, stdout=subprocess.DEVNULL, env=env)
         walls.append(time.perf_counter() - start)
         cpus.append(_children_cpu() - used)
     return statistics.median(walls), statistics.median(cpus)

@@ -15,6 +15,12 @@ Each run uses vmtax's defaults: plan.DEFAULT_RUNS measured runs after 1 warm-up,
    2-5% log-normal noise and no step must raise at most 5 changes in all; 100 with a
    planted 5% step at point 20 must have it found within one point in >= 90. Apache
    Otava (pinned, in a venv of its own) is run on the same series' point medians beside.
+6. vmtax's own t-test on logs, Mann-Whitney (exact and normal approximation) and
+   Benjamini-Hochberg adjustment, which spare `compare`, `show` and `trend` importing
+   scipy.stats, against scipy's, on samples shaped like 1., 2. and 5.'s (3-9 runs a side,
+   or 9-400 for the rank test, 0.5-5% log-normal noise, no step or a 2-10% step, values
+   rounded to give ties; 4 vs 4 with ties for its permutation test): the largest relative
+   difference of p (goal <= 1e-12: no printed digit or verdict can move) and of adjusted p.
 """
 
 from __future__ import annotations
@@ -194,6 +200,54 @@ def change_points(series_count: int = 100) -> None:
     print()
 
 
+def against_scipy(cases: int = 5_000) -> None:
+    import math
+    import warnings
+
+    from scipy import stats as scipy_stats
+
+    from vmtax.analysis import stats
+
+    print(f"6. vmtax's t-test on logs, Mann-Whitney and BH adjustment against scipy's, "
+          f"{cases} cases each")
+    rng = np.random.default_rng(6)
+    worst = {"t-log": 0.0, "mann-whitney": 0.0, "BH-adjusted": 0.0}
+    ps = []
+    for _ in range(cases):
+        n_a = int(rng.integers(3, 10))
+        n_b = n_a if rng.random() < 0.7 else int(rng.integers(3, 10))
+        noise, step = rng.uniform(0.005, 0.05), rng.choice([1.0, 1.02, 1.05, 1.1])
+        a = 1000 * np.exp(rng.normal(0, noise, n_a))
+        b = 1000 * step * np.exp(rng.normal(0, noise, n_b))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = float(scipy_stats.ttest_ind(np.log(a), np.log(b),
+                                              equal_var=n_a == n_b).pvalue)
+        worst["t-log"] = max(worst["t-log"], abs(stats._t_log_p(a, b) - ref) / ref)
+        ps.append(ref)
+        if len(ps) == 30:   # a comparison's worth of metrics
+            ref_adjusted = scipy_stats.false_discovery_control(ps, method="bh")
+            worst["BH-adjusted"] = max(worst["BH-adjusted"], max(
+                abs(x - y) / y for x, y in zip(stats.adjust_pvalues(ps, "bh"), ref_adjusted)))
+            ps = []
+        # The rank test: a point against its segment (5 vs up to 400 runs), or many runs.
+        b = 1000 * step * np.exp(rng.normal(0, noise, int(rng.integers(9, 400))))
+        a, b = (np.round(a), np.round(b)) if rng.random() < 0.3 else (a, b)
+        if rng.random() < 0.1:   # few runs with ties: every arrangement is counted
+            a, b = np.round(a[:4], -1), np.round(b[:4], -1)
+        tied = np.unique(np.r_[a, b]).size < a.size + b.size
+        exact = tied and math.comb(a.size + b.size, a.size) <= stats._MAX_EXACT_PERMUTATIONS
+        method = (scipy_stats.PermutationMethod(n_resamples=np.inf) if exact
+                  else "asymptotic" if tied else "auto")
+        ref = float(scipy_stats.mannwhitneyu(a, b, alternative="two-sided",
+                                             method=method).pvalue)
+        worst["mann-whitney"] = max(worst["mann-whitney"],
+                                    abs(stats._mann_whitney_p(a, b) - ref) / ref)
+    print("   largest relative difference of p: "
+          + ", ".join(f"{name} {value:.1e}" for name, value in worst.items())
+          + " (goal <= 1e-12)\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,7 +258,12 @@ def main() -> None:
                         help="only the tune search check (synthetic, seconds)")
     parser.add_argument("--changepoints-only", action="store_true",
                         help="only the change-point check (synthetic, and Otava beside)")
+    parser.add_argument("--scipy-only", action="store_true",
+                        help="only the check of vmtax's tests against scipy's (seconds)")
     args = parser.parse_args()
+    against_scipy()
+    if args.scipy_only:
+        return
     change_points()
     if args.changepoints_only:
         return

@@ -55,16 +55,17 @@ Methods and why
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-# scipy loads only inside the tests that need it (~0.5 s): `vmtax show` summarizes
-# without it.
+# No scipy.stats (~0.6 s to import, more than a whole `vmtax compare` may take): the tests
+# below compute its p-values as it does; scripts/bench_stats.py (6.) checks them against it.
 
 N_BOOT = 10_000
 # Beyond this many arrangements the exact permutation test gets slow (~0.15 s here).
@@ -182,12 +183,30 @@ def _boot_medians(x: np.ndarray, y: np.ndarray, n_boot: int,
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
-    rng = np.random.default_rng(seed)
     swap = (y.size, tuple(np.sort(y))) < (x.size, tuple(np.sort(x)))
     first, second = (y, x) if swap else (x, y)
-    m1 = np.median(rng.choice(first, size=(n_boot, first.size)), axis=1)
-    m2 = np.median(rng.choice(second, size=(n_boot, second.size)), axis=1)
+    # Draws of a cell-sized pair are kept: every metric of a comparison has those sizes.
+    draw = _draws if n_boot * (first.size + second.size) <= 1 << 20 else _draws.__wrapped__
+    picks = draw(seed, n_boot, first.size, second.size)
+    m1, m2 = _row_medians(first[picks[0]]), _row_medians(second[picks[1]])
     return (m2, m1) if swap else (m1, m2)
+
+
+@functools.lru_cache(maxsize=16)
+def _draws(seed: int, n_boot: int, first: int, second: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which positions each bootstrap replicate takes: rng.choice(values, size) draws
+    positions whatever the values are, so one draw serves every pair of these sizes."""
+    rng = np.random.default_rng(seed)
+    return (rng.choice(first, size=(n_boot, first)),
+            rng.choice(second, size=(n_boot, second)))
+
+
+def _row_medians(samples: np.ndarray) -> np.ndarray:
+    """np.median(samples, axis=1), bit for bit (the middle value, or the mean of the two
+    middle ones), for finite rows; sorting short rows is twice as fast as its partition."""
+    s = np.sort(samples, axis=1)
+    half = s.shape[1] // 2
+    return s[:, half] if s.shape[1] % 2 else (s[:, half - 1] + s[:, half]) / 2
 
 
 def _percentile_ci(replicates: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -225,37 +244,170 @@ def ratio(values: Iterable[float], baseline: Iterable[float], higher_is_better: 
 
 
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy import stats
-
+    """scipy.stats.mannwhitneyu's two-sided p (exact, normal approximation, or its
+    permutation test over every arrangement), computed here as it computes them:
+    scipy.stats costs ~0.6 s to import; bench_stats checks the two agree."""
     pooled = np.concatenate([a, b])
-    if np.unique(pooled).size == pooled.size:
-        method = "auto"  # scipy: exact when either side has <= 8 runs, else normal approx.
+    ranks, ties = _mid_ranks(pooled)
+    tied = bool((ties > 1).any())
+    if not tied and min(a.size, b.size) <= 8:
+        method = "exact"   # what scipy's "auto" picks without ties
+    elif not tied:
+        method = "asymptotic"
     elif min(a.size, b.size) == 1:
         # scipy's permutation test needs two runs per side. Under the null the lone run is
         # equally likely to hold any of the pooled (mid)ranks, which is the whole test.
-        ranks = stats.rankdata(pooled)
         r = ranks[0] if a.size == 1 else ranks[-1]
         return float(min(1.0, 2 * min(np.mean(ranks >= r), np.mean(ranks <= r))))
     elif math.comb(a.size + b.size, a.size) <= _MAX_EXACT_PERMUTATIONS:
         # scipy's "exact" ignores ties and the normal approximation is too optimistic
         # for tiny samples, so enumerate every arrangement instead.
-        method = stats.PermutationMethod(n_resamples=np.inf)
+        return _permutation_p(ranks, a.size)
     else:
         method = "asymptotic"
-    return float(stats.mannwhitneyu(a, b, alternative="two-sided", method=method).pvalue)
+    n1, n2 = a.size, b.size
+    u1 = np.sum(ranks[:n1]) - n1 * (n1 + 1) / 2
+    u = max(u1, n1 * n2 - u1)
+    if method == "exact":
+        p = _mwu_sf(int(u), n1, n2)
+    else:
+        tie_term = np.sum(ties ** 3 - ties)
+        sd = np.sqrt(n1 * n2 / 12 * ((n1 + n2 + 1) - tie_term / ((n1 + n2) * (n1 + n2 - 1))))
+        p = _normal_cdf(-float((u - n1 * n2 / 2 - 0.5) / sd))
+    return float(np.clip(2 * p, 0.0, 1.0))
+
+
+def _permutation_p(ranks: np.ndarray, n1: int) -> float:
+    """The two-sided p of U over every arrangement of the pooled (mid)ranks, as
+    scipy.stats.permutation_test gives it for mannwhitneyu (its tolerance of 100 ulps
+    around the observed U included): the share of arrangements whose U lies at or beyond
+    the observed one on the rarer side, doubled."""
+    arrangements = np.array(list(itertools.combinations(range(ranks.size), n1)))
+    null = ranks[arrangements].sum(axis=1) - n1 * (n1 + 1) / 2
+    observed = np.sum(ranks[:n1]) - n1 * (n1 + 1) / 2
+    gamma = abs(np.finfo(float).eps * 100 * observed)
+    less = np.count_nonzero(null <= observed + gamma) / len(null)
+    greater = np.count_nonzero(null >= observed - gamma) / len(null)
+    return float(min(1.0, min(less, greater) * 2))
+
+
+def _mid_ranks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scipy.stats.rankdata's average ranks, and the size of each group of equal values
+    (at its first, 0 elsewhere)."""
+    order = np.argsort(x, kind="stable")
+    ordered = x[order]
+    starts = np.concatenate([[True], ordered[:-1] != ordered[1:]])
+    first = np.arange(x.size)[starts]
+    counts = np.diff(first, append=x.size)
+    ranks = np.empty(x.size)
+    ranks[order] = np.repeat(np.arange(1, x.size + 1, dtype=float)[starts]
+                             + (counts.astype(float) - 1) / 2, counts)
+    ties = np.zeros(x.size)
+    ties[starts] = counts
+    return ranks, ties
+
+
+def _mwu_sf(u: int, n1: int, n2: int) -> float:
+    """P(U >= u) for u >= n1 n2 / 2 without ties: scipy's _MWU.sf, by the same recurrence
+    for the counts of arrangements (Andrews & Andrews), in the same order of operations."""
+    n1, n2 = min(n1, n2), max(n1, n2)
+    low = n1 * n2 - u   # by symmetry, P(U >= u) = P(U <= n1 n2 - u)
+    sigma = np.zeros(low + 1, dtype=int)
+    for d in np.arange(1, n1 + 1):
+        sigma[np.arange(d, low + 1, d)] += d
+    for d in np.arange(n2 + 1, n2 + n1 + 1):
+        sigma[np.arange(d, low + 1, d)] -= d
+    sigma = sigma[1:]
+    counts = np.zeros(low + 1, dtype=np.uint64)
+    counts[0] = 1
+    for k in np.arange(1, low + 1):
+        counts[k] = np.dot(counts[:k], sigma[k - 1::-1]) / k
+    return float(np.cumsum(counts / _binom(n1 + n2, n1))[low])
+
+
+def _binom(n: int, k: int) -> float:
+    """scipy.special.binom for whole k < 20 (the exact test's n1 <= 8), as it multiplies."""
+    k = min(k, n - k)
+    num = den = 1.0
+    for i in range(1, k + 1):
+        num *= i + n - k
+        den *= i
+        if abs(num) > 1e50:
+            num, den = num / den, 1.0
+    return num / den
+
+
+def _normal_cdf(x: float) -> float:
+    """scipy.special.ndtr's formula (cephes), on the C library's erf and erfc."""
+    t = x * math.sqrt(0.5)
+    if abs(t) < math.sqrt(0.5):
+        return 0.5 + 0.5 * math.erf(t)
+    y = 0.5 * math.erfc(abs(t))
+    return 1.0 - y if t > 0 else y
 
 
 def _t_log_p(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy import stats
-
+    """Two-sided p of Student's (equal n) or Welch's t-test on the logs: scipy's
+    ttest_ind's statistic and degrees of freedom, computed as it does, with the t tail
+    from _t_sf (scipy.stats costs ~0.6 s to import; bench_stats checks the two agree)."""
     la, lb = np.log(a), np.log(b)
     if np.ptp(la) == 0 and np.ptp(lb) == 0:
         # Both samples constant (quantized metrics): any difference is systematic.
         return 1.0 if la[0] == lb[0] else 0.0
-    with warnings.catch_warnings():
-        # Near-identical samples trip scipy's cancellation warning; the p is still right.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(stats.ttest_ind(la, lb, equal_var=a.size == b.size).pvalue)
+    n1, n2 = float(la.size), float(lb.size)
+    v1 = np.mean((la - np.mean(la)) ** 2) * (n1 / (n1 - 1))
+    v2 = np.mean((lb - np.mean(lb)) ** 2) * (n2 / (n2 - 1))
+    if a.size == b.size:
+        df = n1 + n2 - 2.0
+        denom = np.sqrt(((n1 - 1) * v1 + (n2 - 1) * v2) / df * (1.0 / n1 + 1.0 / n2))
+    else:
+        vn1, vn2 = v1 / n1, v2 / n2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df = (vn1 + vn2) ** 2 / (vn1 ** 2 / (n1 - 1) + vn2 ** 2 / (n2 - 1))
+        df = 1.0 if np.isnan(df) else df
+        denom = np.sqrt(vn1 + vn2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = float(np.divide(np.mean(la) - np.mean(lb), denom))
+    return 2 * _t_sf(abs(t), float(df))
+
+
+def _t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with df degrees of freedom, t >= 0: half the regularized
+    incomplete beta I_x(df/2, 1/2) at x = df / (df + t²)."""
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    t2 = t * t
+    return 0.5 * _betainc(df / 2, 0.5, df / (df + t2), t2 / (df + t2))
+
+
+def _betainc(a: float, b: float, x: float, y: float) -> float:
+    """The regularized incomplete beta I_x(a, b), y = 1 - x given exactly: Lentz's
+    continued fraction (Numerical Recipes 6.4) on whichever side converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if y <= 0.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _betainc(b, a, y, x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log(y)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 1000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-16:
+            break
+    return front * f
 
 
 def _p_value(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, str]:
@@ -298,9 +450,15 @@ def adjust_pvalues(p_values: Sequence[float], method: str = "bh") -> list[float]
     if p.size == 0:
         return []
     if method == "bh":
-        from scipy import stats
-
-        return [float(v) for v in stats.false_discovery_control(p, method="bh")]
+        # scipy.stats.false_discovery_control's steps, in its order of operations.
+        if p.size == 1:
+            return [float(p[0])]
+        order = np.argsort(p, kind="stable")
+        steps = p[order] * (p.size / np.arange(1, p.size + 1, dtype=float))
+        np.minimum.accumulate(steps[::-1], out=steps[::-1])
+        adjusted = np.empty_like(p)
+        adjusted[order] = steps
+        return [float(v) for v in np.clip(adjusted, 0.0, 1.0)]
     if method == "holm":
         order = np.argsort(p)
         steps = np.minimum(1.0, (p.size - np.arange(p.size)) * p[order])

@@ -111,6 +111,8 @@ def _not_recorded(reps: list[Rep], metric: str) -> str | None:
     cell's collectors each store their own): the why of that collector's unavailable
     repetition, not another collector's."""
     unavailable = [r for r in reps if r.status == UNAVAILABLE]
+    if not unavailable:   # the usual case, without loading every collector
+        return None
     owners = {name for name, cls in collectors.registered().items() if cls.metric_spec(metric)}
     if owners:   # else a collector no longer installed: any reason is better than none
         unavailable = [r for r in unavailable if (r.error or "").partition(":")[0] in owners]
@@ -219,7 +221,8 @@ def summarize_run(run: Run, baseline: str | None = None,
                json.dumps(shown, sort_keys=True))
         groups.setdefault(key, defaultdict(list))[r.target].append(r)
 
-    breakdowns = _breakdowns()
+    # Only collectors' rows have breakdowns: a run without any need not load them.
+    breakdowns = _breakdowns() if any(r.phase == "collect" for r in measured) else set()
     rows: list[Row] = []
     for (workload, shown_key), by_target in groups.items():
         # metric key -> its first value seen, for the name, dimensions, unit and direction

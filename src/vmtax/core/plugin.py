@@ -7,20 +7,29 @@ list`, the report's grouping and the guest image's contents are derived from tha
 
 Plugins are found by scanning vmtax's own plugin packages (`PACKAGES`) and the modules
 named by the `vmtax.plugins` entry-point group, so a third-party package adds a workload,
-target kind or container runtime without editing vmtax. A plugin class is any subclass of
-`Plugin` that sets `name` in its own body; two plugins of one group with the same name are
-an error at load.
+target kind or container runtime without editing vmtax. Which module holds which plugin is
+kept in an index (made by importing them all, remade when a plugin file or an installed
+distribution changes), so a command imports only the plugins it looks up. A plugin class
+is any subclass of `Plugin` that sets `name` in its own body; two plugins of one group
+with the same name are an error at load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
+import hashlib
 import importlib
+import importlib.util
+import json
+import os
 import pkgutil
+import sys
 import types as pytypes
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from pathlib import Path
 from typing import (
     Annotated,
     Any,
@@ -355,26 +364,97 @@ def _plugin_classes(module: pytypes.ModuleType) -> Iterator[type[Plugin]]:
             yield obj
 
 
-def _modules() -> Iterator[pytypes.ModuleType]:
+def _entry_point_modules() -> Iterator[tuple[str, str]]:
+    """(entry point's name and value, module) for each `vmtax.plugins` entry point."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        yield f"{ep.name} ({ep.value})", ep.value.partition(":")[0]
+
+
+def _import(module_name: str, entry_point: str | None) -> pytypes.ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:   # a broken third-party plugin is named, not a traceback
+        if entry_point is None:
+            raise
+        raise VmtaxError(f"plugin {entry_point} failed to load: {exc}") from None
+
+
+def _modules() -> Iterator[tuple[pytypes.ModuleType, str | None]]:
+    """Every plugin module, with its entry point (None for vmtax's own)."""
     for package_name in PACKAGES:
         try:
             package = importlib.import_module(package_name)
         except ModuleNotFoundError:
             continue
         for info in pkgutil.iter_modules(package.__path__, package_name + "."):
-            yield importlib.import_module(info.name)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            yield importlib.import_module(ep.value.partition(":")[0])
-        except Exception as exc:   # a broken third-party plugin is named, not a traceback
-            raise VmtaxError(f"plugin {ep.name} ({ep.value}) failed to load: {exc}") from None
+            yield importlib.import_module(info.name), None
+    for entry_point, module_name in _entry_point_modules():
+        yield _import(module_name, entry_point), entry_point
 
 
-@functools.cache
-def registry() -> dict[str, dict[str, type[Plugin]]]:
-    """group -> name -> plugin class, built once per process."""
+# -- the index: which module holds which plugin, so a command imports only the plugins it
+# uses (all of them cost ~0.3 s). It is made by importing every plugin module, as loading
+# always did (a duplicate name still fails here), and kept in the cache directory keyed on
+# what could change it: the plugin packages' files, the distributions installed on the
+# import path (whose entry points name plugins) and the files those name; a change makes
+# it again.
+
+_INDEX_VERSION = 1
+
+
+def _stamp(path: str) -> list[Any]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path, None]
+    return [path, st.st_mtime_ns, st.st_size]
+
+
+def _distributions(directory: str) -> list[str]:
+    """The installed distributions (whose entry points name plugins) in a directory of
+    the import path: a version installed or removed renames or removes its metadata."""
+    try:
+        with os.scandir(directory or ".") as entries:
+            return sorted(e.name for e in entries
+                          if e.name.endswith((".dist-info", ".egg-info")))
+    except OSError:
+        return []
+
+
+def _index_key() -> list[Any]:
+    """The stat of each built-in plugin package's directory and files, and the
+    distributions in each directory of sys.path that has any."""
+    stamps = []
+    for package_name in PACKAGES:
+        spec = importlib.util.find_spec(package_name)
+        for directory in (spec.submodule_search_locations or []) if spec else []:
+            stamps.append(_stamp(directory))
+            with os.scandir(directory) as entries:
+                stamps += sorted(_stamp(e.path) for e in entries if e.name.endswith(".py"))
+    installed = [[p, found] for p in sys.path if (found := _distributions(p))]
+    return [_INDEX_VERSION, stamps, installed]
+
+
+def _index_path() -> Path:
+    """One index per Python environment and vmtax source tree."""
+    from vmtax.core import paths
+
+    where = hashlib.sha256(json.dumps([sys.executable, __file__]).encode()).hexdigest()
+    return paths.cache_dir() / f"plugin-index-{where[:16]}.json"
+
+
+def _build_index() -> dict[str, Any]:
+    """group -> name -> [module, entry point or None]; the entry points' module files."""
     found: dict[str, dict[str, type[Plugin]]] = {}
-    for module in _modules():
+    entry_points: dict[str, str | None] = {}
+    files = []
+    for module, entry_point in _modules():
+        entry_points[module.__name__] = entry_point
+        source = module.__file__
+        if entry_point is not None and source:
+            files.append(_stamp(source))
         for cls in _plugin_classes(module):
             group = found.setdefault(cls.group, {})
             other = group.get(cls.name)
@@ -383,10 +463,83 @@ def registry() -> dict[str, dict[str, type[Plugin]]]:
                                  f"{other.__module__} and {cls.__module__}")
             group[cls.name] = cls
     # By name: the order of files on disk must not change listings or messages.
-    return {g: dict(sorted(plugins.items())) for g, plugins in found.items()}
+    return {"groups": {g: {name: [cls.__module__, entry_points[cls.__module__]]
+                           for name, cls in sorted(plugins.items())}
+                       for g, plugins in found.items()},
+            "files": files}
 
 
-def plugins(group: str) -> dict[str, type[Plugin]]:
+def _index() -> dict[str, Any]:
+    key = _index_key()
+    try:
+        path: Path | None = _index_path()
+    except OSError:   # no cache directory: the index is made each time
+        path = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        kept = json.loads(path.read_text()) if path else None
+        if kept and kept["key"] == key and all(_stamp(f[0]) == f for f in kept["files"]):
+            return kept  # type: ignore[no-any-return]
+    index = {"key": key, **_build_index()}
+    if path is not None:
+        with contextlib.suppress(OSError):   # a read-only cache only costs the next call time
+            tmp = path.with_name(f"{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(index))
+            tmp.replace(path)
+    return index
+
+
+class _Group(MutableMapping[str, "type[Plugin]"]):
+    """One group's plugins by name, each module imported when one of its plugins is first
+    looked up (iterating values imports them all). Tests may add or replace plugins."""
+
+    def __init__(self, where: dict[str, list[Any]]) -> None:
+        self._where = where
+        self._loaded: dict[str, type[Plugin]] = {}
+        self._names = list(where)
+
+    def __getitem__(self, name: str) -> type[Plugin]:
+        if name not in self._loaded:
+            if name not in self._where:
+                raise KeyError(name)
+            module_name, entry_point = self._where[name]
+            module = _import(module_name, entry_point)
+            found = {cls.name: cls for cls in _plugin_classes(module)}
+            if name not in found:   # the file changed after the index was made
+                raise VmtaxError(f"plugin {name!r} is no longer in {module_name}; "
+                                 "run the command again")
+            self._loaded[name] = found[name]
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, cls: type[Plugin]) -> None:
+        if name not in self._names:
+            self._names.append(name)
+        self._loaded[name] = cls
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self._names:
+            raise KeyError(name)
+        self._names.remove(name)
+        self._loaded.pop(name, None)
+        self._where.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+
+@functools.cache
+def registry() -> dict[str, MutableMapping[str, type[Plugin]]]:
+    """group -> name -> plugin class, by name; modules are imported as their plugins are
+    looked up."""
+    return {group: _Group(where) for group, where in _index()["groups"].items()}
+
+
+def plugins(group: str) -> Mapping[str, type[Plugin]]:
     return registry().get(group, {})
 
 

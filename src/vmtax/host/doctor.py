@@ -8,8 +8,10 @@ declare their own line (Collector.doctor), which the command adds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
+import json
 import os
 import re
 import shutil
@@ -43,9 +45,53 @@ VERSION_LINE = re.compile(r"\bversion\s+v?\d", re.IGNORECASE)
 
 
 def _version(path: str, args: tuple[str, ...] = ("--version",)) -> str | None:
+    key = _binary_key(path, args)
+    if key is not None and key in _kept_versions():
+        _asked[key] = _kept_versions()[key]
+        return _asked[key]
     out = run([path, *args], timeout=3.0)
     line = first_line(out.stdout) or first_line(out.stderr)
-    return line if line and (out.exit_code == 0 or VERSION_LINE.search(line)) else None
+    found = line if line and (out.exit_code == 0 or VERSION_LINE.search(line)) else None
+    if key is not None and not out.timed_out:
+        _asked[key] = found
+    return found
+
+
+# What a program answers to --version is kept (~20 programs cost ~0.3 s of CPU to start),
+# keyed on what could change the answer: the program file itself (path, inode, size,
+# times; a package upgrade replaces it) and the dynamic loader's cache, which every
+# installed or removed library package rewrites.
+_VERSIONS_FILE = "doctor-versions.json"
+_asked: dict[str, str | None] = {}   # this call's answers, kept for the next
+
+
+def _binary_key(path: str, args: tuple[str, ...]) -> str | None:
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        libraries = os.stat("/etc/ld.so.cache").st_mtime_ns
+    except OSError:
+        return None
+    return json.dumps([path, real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                       libraries, list(args)])
+
+
+@functools.cache
+def _kept_versions() -> dict[str, str | None]:
+    try:
+        kept = json.loads((paths.cache_dir() / _VERSIONS_FILE).read_text())
+        return kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _keep_versions() -> None:
+    """Only the answers this call used: a program upgraded or removed leaves no entry."""
+    with contextlib.suppress(OSError):
+        path = paths.cache_dir() / _VERSIONS_FILE
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(_asked))
+        tmp.replace(path)
 
 
 def _tool_check(name: str, install: str, note: Callable[[str], str] | None = None) -> Check:
@@ -85,7 +131,9 @@ def _is_static_elf(path: str) -> bool | None:
 
 
 def _kvm_check() -> Check:
-    status = kvm.probe(fresh=True)
+    # A hung vCPU's verdict is kept until the boot, the device or the modules change
+    # (kvm.probe): probing again would only wait out the same timeout.
+    status = kvm.probe()
     detail = status.reason
     if not status.usable and "TCG" not in detail:
         detail += "; run guests with TCG"
@@ -227,15 +275,18 @@ def _journal_check() -> Check:
 
 
 def doctor() -> list[Check]:
-    """Everything vmtax can use on this host, in a fixed order; ~2 s (the KVM probe)."""
+    """Everything vmtax can use on this host, in a fixed order; ~2 s when the KVM probe
+    runs its vCPU to the timeout, once per boot."""
     with ThreadPoolExecutor(max_workers=8) as pool:
         # The KVM probe waits up to its timeout; everything else runs beside it.
         kvm_future = pool.submit(_kvm_check)
         qemu_future = pool.submit(_qemu_checks)
         tool_futures = [pool.submit(check) for check in _plugin_checks()]
         busybox_future = pool.submit(_busybox_check)
-        return [kvm_future.result(), *qemu_future.result(), _hugepages_check(),
-                _ksm_check(), _cgroup_check(),
-                *(check for f in tool_futures if (check := f.result()) is not None),
-                busybox_future.result(),
-                _journal_check()]
+        checks = [kvm_future.result(), *qemu_future.result(), _hugepages_check(),
+                  _ksm_check(), _cgroup_check(),
+                  *(check for f in tool_futures if (check := f.result()) is not None),
+                  busybox_future.result(),
+                  _journal_check()]
+    _keep_versions()
+    return checks

@@ -10,7 +10,7 @@ so that no compiled helper is needed.
 A vCPU that hung for the whole timeout is a property of this boot's KVM module, not of the
 moment, and costs every vmtax command that starts a guest the full timeout: that verdict
 is kept in the runtime directory (a tmpfs, emptied by a reboot), keyed by the boot, the
-device and the loaded modules, and reused until one of them changes. `doctor` probes afresh.
+device and the loaded modules, and reused until one of them changes (by `doctor` too).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, JustifyMethod
@@ -14,14 +15,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from vmtax.analysis import composite
-from vmtax.analysis import summary as analysis
-from vmtax.analysis.model import RunModel
-from vmtax.analysis.summary import TOO_SHORT, Cell, Row, RunSummary
 from vmtax.core import hints
 from vmtax.core.text import printable
 from vmtax.report.export import flatten
-from vmtax.results.store import Run
+
+if TYPE_CHECKING:   # analysis loads numpy and the plugins: `vmtax runs` needs neither
+    from vmtax.analysis import composite
+    from vmtax.analysis.model import RunModel
+    from vmtax.analysis.summary import Cell, Row, RunSummary
+    from vmtax.results.store import Run
 
 FLAG_STYLE = "bold yellow"
 
@@ -109,6 +111,8 @@ def duration(seconds: float) -> str:
 
 def flag_text(flag: str, cell: Cell) -> str:
     """A flag as a table shows it, with the figure that raised it where one helps."""
+    from vmtax.analysis.summary import TOO_SHORT
+
     if flag == TOO_SHORT and cell.duration is not None:
         return f"{flag} ({duration(cell.duration)})"
     return flag
@@ -181,19 +185,19 @@ def flag_counts(rows: list[Row]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-FLAG_WHY = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
-            TOO_SHORT: f"repetitions under {analysis.MIN_DURATION:g} s",
-            "faster than baseline": "suspicious", "clock skew": "guest clock disagreed"}
-
-
 def flags_line(rows: list[Row], context: str = "") -> str:
     """The flags of the headline's rows, the primary metrics (RunModel.headline: every view
     counts these, so a report and the terminal give one count) in one line: "primary
     metrics: 3 cells noisy (CV > 5%), 1 clock skew"."""
+    from vmtax.analysis import summary as analysis
+
     counts = flag_counts(rows)
     if not counts:
         return ""
-    parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({FLAG_WHY[flag]})" if flag in FLAG_WHY
+    why = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
+           analysis.TOO_SHORT: f"repetitions under {analysis.MIN_DURATION:g} s",
+           "faster than baseline": "suspicious", "clock skew": "guest clock disagreed"}
+    parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({why[flag]})" if flag in why
                                                     else "")
              for flag, n in counts.items()]
     return "⚠ primary metrics: " + ", ".join(parts) + (f": {context}" if context else "")
@@ -293,6 +297,8 @@ def _print_verdicts(console: Console, classes: list[composite.ClassIndex],
                     explained: list[str]) -> None:
     """One recommendation line per class (one in all when no class has enough runs),
     then each suspicious win with its likely cause."""
+    from vmtax.analysis import composite
+
     lines = [ci.recommendation for ci in classes]
     few = [line for line in lines if "too few runs" in line]
     if few and len(few) == len(lines):
