@@ -474,3 +474,9 @@ def test_a_cell_of_more_than_1023_repetitions_has_a_median_interval():
     from n = 1024, and `vmtax show` of such a run crashed."""
     s = stats.summarize(np.arange(1, 3001, dtype=float))
     assert s.ci_low < s.median < s.ci_high and s.ci_level >= 0.95
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 7, 9, 30])
+@pytest.mark.parametrize("p", [0.005, 0.025, 0.25])
+def test_t_isf_inverts_students_t_as_scipy_does(df, p):
+    assert stats.t_isf(p, df) == pytest.approx(sps.t.isf(p, df), rel=1e-9)

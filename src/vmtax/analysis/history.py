@@ -166,10 +166,9 @@ def run_to_run_spread(points: Sequence[Point], alpha: float) -> tuple[float, flo
     few points."""
     if len(points) < SPREAD_FROM:
         return None
-    from scipy.stats import t
     logs = [math.log(p.median) for p in points]
     k = len(logs)
-    half = float(t.ppf(1 - alpha / 2, k - 1)) * statistics.stdev(logs) * math.sqrt(1 + 1 / k)
+    half = stats.t_isf(alpha / 2, k - 1) * statistics.stdev(logs) * math.sqrt(1 + 1 / k)
     return math.exp(-half) - 1, math.exp(half) - 1
 
 

@@ -382,6 +382,23 @@ def _t_sf(t: float, df: float) -> float:
     return 0.5 * _betainc(df / 2, 0.5, df / (df + t2), t2 / (df + t2))
 
 
+def t_isf(p: float, df: float) -> float:
+    """The t with P(T > t) = p, 0 < p <= 0.5, for Student's t with df degrees of freedom:
+    _t_sf inverted by bisection (it falls as t grows)."""
+    low, high = 0.0, 1.0
+    while _t_sf(high, df) > p:
+        low, high = high, high * 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if _t_sf(mid, df) > p:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * high:
+            break
+    return (low + high) / 2
+
+
 def _betainc(a: float, b: float, x: float, y: float) -> float:
     """The regularized incomplete beta I_x(a, b), y = 1 - x given exactly: Lentz's
     continued fraction (Numerical Recipes 6.4) on whichever side converges fast."""
