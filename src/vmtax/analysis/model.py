@@ -26,7 +26,8 @@ class RunModel:
     explained: list[tuple[str | None, str]]
     # Per class, each target but the baseline with its index, best first.
     standings: dict[str, list[Standing]]
-    # Per target, its lowest-ratio classified metric.
+    # Per target, its lowest-ratio classified metric among those told apart from the
+    # baseline (a 95% CI wholly below 1); a target with none is absent.
     worst: dict[str, tuple[Row, Cell]]
 
     @property
@@ -51,7 +52,9 @@ def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:
             continue
         for target, cell in row.cells.items():
             r = cell.ratio
+            # Only a loss beyond noise: a ratio of 0.40 [0.11, 3.1] is no weakest metric.
             if (r is not None and math.isfinite(r.value) and r.value > 0
+                    and r.interval == "ci" and r.ci_high < 1
                     and (target not in worst or r.value < _ratio(worst[target]))):
                 worst[target] = (row, cell)
     return worst

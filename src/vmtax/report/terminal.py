@@ -16,6 +16,7 @@ from rich.text import Text
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.model import RunModel
+from vmtax.analysis.stats import bracket
 from vmtax.analysis.summary import TOO_SHORT, Cell, Row, RunSummary
 from vmtax.core.text import printable
 from vmtax.report.export import flatten
@@ -92,12 +93,16 @@ def target_label(run: Run, name: str) -> str:
 
 
 def interval(s) -> str:
-    """A real 95% CI in brackets; with too few runs for one, the runs' range in parentheses."""
-    if s.n < 2:
-        return ""
-    if s.ci_level >= 0.95:
-        return f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]"
-    return f" ({fmt(s.ci_low)} – {fmt(s.ci_high)})"   # spaced: a narrow column wraps there
+    """A median's interval (a 95% CI, or the runs' range) as bracket() shows it."""
+    return bracket(s.interval, fmt(s.ci_low), fmt(s.ci_high))
+
+
+def ranged(items) -> bool:
+    """Whether any of these ratios, indices or comparisons shows a range, not a CI."""
+    return any(getattr(i, "interval", "ci") == "range" for i in items if i is not None)
+
+
+RANGE_NOTE = "(a range: the runs' extremes, too few runs for a 95% CI)"
 
 
 def duration(seconds: float) -> str:
@@ -109,6 +114,8 @@ def flag_text(flag: str, cell: Cell) -> str:
     """A flag as a table shows it, with the figure that raised it where one helps."""
     if flag == TOO_SHORT and cell.duration is not None:
         return f"{flag} ({duration(cell.duration)})"
+    if flag == composite.FASTER and cell.ratio is not None and cell.ratio.interval != "ci":
+        return f"{flag} (too few runs to test it: n={cell.n})"
     return flag
 
 
@@ -129,7 +136,7 @@ def cell_text(cell: Cell | None) -> Text:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
         text.append(f"\n×{fmt(r.value)}", style=style)
-        text.append(f" [{fmt(r.ci_low)}, {fmt(r.ci_high)}]", style="dim")
+        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)), style="dim")
     if cell.no_ratio is not None:
         text.append(f"\n{cell.no_ratio}", style="dim")
     if cell.failed:
@@ -159,8 +166,7 @@ def _ratio_text(cell: Cell | None) -> Text:
         r = cell.ratio
         shown, low, high = ratio_texts(r.value, r.ci_low, r.ci_high)
         text.append(shown, style="green" if r.value >= 1 else ("red" if r.value < 0.9 else ""))
-        if cell.n > 1:
-            text.append(f" [{low}–{high}]", style="dim")
+        text.append(bracket(r.interval, low, high, "–"), style="dim")
     elif cell.no_ratio is not None:
         text.append(cell.no_ratio, style="dim")
     if cell.flags:   # unspaced: a narrow column never wraps it onto a line of its own
@@ -239,8 +245,12 @@ def print_headline(console: Console, model: RunModel, context: str = "") -> None
         for column in table.columns[3:]:
             column.no_wrap = False
     console.print(table)
+    shown = [row.cells.get(t) for row in rows for t in others]
+    ranges = ranged(c.ratio for c in shown if c is not None) or ranged(
+        i for ci in classes for i in ci.by_target.values())
     console.print(f"[dim]{shown_text(summary.baseline)}: median of its runs; others: ratio to it "
-                  "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)"
+                  "[95% CI]" + (f" or {RANGE_NOTE}" if ranges else "")
+                  + ", below 1 = worse (↑ higher is better, ↓ lower)"
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
     _print_verdicts(console, classes, model.explanations if classes else [])
@@ -278,10 +288,8 @@ def _index_text(index: composite.Index | None) -> Text:
     if index is None:
         return Text()
     shown, low, high = ratio_texts(index.value, index.ci_low, index.ci_high)
-    text = Text(shown, style="bold")
-    if index.ci_low != index.ci_high:
-        text.append(f" [{low}–{high}]", style="dim")
-    return text
+    return Text(shown, style="bold").append(bracket(index.interval, low, high, "–"),
+                                            style="dim")
 
 
 def _print_verdicts(console: Console, classes: list[composite.ClassIndex],
@@ -339,10 +347,12 @@ def grouped_notes(notes: list[str]) -> list[str]:
 
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
+    ranges = ranged(c.ratio for row in summary.rows for c in row.cells.values())
     table = Table(title=escape(_title(run)),
                   caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
                           "cv = coefficient of variation; "
-                          f"×ratio to {summary.baseline} [95% CI]: below 1 = worse, "
+                          f"×ratio to {summary.baseline} [95% CI]"
+                          + (" or (range)" if ranges else "") + ": below 1 = worse, "
                           "whatever the metric's direction (↑ higher is better, ↓ lower)")
     table.add_column("workload")
     table.add_column("metric")
@@ -369,13 +379,20 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
 
 
 def fingerprint_value(value: object) -> str:
-    """A fingerprint's value as text: lists joined, none as "–", booleans as yes/no."""
+    """A fingerprint's value as text, never Python's own spelling: lists joined (records
+    by "; "), a record as KEY=VALUE words, none as "–", booleans as yes/no, floats to four
+    significant digits (a measured 0.03536973999987007 s is 0.03537)."""
     if value is None:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, float):
+        return fmt(value)
     if isinstance(value, list):
-        return ", ".join(fingerprint_value(v) for v in value)
+        return ("; " if any(isinstance(v, dict) for v in value) else ", ").join(
+            fingerprint_value(v) for v in value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={fingerprint_value(v)}" for k, v in value.items())
     return str(value)
 
 
@@ -464,7 +481,10 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
     sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
     for a, b in sides:
         table = Table(title=shown_text(f"B = {b}  vs  A = {a}"),
-                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]; p after "
+                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]"
+                              + (" or (range of the runs: too few for a CI)"
+                                 if ranged(r.comparison for r in rows if (r.a, r.b) == (a, b))
+                                 else "") + "; p after "
                               f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
                               f"significant when p < {alpha:g}, the CI excludes 0 and "
                               f"|change| ≥ {noise_floor:.0%}")
@@ -497,8 +517,8 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
                           f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
                           "–" if c.verdict == "below resolution" else
-                          _percent(c.change) + f" [{_percent(c.change_ci[0])}, "
-                                               f"{_percent(c.change_ci[1])}]",
+                          _percent(c.change) + bracket(c.interval, _percent(c.change_ci[0]),
+                                                       _percent(c.change_ci[1])),
                           "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
                           Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
             previous = group
