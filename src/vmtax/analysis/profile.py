@@ -30,6 +30,8 @@ FUNCTIONS = "function samples"
 DSOS = "dso samples"
 CLASSES = "class samples"
 OTHER = "[other]"
+# An unresolved share (%) worth a word on why and what helps.
+UNRESOLVED_NOTE = 10.0
 
 
 def profile_collectors() -> list[str]:
@@ -75,6 +77,32 @@ class CellProfile:
         if not self.samples or self.sampled_cpu is None or not self.work:
             return None
         return samples / self.samples * self.sampled_cpu / self.work
+
+    @property
+    def total_per_unit(self) -> float | None:
+        """The cell's whole sampled CPU time per unit of work, µs."""
+        seconds = self.seconds_per_unit(self.samples)
+        return None if seconds is None else seconds * 1e6
+
+    @property
+    def unit(self) -> str:
+        """Its unit of work in the singular: "event", "MB", "repetition"."""
+        return (self.work_unit.removesuffix("s") if self.work_unit != "s"
+                else self.work_unit) or "unit of work"
+
+    @property
+    def symbols_note(self) -> str | None:
+        """Why so many samples have no symbol and what would give them one; None when
+        few lack one."""
+        if self.unresolved is None or self.unresolved < UNRESOLVED_NOTE:
+            return None
+        top = sorted({s.dso for s in self.functions if s.name.startswith("[")} - {""},
+                     key=lambda dso: -sum(s.samples for s in self.functions if s.dso == dso))
+        where = f" (most in {', '.join(top[:3])})" if top else ""
+        return (f"{self.unresolved:.1f}% of samples have no symbol{where}: Debian strips its "
+                "binaries; install their -dbgsym packages from the debian-debug archive "
+                "(perf reads /usr/lib/debug), or use a perf built with debuginfod and "
+                "DEBUGINFOD_URLS=https://debuginfod.debian.net")
 
 
 def _work(run: Run, rep: Rep) -> tuple[float | None, str]:
@@ -266,7 +294,11 @@ def hint_shares(cell: CellProfile) -> list[tuple[str, float]]:
             for text, n in sorted(found.items(), key=lambda item: -item[1]) if cell.samples]
 
 
-def hints(cell: CellProfile, least: float = 2.0) -> list[str]:
+# Hypotheses supported by fewer samples (%) than this are not put forward.
+HINT_LEAST = 2.0
+
+
+def hints(cell: CellProfile, least: float = HINT_LEAST) -> list[str]:
     """Hypotheses (never facts) of where the cell's time goes, with the share that
     supports each; those under `least` % are left out."""
     return [f"perhaps {text}: {share:.1f}% of samples have such frames"
