@@ -155,3 +155,15 @@ def test_the_environment_is_shown_as_words_not_python():
         {"quiet": {"busiest": [{"pid": 17207}], "turbo": None, "load": [1.39, 2.0]}}))
     assert items == {"quiet.busiest": "pid=17207", "quiet.turbo": "–",
                      "quiet.load": "1.39, 2"}
+
+
+def test_trends_and_figures_call_a_range_a_range(tmp_path):
+    from vmtax.analysis.stats import compare
+    from vmtax.report import plots
+    from vmtax.report.trend import _change_interval
+    assert re.fullmatch(r" \(\+\d+\.\d% – \+\d+\.\d%\)",
+                        _change_interval(compare([1.0, 1.1], [1.2, 1.3], True)))
+    assert _change_interval(compare([1.0], [1.2], True)) == ""
+    model = analyse(make_run(Store(tmp_path), 2))
+    captions = [c.caption for c in plots.charts(model.summary, {})]
+    assert any("or where there are too few runs for one" in c for c in captions)

@@ -9,6 +9,7 @@ import time
 from rich.console import Console
 
 from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
+from vmtax.analysis.stats import Comparison, bracket
 from vmtax.report.export import iso_time
 from vmtax.report.terminal import fmt, shown_text
 
@@ -38,6 +39,11 @@ def _day(timestamp: float) -> str:
 
 def _interval(low: float, high: float) -> str:
     return f"[{low:+.1%}, {high:+.1%}]"
+
+
+def _change_interval(c: Comparison) -> str:
+    """A comparison's interval: a CI, or with too few runs the runs' range, or none."""
+    return bracket(c.interval, f"{c.change_ci[0]:+.1%}", f"{c.change_ci[1]:+.1%}")
 
 
 def _status(s: Series) -> str:
@@ -88,7 +94,7 @@ def _print_series(console: Console, s: Series) -> None:
         first = s.before_newest[0].run.number
         style = "red" if newest.verdict == "worse" else "green"
         console.print(f"  newest run {latest.run.number} [{style}]{newest.verdict}[/{style}]: "
-                      f"{newest.change:+.1%} {_interval(*newest.change_ci)} against runs "
+                      f"{newest.change:+.1%}{_change_interval(newest)} against runs "
                       f"{first}–{s.points[-2].run.number}", soft_wrap=True)
         console.print(f"    p={newest.p_adjusted:.2g} (adjusted); too recent to call a change",
                       soft_wrap=True)
