@@ -99,7 +99,7 @@ def test_two_runs_show_a_range_called_a_range(tmp_path):
     model = analyse(a)
     headline = _printed(report.print_headline, model)
     assert re.search(r"1\.60 \(1\.6–1\.6\)", headline)
-    assert "or (a range: the runs' extremes, too few runs for a 95% CI)" in headline
+    assert "ratio to it (a range: the runs' extremes, too few runs for a 95% CI)" in headline
     index = _printed(print_composite, model.summary)
     assert "(" in index and "range" in index and not re.search(r"\d \[\d", index)
     rows = analysis.compare_targets([(a, "container", b, "container")])

@@ -201,3 +201,13 @@ def test_the_reports_first_screen_puts_the_profiles_hypothesis_beside_the_share_
     card = card[:card.index('<p class="note">')]
     assert 'data-hypothesis="vm:tcg"' in card
     assert "perhaps code in anonymous executable memory" in card and "50.0%" in card
+    # and the terminal's answer on one screen says it too
+    import io
+
+    from rich.console import Console
+
+    from vmtax.report import terminal
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    terminal.print_headline(console, analyse(run))
+    assert ("→ why vm:tcg, its profile suggests: perhaps code in anonymous executable memory"
+            in console.file.getvalue())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vmtax.analysis import composite
+from vmtax.analysis import composite, profile
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import ClassIndex, Standing
 from vmtax.analysis.summary import Cell, Row, RunSummary
@@ -26,6 +26,8 @@ class RunModel:
     explained: list[tuple[str | None, str]]
     # Per class, each target but the baseline with its index, best first.
     standings: dict[str, list[Standing]]
+    # Per profiled target, the hypothesis of where its time goes its profile supports most.
+    hypotheses: dict[str, str]
     # Per target, its lowest-ratio classified metric among those told apart from the
     # baseline (a 95% CI wholly below 1); a target with none is absent.
     worst: dict[str, tuple[Row, Cell]]
@@ -41,7 +43,8 @@ def analyse(run: Run) -> RunModel:
     return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
                     classes=composite.composite(summary) if others else [],
                     explained=composite.explained(summary),
-                    standings=composite.standings(summary), worst=_worst(summary))
+                    standings=composite.standings(summary),
+                    hypotheses=profile.top_hypotheses(run), worst=_worst(summary))
 
 
 def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:

@@ -305,6 +305,18 @@ def hints(cell: CellProfile, least: float = HINT_LEAST) -> list[str]:
             for text, share in hint_shares(cell) if share >= least]
 
 
+def top_hypotheses(run: Run) -> dict[str, str]:
+    """Per target, the hypothesis its profiled cells support most (HINT_LEAST applies),
+    with the share and the workload it was read from."""
+    best: dict[str, tuple[float, str]] = {}
+    for cell in run_cells(run)[0]:
+        for text, share in hint_shares(cell)[:1]:
+            if share >= HINT_LEAST and share > best.get(cell.target, (0.0, ""))[0]:
+                best[cell.target] = (share, f"perhaps {text}: {share:.1f}% of its host "
+                                            f"CPU samples in {cell.workload} have such frames")
+    return {target: line for target, (_, line) in best.items()}
+
+
 def as_json(cell: CellProfile, top: int) -> dict[str, Any]:
     return {"run": cell.run_id, "target": cell.target, "workload": cell.workload,
             "params": cell.params, "samples": cell.samples, "sampled_cpu_s": cell.sampled_cpu,

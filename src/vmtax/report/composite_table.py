@@ -17,10 +17,10 @@ def print_composite(console: Console, summary: RunSummary) -> None:
     if not classes:
         console.print("no workload of this run has a ratio to the baseline in a class")
         return
-    ranges = report.ranged(i for ci in classes for i in ci.by_target.values())
+    kinds = {i.interval for ci in classes for t, i in ci.by_target.items()
+             if t != summary.baseline}
     table = Table(title=f"composite index: ratio to {summary.baseline}, geometric mean "
-                  "[95% CI]" + (f" or {report.RANGE_NOTE}" if ranges else "")
-                  + "; below 1 = worse")
+                  f"{report.interval_legend(kinds)}; below 1 = worse")
     table.add_column("class")
     table.add_column("workloads", justify="right")
     for target in summary.targets:

@@ -17,7 +17,7 @@ import jinja2
 
 from vmtax import __version__
 from vmtax.analysis import composite
-from vmtax.analysis import profile, stats
+from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import Standing
 from vmtax.analysis.model import RunModel
@@ -122,19 +122,7 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
                      flags_line=report.flags_line(model.headline, quiet.during(run.host)),
                      host=host,
                      composite=model.classes if len(summary.targets) > 1 else [],
-                     explained=explained, hypotheses=hypotheses(run))
-
-
-def hypotheses(run: Run) -> dict[str, str]:
-    """Per target, the hypothesis its profiled cells support most (profile.hints'
-    threshold applies), with the share and the workload it was read from."""
-    best: dict[str, tuple[float, str]] = {}
-    for cell in profile.run_cells(run)[0]:
-        for text, share in profile.hint_shares(cell)[:1]:
-            if share >= profile.HINT_LEAST and share > best.get(cell.target, (0.0, ""))[0]:
-                best[cell.target] = (share, f"perhaps {text}: {share:.1f}% of its host "
-                                            f"CPU samples in {cell.workload} have such frames")
-    return {target: line for target, (_, line) in best.items()}
+                     explained=explained, hypotheses=model.hypotheses)
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set as AbstractSet
 
 from rich import box
 from rich.console import Console, JustifyMethod
@@ -95,6 +95,13 @@ def target_label(run: Run, name: str) -> str:
 def interval(s) -> str:
     """A median's interval (a 95% CI, or the runs' range) as bracket() shows it."""
     return bracket(s.interval, fmt(s.ci_low), fmt(s.ci_high))
+
+
+def interval_legend(kinds: AbstractSet[str]) -> str:
+    """What the intervals shown are: "[95% CI]", a range, none (one run) or a mix."""
+    parts = (["[95% CI]"] * ("ci" in kinds) + [RANGE_NOTE] * ("range" in kinds)
+             + ["(no interval: one run a side)"] * (kinds == {"none"}))
+    return " or ".join(parts or ["[95% CI]"])
 
 
 def ranged(items) -> bool:
@@ -245,15 +252,19 @@ def print_headline(console: Console, model: RunModel, context: str = "") -> None
         for column in table.columns[3:]:
             column.no_wrap = False
     console.print(table)
-    shown = [row.cells.get(t) for row in rows for t in others]
-    ranges = ranged(c.ratio for c in shown if c is not None) or ranged(
-        i for ci in classes for i in ci.by_target.values())
+    kinds = {c.ratio.interval for row in rows for t in others
+             if (c := row.cells.get(t)) is not None and c.ratio is not None}
+    kinds |= {i.interval for ci in classes for t, i in ci.by_target.items() if t in others}
     console.print(f"[dim]{shown_text(summary.baseline)}: median of its runs; others: ratio to it "
-                  "[95% CI]" + (f" or {RANGE_NOTE}" if ranges else "")
+                  + interval_legend(kinds)
                   + ", below 1 = worse (↑ higher is better, ↓ lower)"
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
     _print_verdicts(console, classes, model.explanations if classes else [])
+    for target, line in model.hypotheses.items():
+        if target in others:
+            console.print(Text(f"→ why {printable(target)}, its profile suggests: "
+                               f"{printable(line)}"))
     line = flags_line(rows, context)
     if line:
         console.print(Text(line, style=FLAG_STYLE))
