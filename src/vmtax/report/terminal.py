@@ -106,7 +106,7 @@ def interval_legend(kinds: AbstractSet[str]) -> str:
 
 def ranged(items) -> bool:
     """Whether any of these ratios, indices or comparisons shows a range, not a CI."""
-    return any(getattr(i, "interval", "ci") == "range" for i in items if i is not None)
+    return any(i.interval == "range" for i in items if i is not None)
 
 
 RANGE_NOTE = "(a range: the runs' extremes, too few runs for a 95% CI)"
