@@ -184,9 +184,14 @@ def test_diff_has_a_total_line_and_says_why_symbols_are_missing(results, tmp_pat
     cell = profile.CellProfile("r", "native", "cpu", {}, 100, [], [
         profile.Share("[sysbench]", 90, 90.0, "sysbench")], [], {}, 1.0, 95.9, 1.0, 10.0,
         "events")
-    assert cell.symbols_note.startswith("95.9% of samples have no symbol (most in sysbench): "
-                                        "Debian strips its binaries; install their -dbgsym")
+    assert cell.symbols_note.startswith(
+        "95.9% of samples have no symbol; it is in binaries Debian strips (most in "
+        "sysbench): install their -dbgsym packages")
     assert "debuginfod" in cell.symbols_note
+    # TCG's generated code has no symbol file to install: said apart
+    cell.functions.append(profile.Share("[perf-PID.map]", 50, 50.0, "perf-PID.map"))
+    assert "; 50.0% are code generated at run time (perf-PID.map" in cell.symbols_note
+    assert "the rest is in binaries Debian strips (most in sysbench)" in cell.symbols_note
     cell.unresolved = 3.0
     assert cell.symbols_note is None
 

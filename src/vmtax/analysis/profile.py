@@ -32,6 +32,8 @@ CLASSES = "class samples"
 OTHER = "[other]"
 # An unresolved share (%) worth a word on why and what helps.
 UNRESOLVED_NOTE = 10.0
+# Where perf puts code generated at run time: the map file a JIT (or TCG) may write.
+GENERATED = re.compile(r"perf-(\d+|PID)\.map")
 
 
 def profile_collectors() -> list[str]:
@@ -93,16 +95,28 @@ class CellProfile:
     @property
     def symbols_note(self) -> str | None:
         """Why so many samples have no symbol and what would give them one; None when
-        few lack one."""
+        few lack one. Code generated at run time (TCG's translation blocks, a JIT: perf
+        names it perf-PID.map) has no symbols anywhere; stripped binaries do, apart."""
         if self.unresolved is None or self.unresolved < UNRESOLVED_NOTE:
             return None
-        top = sorted({s.dso for s in self.functions if s.name.startswith("[")} - {""},
-                     key=lambda dso: -sum(s.samples for s in self.functions if s.dso == dso))
-        where = f" (most in {', '.join(top[:3])})" if top else ""
-        return (f"{self.unresolved:.1f}% of samples have no symbol{where}: Debian strips its "
-                "binaries; install their -dbgsym packages from the debian-debug archive "
-                "(perf reads /usr/lib/debug), or use a perf built with debuginfod and "
-                "DEBUGINFOD_URLS=https://debuginfod.debian.net")
+        unnamed = [s for s in self.functions if s.name.startswith("[")]
+        generated = sum(s.share for s in unnamed if GENERATED.search(f"{s.name} {s.dso}"))
+        weights: dict[str, float] = {}
+        for share in unnamed:
+            if share.dso and not GENERATED.search(f"{share.name} {share.dso}"):
+                weights[share.dso] = weights.get(share.dso, 0.0) + share.samples
+        top = sorted(weights, key=lambda dso: -weights[dso])[:3]
+        text = f"{self.unresolved:.1f}% of samples have no symbol"
+        if generated >= 1:
+            text += (f"; {generated:.1f}% are code generated at run time (perf-PID.map: "
+                     "TCG's translation blocks, a JIT), which no symbol file names")
+        if top or generated < 1:
+            most = f" (most in {', '.join(top)})" if top else ""
+            text += (f"; {'the rest' if generated >= 1 else 'it'} is in binaries Debian "
+                     f"strips{most}: install their -dbgsym packages from the debian-debug "
+                     "archive (perf reads /usr/lib/debug), or use a perf built with "
+                     "debuginfod and DEBUGINFOD_URLS=https://debuginfod.debian.net")
+        return text
 
 
 def _work(run: Run, rep: Rep) -> tuple[float | None, str]:
