@@ -146,7 +146,7 @@ def test_a_capacity_that_is_only_a_lower_bound_is_not_averaged_in():
 
 
 def test_the_environment_is_shown_as_words_not_python():
-    assert report.fingerprint_value(None) == "–"
+    assert report.fingerprint_value(None) == report.fingerprint_value([]) == "–"
     assert report.fingerprint_value(0.03536973999987007) == "0.03537"
     assert report.fingerprint_value([{"pid": 17207, "name": "pip", "cpu": 0.4},
                                      {"pid": 3, "name": "sh", "cpu": 0.2}]) == \

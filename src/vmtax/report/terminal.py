@@ -391,9 +391,10 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
 
 def fingerprint_value(value: object) -> str:
     """A fingerprint's value as text, never Python's own spelling: lists joined (records
-    by "; "), a record as KEY=VALUE words, none as "–", booleans as yes/no, floats to four
-    significant digits (a measured 0.03536973999987007 s is 0.03537)."""
-    if value is None:
+    by "; "), a record as KEY=VALUE words, none (or an empty list) as "–", booleans as
+    yes/no, floats to four significant digits (a measured 0.03536973999987007 s is
+    0.03537)."""
+    if value is None or value == []:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
