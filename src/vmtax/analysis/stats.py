@@ -10,6 +10,8 @@ Public API
     min_p_value(n_a, n_b)                     -> smallest p a rank test can give at n_a vs n_b
     precise_enough / next_action              -> adaptive repetition
     interval_kind(n, n_other)                 -> "ci", "range" or "none": what an interval is
+    bracket(kind, low, high)                  -> that interval as every view writes it
+    can_test(n, n_baseline)                   -> whether those runs can test a difference
     clock_skew / noisy / faster_than_baseline -> sanity flags
     interleave(labels, runs)                  -> counterbalanced run order
 
