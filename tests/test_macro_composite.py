@@ -55,7 +55,7 @@ def test_a_workload_counts_once_whatever_its_dimensions():
     # dd's two copies make one workload of ratio 1, then the mean with dbench's 0.5
     assert disk.by_target["vm"].value == pytest.approx(math.sqrt(1.0 * 0.5))
     assert disk.by_target["vm"].parts == ("dd", "dbench")
-    assert disk.by_target["native"] == Index(1.0, 1.0, 1.0)
+    assert disk.by_target["native"] == Index(1.0, 1.0, 1.0, interval="none")
     overall = classes["overall"].by_target["vm"]
     assert overall.value == pytest.approx((1.0 * 0.5 * 0.8) ** (1 / 3))
     # container's interval holds native's 1; the VM's lies below it

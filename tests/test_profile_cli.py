@@ -149,3 +149,70 @@ def test_the_html_report_has_both_flame_graphs_of_a_profiled_cell(results, tmp_p
     assert "Where the host&#39;s CPU time went" in page or "Where the host's CPU time went" in page
     assert page.count('class="flamegraph"') == 3      # two cells, one differential
     assert 'data-baseline="native · fileio' in page
+
+
+def test_the_differential_graph_colours_by_cpu_time_added_per_unit_of_work(tmp_path):
+    # issue 36: a frame whose share fell while the CPU it costs per unit of work grew was
+    # drawn blue, contradicting `profile diff`. Native: 1 s for 600 reads, clone3 on 90% of
+    # stacks (1,500 µs a read); the VM: 3 s for 60 reads, clone3 on 20% (10,000 µs a read).
+    path = str(tmp_path / "results")
+    store = Store(path)
+    run = store.new_run({"name": "pair"}, {}, "test")
+    store_cell(store, run, "native", [("sysbench", "sysbench;clone3", 90),
+                                      ("sysbench", "sysbench;main", 10)], per_s=100.0, cpu=1.0)
+    store_cell(store, run, "vm:tcg", [("vcpu", "CPU 0/TCG;clone3", 20),
+                                      ("vcpu", "CPU 0/TCG;cpu_exec", 80)], per_s=10.0, cpu=3.0)
+    store.finish_run(run, "done")
+    store.close()
+    loaded = Store(path, readonly=True).load_run("last")
+    _, tcg = flamegraph.graphs(loaded, "native", {})
+    clone3 = re.search(r"<title>clone3 — [^<]*</title><rect [^>]*fill=\"(rgb\([^)]*\))\"",
+                       tcg.diff_svg)
+    assert clone3 and clone3.group(1).startswith("rgb(255,"), "clone3 drawn as less"
+    assert "added +8.5e+03 µs" in tcg.diff_svg and "change -70.00 pp" in tcg.diff_svg
+    assert "colour: CPU µs per read added against the baseline" in tcg.diff_svg
+    assert (tcg.total_a, tcg.total_b) == pytest.approx((1666.67, 50000.0), rel=1e-3)
+
+
+def test_diff_has_a_total_line_and_says_why_symbols_are_missing(results, tmp_path):
+    text = ok("profile", "diff", "last:native", "last:vm:tcg", "--results", results)
+    # native: 1 s for 600 reads; vm:tcg: 3 s for 60 reads
+    assert "total CPU per read: A 1.67e+03 µs, B 5e+04 µs (+4.83e+04 µs, ×30)" in text
+    data = json.loads(ok("profile", "diff", "last:native", "last:vm:tcg", "--json",
+                         "--results", results))
+    assert data["pairs"][0]["total_us_per_unit"]["b"] == pytest.approx(50000.0)
+    cell = profile.CellProfile("r", "native", "cpu", {}, 100, [], [
+        profile.Share("[sysbench]", 90, 90.0, "sysbench")], [], {}, 1.0, 95.9, 1.0, 10.0,
+        "events")
+    assert cell.symbols_note.startswith(
+        "95.9% of samples have no symbol; it is in binaries Debian strips (most in "
+        "sysbench): install their -dbgsym packages")
+    assert "debuginfod" in cell.symbols_note
+    # TCG's generated code has no symbol file to install: said apart
+    cell.functions.append(profile.Share("[perf-PID.map]", 50, 50.0, "perf-PID.map"))
+    assert "; 50.0% are code generated at run time (perf-PID.map" in cell.symbols_note
+    assert "the rest is in binaries Debian strips (most in sysbench)" in cell.symbols_note
+    cell.unresolved = 3.0
+    assert cell.symbols_note is None
+
+
+def test_the_reports_first_screen_puts_the_profiles_hypothesis_beside_the_share_kept(
+        results, tmp_path):
+    from vmtax.analysis.model import analyse
+    from vmtax.report import html as htmlreport
+    run = Store(results, readonly=True).load_run("last")
+    page = htmlreport.render_html([htmlreport.build(analyse(run))])
+    card = page[page.index('<div class="card" data-class="disk I/O"'):]
+    card = card[:card.index('<p class="note">')]
+    assert 'data-hypothesis="vm:tcg"' in card
+    assert "perhaps code in anonymous executable memory" in card and "50.0%" in card
+    # and the terminal's answer on one screen says it too
+    import io
+
+    from rich.console import Console
+
+    from vmtax.report import terminal
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    terminal.print_headline(console, analyse(run))
+    assert ("→ why vm:tcg, its profile suggests: perhaps code in anonymous executable memory"
+            in console.file.getvalue())

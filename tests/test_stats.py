@@ -8,14 +8,17 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from vmtax.analysis import stats
+from vmtax.core.text import bracket
 from vmtax.analysis.stats import (
     RatioSummary,
     Summary,
     adjust_pvalues,
     clock_skew,
+    can_test,
     compare,
     compare_many,
     faster_than_baseline,
+    interval_kind,
     interleave,
     min_p_value,
     min_runs_to_detect,
@@ -125,8 +128,8 @@ def test_ratio_bootstrap_is_seeded():
 
 
 def test_ratio_zero_medians_give_inf_or_nan():
-    assert ratio([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], True) == RatioSummary(math.inf, math.inf,
-                                                                          math.inf)
+    assert ratio([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], True) == RatioSummary(
+        math.inf, math.inf, math.inf, "range")
     nan = ratio([0.0, 0.0, 1.0], [0.0, 0.0, 2.0], True)
     assert all(math.isnan(v) for v in (nan.value, nan.ci_low, nan.ci_high))
     assert not faster_than_baseline(nan, 5, 5)
@@ -425,19 +428,50 @@ def test_noisy_and_faster_than_baseline():
     assert not faster_than_baseline(RatioSummary(1.2, 0.98, 1.3), 5, 5)
 
 
-def test_faster_than_baseline_needs_runs_enough_for_its_interval():
+def test_faster_than_baseline_is_tested_with_runs_enough_for_its_interval():
     # issue 18: at 2 vs 2 a "95%" interval above 1 only says both runs beat both baseline
     # runs, which chance does 1 time in 6.
     rng = np.random.default_rng(5)
     by_chance = sum(ratio(rng.normal(100, 3, 2), rng.normal(100, 3, 2), True,
                           n_boot=500).ci_low > 1 for _ in range(300))
     assert 30 < by_chance < 70    # ~1/6 of 300: the interval cannot be trusted at 2 vs 2
-    above = RatioSummary(1.3, 1.2, 1.4)
-    assert [faster_than_baseline(above, n, m) for n, m in
-            [(2, 2), (3, 3), (3, 4), (2, 6), (4, 4), (3, 5), (5, 5), (1, 39)]] == [
+    marginal = RatioSummary(1.06, 1.02, 1.09, "range")
+    counts = [(2, 2), (3, 3), (3, 4), (2, 6), (4, 4), (3, 5), (5, 5), (1, 39)]
+    assert [faster_than_baseline(marginal, n, m) for n, m in counts] == [
         False, False, False, False, True, True, True, True]
-    assert not faster_than_baseline(above, 4, 4, confidence=0.99)
-    assert not faster_than_baseline(above, 0, 5)
+    assert [can_test(n, m) for n, m in counts] == [
+        False, False, False, False, True, True, True, True]
+    assert not faster_than_baseline(marginal, 4, 4, confidence=0.99)
+    assert not faster_than_baseline(marginal, 0, 5)
+
+
+def test_a_clear_win_is_flagged_at_any_run_count():
+    # issue 36: gVisor's fio at 7.44 [7.3–7.5] from 2 runs went unflagged. A win whose
+    # whole range clears 1 by more than the margin is flagged untested; one within it not.
+    clear = RatioSummary(7.44, 7.3, 7.5, "range")
+    assert all(faster_than_baseline(clear, n, m) for n, m in [(1, 1), (2, 2), (3, 3), (1, 5)])
+    single = RatioSummary(1.55, 1.55, 1.55, "none")
+    assert faster_than_baseline(single, 1, 1)
+    assert not faster_than_baseline(RatioSummary(1.08, 1.08, 1.08, "none"), 1, 1)
+    assert not faster_than_baseline(RatioSummary(1.3, 0.95, 1.6, "range"), 2, 2)
+
+
+def test_interval_kind_names_ranges_and_single_runs():
+    # issue 36: `composite last` printed 1.05 [1.05, 1.05] from one run; a 2-run range was
+    # labelled a 95% CI.
+    assert [interval_kind(n, m) for n, m in [(1, 1), (1, 2), (2, 2), (3, 3), (4, 4), (3, 5)]] \
+        == ["none", "range", "range", "range", "ci", "ci"]
+    assert interval_kind(4, 4, 0.99) == "range" and interval_kind(5, 5, 0.99) == "ci"
+    assert ratio([10.0], [5.0], True).interval == "none"
+    assert ratio([10.0, 11.0], [5.0, 5.5], True).interval == "range"
+    assert ratio([10.0, 11.0, 10.5, 10.2], [5.0, 5.5, 5.2, 5.1], True).interval == "ci"
+    assert [summarize(range(1, n + 1)).interval for n in (1, 2, 5, 6)] == [
+        "none", "range", "range", "ci"]
+    assert compare([1.0, 1.1], [1.2, 1.3], True).interval == "range"
+    assert compare([1.0, 1.1, 1.05, 1.02, 1.03], [1.2, 1.3, 1.25, 1.22, 1.21], True).interval \
+        == "ci"
+    assert bracket("ci", "1", "2") == " [1, 2]" and bracket("range", "1", "2") == " (1 – 2)"
+    assert bracket("range", "1", "2", "–") == " (1–2)" and bracket("none", "1", "1") == ""
 
 
 # ---- interleave --------------------------------------------------------------------------

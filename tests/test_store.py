@@ -202,11 +202,12 @@ def test_a_database_of_vmtax_before_versions_is_upgraded_in_place(tmp_path):
     rows = {(r.workload, r.metric): r for r in summary.rows}
     cpu = rows[("cpu", "events/s")]
     assert cpu.dimensions == {} and cpu.cells["container"].ratio.value == pytest.approx(1.3)
-    # The bare-host flag the migration set is what makes beating native suspicious; the
-    # flag stored then came from 3 runs a side, too few for it today (stats.
-    # faster_than_baseline: a 95% interval needs 4 vs 4).
+    # The bare-host flag the migration set is what makes beating native suspicious. 3 runs
+    # a side are too few to test the win (a 95% interval needs 4 vs 4), but a ×1.3 whose
+    # whole range clears 1 by over 10% is flagged all the same, as untested (issue 36).
     assert cpu.cells["container"].ratio.ci_low > 1 and cpu.cells["container"].n == 3
-    assert "faster than baseline" not in cpu.cells["container"].flags
+    assert cpu.cells["container"].ratio.interval == "range"
+    assert "faster than baseline" in cpu.cells["container"].flags
     assert rows[("threads", "events/s")].cells["container"].failed == 1
     assert [(f["target"], f["workload"], f["idx"]) for f in summary.failures] == [
         ("container", "threads", 2)]

@@ -35,8 +35,10 @@ from dataclasses import asdict, dataclass, field
 
 
 from vmtax.analysis import summary as analysis
+from vmtax.analysis.stats import SUSPICIOUS_MARGIN, IntervalKind
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core import workload as workloads
+from vmtax.core.text import bracket
 
 OVERALL = "overall"
 # No verdict from fewer runs per side than E3's method keeps: one run gives an interval of
@@ -53,6 +55,9 @@ class Index:
     parts: tuple[str, ...] = ()        # what it averages: workload labels
     # The fewest measured runs behind any ratio counted (on either side of it).
     runs: int = MIN_RUNS
+    # What [ci_low, ci_high] is: a CI when every part's is one; propagated from runs'
+    # ranges when any part had too few runs for a CI ("range"); none from single runs.
+    interval: IntervalKind = "ci"
 
 
 @dataclass
@@ -72,14 +77,21 @@ def combine(indices: list[Index], parts: tuple[str, ...] = ()) -> Index:
     low = math.sqrt(sum((v - math.log(i.ci_low)) ** 2 for v, i in zip(logs, indices)))
     high = math.sqrt(sum((math.log(i.ci_high) - v) ** 2 for v, i in zip(logs, indices)))
     mean = sum(logs) / n
+    kinds = {i.interval for i in indices}
+    kind: IntervalKind = kinds.pop() if len(kinds) == 1 else "range"
     return Index(math.exp(mean), math.exp(mean - low / n), math.exp(mean + high / n), parts,
-                 min(i.runs for i in indices))
+                 min(i.runs for i in indices), kind)
 
 
-def _usable(cell: Cell) -> bool:
+def _usable(cell: Cell, base: Cell) -> bool:
     r = cell.ratio
-    return (r is not None and all(math.isfinite(v) and v > 0
-                                  for v in (r.value, r.ci_low, r.ci_high)))
+    return (r is not None and not _bound(cell) and not _bound(base)
+            and all(math.isfinite(v) and v > 0 for v in (r.value, r.ci_low, r.ci_high)))
+
+
+def _bound(cell: Cell) -> bool:
+    """Whether a workload flagged the cell's value as only a lower bound."""
+    return any(f.partition(": ")[0] == workloads.LOWER_BOUND for f in cell.flags)
 
 
 def _label(row: Row) -> str:
@@ -102,13 +114,17 @@ def composite(summary: RunSummary) -> list[ClassIndex]:
         for target, cell in row.cells.items():
             if target == summary.baseline:
                 continue
-            if _usable(cell):
+            if _usable(cell, base):
                 assert cell.ratio is not None
                 ratios.setdefault(spec.group, {}).setdefault(label, {}).setdefault(
                     target, []).append(Index(cell.ratio.value, cell.ratio.ci_low,
-                                             cell.ratio.ci_high, runs=min(cell.n, base.n)))
+                                             cell.ratio.ci_high, runs=min(cell.n, base.n),
+                                             interval=cell.ratio.interval))
             else:
-                why = cell.no_ratio or "no ratio (failed or missing runs)"
+                why = (cell.no_ratio or "no ratio (failed or missing runs)"
+                       if not (_bound(cell) or _bound(base)) else
+                       "a capacity that is only a lower bound (no step failed) on "
+                       f"{target if _bound(cell) else summary.baseline}: no measure of the tax")
                 skipped.setdefault(spec.group, []).append(f"{row.label} of {label} on "
                                                           f"{target}: {why}")
     order = [c for c in analysis.CLASS_ORDER if c in ratios]
@@ -136,7 +152,7 @@ def composite(summary: RunSummary) -> list[ClassIndex]:
 
 def _with_baseline(cls: str, indices: dict[str, Index], summary: RunSummary,
                    skipped: list[str]) -> ClassIndex:
-    by_target = {summary.baseline: Index(1.0, 1.0, 1.0)}
+    by_target = {summary.baseline: Index(1.0, 1.0, 1.0, interval="none")}
     by_target.update(sorted(indices.items(), key=lambda kv: -kv[1].value))
     # A target recommended for beating the bare host says so: the verdict stands on the
     # numbers, the doubt on `explanations` (a cell flagged faster, with its likely
@@ -181,8 +197,9 @@ def recommend(cls: str, by_target: dict[str, Index], baseline: str,
         if best_name == baseline:
             return f"{cls}: {best_name} (the others lose beyond noise; {losses})"
         doubt = (doubts or {}).get(best_name, "")
-        return (f"{cls}: {best_name} (index {best.value:.3g} [{best.ci_low:.3g}, "
-                f"{best.ci_high:.3g}]){doubt}" + (f"; {losses}" if losses else ""))
+        shown = bracket(best.interval, f"{best.ci_low:.3g}", f"{best.ci_high:.3g}")
+        return (f"{cls}: {best_name} (index {best.value:.3g}{shown}){doubt}"
+                + (f"; {losses}" if losses else ""))
     # No winner, but those below the best beyond noise are worth a word.
     losers = {name: i for name, i in by_target.items() if i.ci_high < best.ci_low}
     if not losers:
@@ -245,7 +262,7 @@ def standings(summary: RunSummary) -> dict[str, list[Standing]]:
         if spec is None or spec.group is None or summary.baseline not in row.cells:
             continue
         for target, cell in row.cells.items():
-            if target != summary.baseline and _usable(cell):
+            if target != summary.baseline and _usable(cell, row.cells[summary.baseline]):
                 counted.setdefault((spec.group, target), []).append((row, cell))
     return {ci.cls: [Standing(target, index.value, index.parts, counted[(ci.cls, target)])
                      for target, index in ci.by_target.items() if target != summary.baseline]
@@ -289,6 +306,10 @@ def explained(summary: RunSummary) -> list[tuple[str | None, str]]:
             else:
                 why = ("no I/O to explain it and no clock skew seen: check the host's load "
                        "during the baseline's runs")
+            if cell.ratio is not None and cell.ratio.interval != "ci":
+                why += (f" (too few runs to test the win, n={cell.n}: flagged as its ×"
+                        f"{cell.ratio.value:.3g} clears 1 by over {SUSPICIOUS_MARGIN:.0%} "
+                        "on every run)")
             lines.append((spec.group if spec is not None else None,
                           f"{target} · {_label(row)} {row.label}: {why}"))
     return lines

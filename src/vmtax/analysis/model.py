@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vmtax.analysis import composite
+from vmtax.analysis import composite, profile
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import ClassIndex, Standing
 from vmtax.analysis.summary import Cell, Row, RunSummary
@@ -26,7 +26,10 @@ class RunModel:
     explained: list[tuple[str | None, str]]
     # Per class, each target but the baseline with its index, best first.
     standings: dict[str, list[Standing]]
-    # Per target, its lowest-ratio classified metric.
+    # Per profiled target, the hypothesis of where its time goes its profile supports most.
+    hypotheses: dict[str, str]
+    # Per target, its lowest-ratio classified metric among those told apart from the
+    # baseline (a 95% CI wholly below 1); a target with none is absent.
     worst: dict[str, tuple[Row, Cell]]
 
     @property
@@ -40,7 +43,8 @@ def analyse(run: Run) -> RunModel:
     return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
                     classes=composite.composite(summary) if others else [],
                     explained=composite.explained(summary),
-                    standings=composite.standings(summary), worst=_worst(summary))
+                    standings=composite.standings(summary),
+                    hypotheses=profile.top_hypotheses(run), worst=_worst(summary))
 
 
 def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:
@@ -51,7 +55,9 @@ def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:
             continue
         for target, cell in row.cells.items():
             r = cell.ratio
+            # Only a loss beyond noise: a ratio of 0.40 [0.11, 3.1] is no weakest metric.
             if (r is not None and math.isfinite(r.value) and r.value > 0
+                    and r.interval == "ci" and r.ci_high < 1
                     and (target not in worst or r.value < _ratio(worst[target]))):
                 worst[target] = (row, cell)
     return worst

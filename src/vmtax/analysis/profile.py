@@ -30,6 +30,10 @@ FUNCTIONS = "function samples"
 DSOS = "dso samples"
 CLASSES = "class samples"
 OTHER = "[other]"
+# An unresolved share (%) worth a word on why and what helps.
+UNRESOLVED_NOTE = 10.0
+# Where perf puts code generated at run time: the map file a JIT (or TCG) may write.
+GENERATED = re.compile(r"perf-(\d+|PID)\.map")
 
 
 def profile_collectors() -> list[str]:
@@ -75,6 +79,44 @@ class CellProfile:
         if not self.samples or self.sampled_cpu is None or not self.work:
             return None
         return samples / self.samples * self.sampled_cpu / self.work
+
+    @property
+    def total_per_unit(self) -> float | None:
+        """The cell's whole sampled CPU time per unit of work, µs."""
+        seconds = self.seconds_per_unit(self.samples)
+        return None if seconds is None else seconds * 1e6
+
+    @property
+    def unit(self) -> str:
+        """Its unit of work in the singular: "event", "MB", "repetition"."""
+        return (self.work_unit.removesuffix("s") if self.work_unit != "s"
+                else self.work_unit) or "unit of work"
+
+    @property
+    def symbols_note(self) -> str | None:
+        """Why so many samples have no symbol and what would give them one; None when
+        few lack one. Code generated at run time (TCG's translation blocks, a JIT: perf
+        names it perf-PID.map) has no symbols anywhere; stripped binaries do, apart."""
+        if self.unresolved is None or self.unresolved < UNRESOLVED_NOTE:
+            return None
+        unnamed = [s for s in self.functions if s.name.startswith("[")]
+        generated = sum(s.share for s in unnamed if GENERATED.search(f"{s.name} {s.dso}"))
+        weights: dict[str, float] = {}
+        for share in unnamed:
+            if share.dso and not GENERATED.search(f"{share.name} {share.dso}"):
+                weights[share.dso] = weights.get(share.dso, 0.0) + share.samples
+        top = sorted(weights, key=lambda dso: -weights[dso])[:3]
+        text = f"{self.unresolved:.1f}% of samples have no symbol"
+        if generated >= 1:
+            text += (f"; {generated:.1f}% are code generated at run time (perf-PID.map: "
+                     "TCG's translation blocks, a JIT), which no symbol file names")
+        if top or generated < 1:
+            most = f" (most in {', '.join(top)})" if top else ""
+            text += (f"; {'the rest' if generated >= 1 else 'it'} is in binaries Debian "
+                     f"strips{most}: install their -dbgsym packages from the debian-debug "
+                     "archive (perf reads /usr/lib/debug), or use a perf built with "
+                     "debuginfod and DEBUGINFOD_URLS=https://debuginfod.debian.net")
+        return text
 
 
 def _work(run: Run, rep: Rep) -> tuple[float | None, str]:
@@ -266,11 +308,27 @@ def hint_shares(cell: CellProfile) -> list[tuple[str, float]]:
             for text, n in sorted(found.items(), key=lambda item: -item[1]) if cell.samples]
 
 
-def hints(cell: CellProfile, least: float = 2.0) -> list[str]:
+# Hypotheses supported by fewer samples (%) than this are not put forward.
+HINT_LEAST = 2.0
+
+
+def hints(cell: CellProfile, least: float = HINT_LEAST) -> list[str]:
     """Hypotheses (never facts) of where the cell's time goes, with the share that
     supports each; those under `least` % are left out."""
     return [f"perhaps {text}: {share:.1f}% of samples have such frames"
             for text, share in hint_shares(cell) if share >= least]
+
+
+def top_hypotheses(run: Run) -> dict[str, str]:
+    """Per target, the hypothesis its profiled cells support most (HINT_LEAST applies),
+    with the share and the workload it was read from."""
+    best: dict[str, tuple[float, str]] = {}
+    for cell in run_cells(run)[0]:
+        for text, share in hint_shares(cell)[:1]:
+            if share >= HINT_LEAST and share > best.get(cell.target, (0.0, ""))[0]:
+                best[cell.target] = (share, f"perhaps {text}: {share:.1f}% of its host "
+                                            f"CPU samples in {cell.workload} have such frames")
+    return {target: line for target, (_, line) in best.items()}
 
 
 def as_json(cell: CellProfile, top: int) -> dict[str, Any]:

@@ -9,7 +9,10 @@ Public API
     min_runs_to_detect(alpha, tests)          -> runs per side needed to ever reach p < alpha
     min_p_value(n_a, n_b)                     -> smallest p a rank test can give at n_a vs n_b
     precise_enough / next_action              -> adaptive repetition
-    clock_skew / noisy / faster_than_baseline -> sanity flags (the last needs enough runs)
+    interval_kind(n, n_other)                 -> "ci", "range" or "none": what an interval is
+    bracket(kind, low, high)                  -> that interval as every view writes it
+    can_test(n, n_baseline)                   -> whether those runs can test a difference
+    clock_skew / noisy / faster_than_baseline -> sanity flags
     interleave(labels, runs)                  -> counterbalanced run order
 
 Methods and why
@@ -49,8 +52,10 @@ Methods and why
     no change, and stays out of the multiplicity adjustment.
   * A bootstrap interval from very few runs is narrower than its nominal level (at 2 vs 2
     a ratio CI above 1 only says that both target runs beat both baseline runs, which
-    chance does 1 time in 6), so `faster_than_baseline` needs run counts at which a rank
-    test could reach the interval's level at all.
+    chance does 1 time in 6): below the run counts at which a rank test could reach the
+    interval's level it is called the runs' range, never a CI (`interval_kind`), and
+    `faster_than_baseline` still flags a win whose range clears 1 by a margin, saying it
+    could not be tested.
 """
 
 from __future__ import annotations
@@ -77,6 +82,13 @@ T_LOG_MIN_RUNS = 3
 # median is at or below the metric's printed resolution. Both explain themselves in `note`.
 Verdict = Literal["better", "worse", "~", "too few runs", "below resolution"]
 Action = Literal["more", "done", "gave_up"]
+# What an interval is: a confidence interval that reaches its stated level ("ci"), the
+# range the runs gave where there are too few runs for one ("range"), or nothing at all:
+# one run a side ("none"). Every view names it so (interval_kind).
+IntervalKind = Literal["ci", "range", "none"]
+# With too few runs to test a win over the bare host, a ratio flagged as one must clear 1
+# by more than this over its whole range: a few runs' noise alone gives a few percent.
+SUSPICIOUS_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -90,12 +102,20 @@ class Summary:
     cv: float | None  # stdev / |mean|; None for n < 2 or mean == 0
     ci_level: float  # actual coverage of [ci_low, ci_high]; below the request for small n
 
+    @property
+    def interval(self) -> IntervalKind:
+        """[ci_low, ci_high] is a 95% CI, or with fewer runs (n < 6) the runs' range."""
+        if self.n < 2:
+            return "none"
+        return "ci" if self.ci_level >= 0.95 - 1e-12 else "range"
+
 
 @dataclass(frozen=True)
 class RatioSummary:
     value: float  # < 1 always means worse than the baseline
     ci_low: float
     ci_high: float
+    interval: IntervalKind = "ci"  # what [ci_low, ci_high] is (interval_kind)
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,7 @@ class Comparison:
     min_p: float  # smallest p a rank test can produce at these sample sizes
     test: str = "mann-whitney"  # or "t-log" for samples too small for a rank test
     note: str = ""  # why the verdict is "too few runs" or "below resolution"
+    interval: IntervalKind = "ci"  # what change_ci is (interval_kind)
 
     @property
     def significant(self) -> bool:
@@ -240,7 +261,19 @@ def ratio(values: Iterable[float], baseline: Iterable[float], higher_is_better: 
     else:
         value, replicates = _divide(med_b, med_t), _divide(boot_b, boot_t)
     lo, hi = _percentile_ci(replicates, confidence)
-    return RatioSummary(value=float(value), ci_low=lo, ci_high=hi)
+    return RatioSummary(value=float(value), ci_low=lo, ci_high=hi,
+                        interval=interval_kind(t.size, b.size, confidence))
+
+
+def interval_kind(n: int, n_other: int, confidence: float = 0.95) -> IntervalKind:
+    """What a bootstrap interval of a ratio or change of medians from n against n_other
+    runs is. A confidence interval only where a rank test on those runs could reach its
+    level (4 vs 4 at 95%, 5 vs 5 at 99%): with fewer, the bootstrap's percentiles are the
+    most extreme ratios the runs give (at 2 vs 2 exactly min/max to max/min), a range
+    that covers the truth far less often than it claims. From one run a side, nothing."""
+    if max(n, n_other) < 2:
+        return "none"
+    return "ci" if min_p_value(n, n_other) <= 1 - confidence else "range"
 
 
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -550,7 +583,8 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
                               change=change, change_ci=ci,
                               p_value=p, p_adjusted=p_adj, verdict=verdict,
                               higher_is_better=hib, n_a=int(a.size), n_b=int(b.size),
-                              min_p=min_p_value(a.size, b.size), test=test, note=note))
+                              min_p=min_p_value(a.size, b.size), test=test, note=note,
+                              interval=interval_kind(a.size, b.size, 1 - alpha)))
     return out
 
 
@@ -614,16 +648,25 @@ def noisy(summary: Summary, threshold: float = 0.05) -> bool:
 
 def faster_than_baseline(ratio_summary: RatioSummary, n: int, n_baseline: int,
                          confidence: float = 0.95) -> bool:
-    """Whole ratio CI above 1: the target beat native, suspicious for a VM or container.
+    """The target beat native, suspicious for a VM or container: at any run count.
 
-    Only with enough runs for the interval to mean it: a rank test on n vs n_baseline runs
-    must be able to reach the interval's level (p <= 1 - confidence), so 4 vs 4 or 3 vs 5
-    at 95%. With fewer the bootstrap interval is narrower than it claims: at 2 vs 2 it
-    lies above 1 whenever both target runs beat both baseline runs, by chance 1 in 6."""
+    With runs enough for the interval to mean it (a rank test on n vs n_baseline runs
+    could reach p <= 1 - confidence: 4 vs 4 or 3 vs 5 at 95%), when the whole ratio CI is
+    above 1. With fewer the bootstrap interval is only the runs' range (at 2 vs 2 it lies
+    above 1 whenever both target runs beat both baseline runs, by chance 1 in 6), so the
+    win is flagged when that range clears 1 by more than SUSPICIOUS_MARGIN: a 7x win from
+    two runs is no less suspicious for being untested (`can_test` says whether it was)."""
     _check_level(confidence)
     if min(n, n_baseline) < 1:
         return False
-    return ratio_summary.ci_low > 1 and min_p_value(n, n_baseline) <= 1 - confidence
+    if can_test(n, n_baseline, confidence):
+        return ratio_summary.ci_low > 1
+    return min(ratio_summary.value, ratio_summary.ci_low) > 1 + SUSPICIOUS_MARGIN
+
+
+def can_test(n: int, n_baseline: int, confidence: float = 0.95) -> bool:
+    """Whether n against n_baseline runs can test a difference at `confidence` at all."""
+    return min(n, n_baseline) >= 1 and min_p_value(n, n_baseline) <= 1 - confidence
 
 
 def interleave(labels: Sequence[str], runs: int) -> list[str]:

@@ -134,10 +134,11 @@ def metric_spec(workload: str, metric: str) -> MetricSpec | None:
     return cls.metric_spec(metric) if cls is not None else None
 
 
-def _breakdowns() -> set[str]:
-    """Collectors' metrics that are breakdowns (a profile's stacks): not summarized."""
+def _not_results() -> set[str]:
+    """Collectors' metrics that are breakdowns (a profile's stacks) or bookkeeping (its
+    unresolved share, its own overhead): not results of a target, so not summarized."""
     return {spec.name for cls in collectors.registered().values() for spec in cls.metrics
-            if spec.breakdown}
+            if spec.breakdown or spec.bookkeeping}
 
 
 def is_secondary(workload: str, metric: str) -> bool:
@@ -221,8 +222,9 @@ def summarize_run(run: Run, baseline: str | None = None,
                json.dumps(shown, sort_keys=True))
         groups.setdefault(key, defaultdict(list))[r.target].append(r)
 
-    # Only collectors' rows have breakdowns: a run without any need not load them.
-    breakdowns = _breakdowns() if any(r.phase == "collect" for r in measured) else set()
+    # Only collectors' rows have breakdowns or bookkeeping: a run without any need not load
+    # them.
+    not_results = _not_results() if any(r.phase == "collect" for r in measured) else set()
     rows: list[Row] = []
     for (workload, shown_key), by_target in groups.items():
         # metric key -> its first value seen, for the name, dimensions, unit and direction
@@ -230,7 +232,7 @@ def summarize_run(run: Run, baseline: str | None = None,
         for reps in by_target.values():
             for r in reps:
                 for m in r.metrics:
-                    if not (r.phase == "collect" and m.name in breakdowns):
+                    if not (r.phase == "collect" and m.name in not_results):
                         metrics.setdefault(m.key, m)
         # The clock check is about a target's repetitions, whatever the metric.
         skewed = {t: _clock_skewed(reps, run.targets.get(t, {}).get("fingerprint", {})

@@ -83,6 +83,8 @@ def show(spec, top, results, as_json) -> None:
         out.print(f"[bold]{escape(cell.label)}[/] · {cell.samples:,.0f} samples ({cpu}) · "
                   f"unresolved {_pct(cell.unresolved)}% · profiler overhead "
                   f"{_pct(cell.overhead)}% of the sampled CPU")
+        if cell.symbols_note:
+            out.print(f"  [dim]{escape(cell.symbols_note)}[/]")
         if len(cell.classes) > 1:
             table = _table("thread classes", ["class", "samples", "%"])
             for share in cell.classes[:top]:
@@ -118,22 +120,38 @@ def diff(a, b, top, results, as_json) -> None:
     if as_json:
         click.echo(json.dumps({"pairs": [
             {"a": profile.as_json(x, top), "b": profile.as_json(y, top),
-             "unit": y.work_unit, "rose": [asdict(c) for c in profile.diff(x, y)[:top]]}
+             "unit": y.work_unit, "total_us_per_unit": {"a": x.total_per_unit,
+                                                         "b": y.total_per_unit},
+             "rose": [asdict(c) for c in profile.diff(x, y)[:top]]}
             for x, y in pairs]}, indent=2))
         return
     for x, y in pairs:
-        unit = y.work_unit.removesuffix("s") if y.work_unit != "s" else y.work_unit
         table = _table(f"{escape(x.label)} → {escape(y.label)}: CPU µs per "
-                       f"{escape(unit or 'unit of work')}",
+                       f"{escape(y.unit)}",
                        ["function", "DSO", "A %", "B %", "A µs", "B µs", "added µs"])
         for change in profile.diff(x, y)[:top]:
             table.add_row(escape(change.function), escape(change.dso), _pct(change.share_a),
                           _pct(change.share_b), _num(change.per_unit_a),
                           _num(change.per_unit_b), _num(change.added))
         out.print(table)
+        out.print(_total_line(x, y))
+        for side, cell in (("A", x), ("B", y)):
+            if cell.symbols_note:
+                out.print(f"  [dim]{side}: {escape(cell.symbols_note)}[/]")
         for hint in y.hints:
             out.print(f"  B: {escape(hint)}")
         out.print()
+
+
+def _total_line(a: profile.CellProfile, b: profile.CellProfile) -> str:
+    """Both sides' whole sampled CPU per unit of work: what the functions above add to."""
+    ta, tb = a.total_per_unit, b.total_per_unit
+    if ta is None or tb is None:
+        return ("  total: no CPU time per unit of work (a side's work or CPU time is "
+                "unknown): functions are ranked by share")
+    return (f"  total CPU per {escape(b.unit)}: A {_num(ta)} µs, B {_num(tb)} µs "
+            f"({'+' if tb >= ta else ''}{_num(tb - ta)} µs, ×{tb / ta:.3g})"
+            if ta else f"  total CPU per {escape(b.unit)}: A {_num(ta)} µs, B {_num(tb)} µs")
 
 
 def _num(value: float | None) -> str:

@@ -98,6 +98,11 @@ class MetricSpec:
     # A breakdown too fine for a table (a profile's stacks, functions): stored and exported,
     # shown by its own command, left out of run summaries and the report's tables.
     breakdown: bool = False
+    # About the measurement, not the target's performance (a profile's sample counts, its
+    # unresolved share, the profiler's own cost): no ratio to the baseline, never among a
+    # run's results; shown in its collector's own section (`vmtax profile`, the report's
+    # profiles).
+    bookkeeping: bool = False
     dimensions: tuple[str, ...] = ()   # the dimension names its values carry
     # The smallest step the tool prints the value in (sysbench latencies: 0.01 ms). A median
     # at or below it is "below resolution": no ratio, comparison or flag is derived from it.

@@ -23,6 +23,12 @@ from vmtax.core.target import SERVES, Need
 from vmtax.core.types import Endpoint, Job, JobResult, Metric, MetricSpec
 
 
+# The KIND of a cell flag (Workload.cell_flags) saying the cell's value is only a lower
+# bound (a capacity no failing step bounded): its ratio is no measure of the tax, so the
+# analysis keeps it out of composite indices.
+LOWER_BOUND = "capacity is a lower bound"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One metric of a workload on one target, as the analysis summarized a run: what the

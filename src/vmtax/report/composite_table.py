@@ -8,6 +8,7 @@ from rich.table import Table
 
 from vmtax.analysis import composite
 from vmtax.analysis.summary import RunSummary
+from vmtax.report import terminal as report
 
 
 def print_composite(console: Console, summary: RunSummary) -> None:
@@ -16,8 +17,10 @@ def print_composite(console: Console, summary: RunSummary) -> None:
     if not classes:
         console.print("no workload of this run has a ratio to the baseline in a class")
         return
+    kinds = {i.interval for ci in classes for t, i in ci.by_target.items()
+             if t != summary.baseline}
     table = Table(title=f"composite index: ratio to {summary.baseline}, geometric mean "
-                  "[95% CI]; below 1 = worse")
+                  f"{report.interval_legend(kinds)}; below 1 = worse")
     table.add_column("class")
     table.add_column("workloads", justify="right")
     for target in summary.targets:
@@ -28,7 +31,8 @@ def print_composite(console: Console, summary: RunSummary) -> None:
         for target in summary.targets:
             index = ci.by_target.get(target)
             cells.append("" if index is None else "1" if target == summary.baseline else
-                         f"{index.value:.3g} [{index.ci_low:.3g}, {index.ci_high:.3g}]")
+                         f"{index.value:.3g}" + report.bracket(
+                             index.interval, f"{index.ci_low:.3g}", f"{index.ci_high:.3g}"))
         table.add_row(ci.cls, str(counted), *cells)
     console.print(table)
     for ci in classes:

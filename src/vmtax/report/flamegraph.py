@@ -2,9 +2,13 @@
 samples, the root at the bottom; a tooltip per frame; a search (click "Search", give a
 regular expression) that marks the matching frames and says their share.
 
-A differential graph draws B's stacks coloured by the change of each frame's function in
-share from A (the % of samples whose stack holds it): red where B spends a larger share
-in it, blue a smaller one, white unchanged; the tooltip gives both shares.
+A differential graph draws B's stacks coloured by the CPU time each frame's function adds
+per unit of work from A to B (of the stacks that hold it), the measure `vmtax profile
+diff` ranks by: red where B spends more CPU per event (MB, repetition) in it, blue less,
+white the same. A share of samples can fall while the time grows (a VM spends a smaller
+share of many more µs per event in clone3), so the share is only in the tooltip, beside
+the time; where a side's work or CPU time is unknown the colour falls back to the share,
+and the legend says so.
 
 Written here, small, so the report needs nothing else: no well-kept renderer of folded
 stacks fits a Python package (Brendan Gregg's flamegraph.pl is Perl under the CDDL,
@@ -75,27 +79,48 @@ def _shares(node: Node, total: float, path: tuple[str, ...],
         _shares(child, total, (*path, child.name), into)
 
 
-def name_shares(stacks: dict[str, float]) -> dict[str, float]:
-    """Per frame name, the % of samples whose stack holds it. A differential graph compares
-    these rather than whole paths: the same function runs under other roots in another
+def name_samples(stacks: dict[str, float]) -> dict[str, float]:
+    """Per frame name, the samples whose stack holds it. A differential graph compares
+    names rather than whole paths: the same function runs under other roots in another
     target (a vCPU thread of QEMU, not sysbench), and would never match by path."""
-    total = sum(stacks.values())
     found: dict[str, float] = {}
     for stack, samples in stacks.items():
         for name in set(stack.split(";")):
             found[name] = found.get(name, 0.0) + samples
-    return {name: 100 * n / total for name, n in found.items()} if total else {}
+    return found
+
+
+def name_shares(stacks: dict[str, float]) -> dict[str, float]:
+    """Per frame name, the % of samples whose stack holds it."""
+    total = sum(stacks.values())
+    return {name: 100 * n / total for name, n in name_samples(stacks).items()} if total else {}
+
+
+@dataclass(frozen=True)
+class PerUnit:
+    """What one sample stands for in CPU µs per unit of work, in A and in B."""
+    a: float
+    b: float
+    unit: str                    # "event", "MB", "repetition"
 
 
 def svg(stacks: dict[str, float], title: str, *, baseline: dict[str, float] | None = None,
-        width: int = 1200) -> str:
-    """The flame graph of `stacks`; with `baseline` (A's stacks), differential against it."""
+        per_unit: PerUnit | None = None, width: int = 1200) -> str:
+    """The flame graph of `stacks`; with `baseline` (A's stacks), differential against it,
+    coloured by CPU µs added per unit of work when `per_unit` is known, else by share."""
     root = tree(stacks)
     after: dict[tuple[str, ...], float] = {}
     _shares(root, root.value, (), after)
     named_after = name_shares(stacks)
     before = name_shares(baseline or {})
-    changes = {name: share - before.get(name, 0.0) for name, share in named_after.items()}
+    share_changes = {name: share - before.get(name, 0.0) for name, share in named_after.items()}
+    if per_unit is not None:
+        count_a, count_b = name_samples(baseline or {}), name_samples(stacks)
+        times = {name: (count_a.get(name, 0.0) * per_unit.a, n * per_unit.b)
+                 for name, n in count_b.items()}
+        changes = {name: b - a for name, (a, b) in times.items()}
+    else:
+        changes = share_changes
     scale = max((abs(c) for c in changes.values()), default=0.0)
     graph_id = f"flame{next(_ids)}"
     height = HEADER + FRAME_HEIGHT * _depth(root) + 8
@@ -111,8 +136,12 @@ def svg(stacks: dict[str, float], title: str, *, baseline: dict[str, float] | No
         if baseline is not None and path:
             named = named_after[node.name]
             colour = _change_colour(changes[node.name], scale)
+            if per_unit is not None:
+                was, now = times[node.name]
+                tip += (f"; CPU per {per_unit.unit}: {now:.3g} µs, baseline {was:.3g} µs, "
+                        f"added {now - was:+.3g} µs")
             tip += (f"; on {named:.2f}% of stacks, baseline {before.get(node.name, 0.0):.2f}%"
-                    f", change {changes[node.name]:+.2f} pp")
+                    f", change {share_changes[node.name]:+.2f} pp")
         elif baseline is not None:
             colour = "rgb(255,255,255)"
         else:
@@ -131,8 +160,11 @@ def svg(stacks: dict[str, float], title: str, *, baseline: dict[str, float] | No
             offset += width * child.value / root.value
 
     draw(root, (), 0.0, 0)
-    legend = ("red: larger share than the baseline, blue: smaller" if baseline is not None
-              else "width: share of samples")
+    legend = ("width: share of samples" if baseline is None else
+              f"colour: CPU µs per {per_unit.unit} added against the baseline (red: more, "
+              "blue: less)" if per_unit is not None else
+              "colour: share of samples against the baseline (red: larger, blue: smaller; "
+              "work unknown, so no CPU per unit of work)")
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" id="{graph_id}" class="flamegraph" '
         f'width="100%" viewBox="0 0 {width} {height}" '
@@ -187,6 +219,20 @@ class ProfileGraph:
     unresolved: float | None
     overhead: float | None
     hints: list[str]
+    symbols_note: str | None = None
+    # Whole sampled CPU per unit of work, µs: the baseline's cell and this one.
+    total_a: float | None = None
+    total_b: float | None = None
+    unit: str = ""
+
+
+def per_unit(a: profile.CellProfile, b: profile.CellProfile) -> PerUnit | None:
+    """CPU µs per unit of work of one sample of A and of B; None when either is unknown
+    or the two count different units."""
+    sa, sb = a.seconds_per_unit(1.0), b.seconds_per_unit(1.0)
+    if sa is None or sb is None or a.work_unit != b.work_unit:
+        return None
+    return PerUnit(sa * 1e6, sb * 1e6, b.unit)
 
 
 def graphs(run: Run, baseline: str | None, labels: dict[str, str]) -> list[ProfileGraph]:
@@ -206,7 +252,8 @@ def graphs(run: Run, baseline: str | None, labels: dict[str, str]) -> list[Profi
         found.append(ProfileGraph(
             label, svg(cell.stacks, f"{short}: host CPU profile"),
             svg(cell.stacks, f"{short} against {labels.get(other.target, other.target)}",
-                baseline=other.stacks)
+                baseline=other.stacks, per_unit=per_unit(other, cell))
             if other else None, other.label if other else None, cell.samples,
-            cell.unresolved, cell.overhead, cell.hints))
+            cell.unresolved, cell.overhead, cell.hints, cell.symbols_note,
+            other.total_per_unit if other else None, cell.total_per_unit, cell.unit))
     return found

@@ -17,11 +17,13 @@ import jinja2
 
 from vmtax import __version__
 from vmtax.analysis import composite
+from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import Standing
 from vmtax.analysis.model import RunModel
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core.errors import VmtaxError
+from vmtax.core.text import bracket
 from vmtax.report import flamegraph, plots
 from vmtax.report import terminal as report
 from vmtax.report.export import flatten
@@ -65,7 +67,11 @@ def _flag_detail(kind: str, cell: Cell) -> str:
         return (f"coefficient of variation {s.cv:.1%} over {s.n} runs "
                 f"(above {analysis.NOISY_CV:.0%}): more runs, or a quieter host")
     if kind == "faster than baseline" and r is not None:
-        return (f"×{report.fmt(r.value)} [{report.fmt(r.ci_low)}, {report.fmt(r.ci_high)}]: "
+        few = ("" if r.interval == "ci" else
+               f" (too few runs to test it, n={cell.n}: flagged as it clears 1 by more than "
+               f"{stats.SUSPICIOUS_MARGIN:.0%} over the runs' whole range)")
+        return (f"×{report.fmt(r.value)}"
+                f"{bracket(r.interval, report.fmt(r.ci_low), report.fmt(r.ci_high))}{few}: "
                 "suspicious; look for page-cache "
                 "effects, a guest clock that drifts, or work the target skips")
     if kind == analysis.TOO_SHORT and cell.duration is not None:
@@ -95,6 +101,8 @@ class RunReport:
     # win's likely cause by class (None: a metric in no class).
     composite: list[composite.ClassIndex] = field(default_factory=list)
     explained: dict[str | None, list[str]] = field(default_factory=dict)
+    # Per profiled target, its profile's strongest hypothesis of where the time goes.
+    hypotheses: dict[str, str] = field(default_factory=dict)
 
 
 def build(model: RunModel, host: str | None = None) -> RunReport:
@@ -114,7 +122,7 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
                      flags_line=report.flags_line(model.headline, quiet.during(run.host)),
                      host=host,
                      composite=model.classes if len(summary.targets) > 1 else [],
-                     explained=explained)
+                     explained=explained, hypotheses=model.hypotheses)
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
@@ -193,8 +201,9 @@ def when(timestamp: float | None) -> str:
 
 
 def fingerprint_items(data: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(k, ", ".join(map(str, v)) if isinstance(v, list) else str(v))
-            for k, v in flatten(data).items()]
+    """A fingerprint's KEY VALUE pairs as `show --all` writes them (no `None`, no
+    `{'pid': …}`, no float's every digit)."""
+    return [(k, report.fingerprint_value(v)) for k, v in flatten(data).items()]
 
 
 def change(value: float) -> str:
@@ -208,6 +217,8 @@ _ENV.filters.update(fmt=report.fmt, interval=report.interval, pct=pct, ratio_cla
                     flag_text=report.flag_text,
                     params=params_text, when=when, fingerprint=fingerprint_items, repr=repr)
 _ENV.filters["change"] = change
+_ENV.filters["bracket"] = bracket
+_ENV.filters["bounds"] = lambda i: bracket(i.interval, report.fmt(i.ci_low), report.fmt(i.ci_high))
 _ENV.tests["finite"] = math.isfinite
 _ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.metric)
 

@@ -130,9 +130,18 @@ def normalized_bars(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
             slug=f"{slugify(workload)}-ratio", title=title,
             caption=(f"Median of each target divided by the median of {summary.baseline} "
                      "(the dashed line at 1), inverted for lower-is-better metrics so that "
-                     "higher is always better; whiskers are the 95% bootstrap CI of the ratio."),
+                     "higher is always better; whiskers are the 95% bootstrap CI of the ratio"
+                     + (", or where there are too few runs for one (fewer than 4 a side) the "
+                        "range of the runs' ratios, and none from one run a side."
+                        if _ranged(rows) else ".")),
             figure=_bar_figure(title, rows, targets, summary.baseline, labels, colors)))
     return charts
+
+
+def _ranged(rows: list[Row]) -> bool:
+    """Whether a ratio of these rows has too few runs for a CI: its whisker is a range."""
+    return any(c.ratio is not None and c.ratio.interval != "ci"
+               for row in rows for c in row.cells.values())
 
 
 def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,

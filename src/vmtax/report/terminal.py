@@ -6,7 +6,7 @@ import io
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vmtax.core import hints
-from vmtax.core.text import printable
+from vmtax.core.text import bracket, printable
 from vmtax.report.export import flatten
 
 if TYPE_CHECKING:   # analysis loads numpy and the plugins: `vmtax runs` needs neither
@@ -96,12 +96,23 @@ def target_label(run: Run, name: str) -> str:
 
 
 def interval(s) -> str:
-    """A real 95% CI in brackets; with too few runs for one, the runs' range in parentheses."""
-    if s.n < 2:
-        return ""
-    if s.ci_level >= 0.95:
-        return f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]"
-    return f" ({fmt(s.ci_low)} – {fmt(s.ci_high)})"   # spaced: a narrow column wraps there
+    """A median's interval (a 95% CI, or the runs' range) as bracket() shows it."""
+    return bracket(s.interval, fmt(s.ci_low), fmt(s.ci_high))
+
+
+def interval_legend(kinds: AbstractSet[str]) -> str:
+    """What the intervals shown are: "[95% CI]", a range, none (one run) or a mix."""
+    parts = (["[95% CI]"] * ("ci" in kinds) + [RANGE_NOTE] * ("range" in kinds)
+             + ["(no interval: one run a side)"] * (kinds == {"none"}))
+    return " or ".join(parts or ["[95% CI]"])
+
+
+def ranged(items) -> bool:
+    """Whether any of these ratios, indices or comparisons shows a range, not a CI."""
+    return any(i.interval == "range" for i in items if i is not None)
+
+
+RANGE_NOTE = "(a range: the runs' extremes, too few runs for a 95% CI)"
 
 
 def duration(seconds: float) -> str:
@@ -111,10 +122,13 @@ def duration(seconds: float) -> str:
 
 def flag_text(flag: str, cell: Cell) -> str:
     """A flag as a table shows it, with the figure that raised it where one helps."""
+    from vmtax.analysis import composite
     from vmtax.analysis.summary import TOO_SHORT
 
     if flag == TOO_SHORT and cell.duration is not None:
         return f"{flag} ({duration(cell.duration)})"
+    if flag == composite.FASTER and cell.ratio is not None and cell.ratio.interval != "ci":
+        return f"{flag} (too few runs to test it: n={cell.n})"
     return flag
 
 
@@ -135,7 +149,7 @@ def cell_text(cell: Cell | None) -> Text:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
         text.append(f"\n×{fmt(r.value)}", style=style)
-        text.append(f" [{fmt(r.ci_low)}, {fmt(r.ci_high)}]", style="dim")
+        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)), style="dim")
     if cell.no_ratio is not None:
         text.append(f"\n{cell.no_ratio}", style="dim")
     if cell.failed:
@@ -165,8 +179,7 @@ def _ratio_text(cell: Cell | None) -> Text:
         r = cell.ratio
         shown, low, high = ratio_texts(r.value, r.ci_low, r.ci_high)
         text.append(shown, style="green" if r.value >= 1 else ("red" if r.value < 0.9 else ""))
-        if cell.n > 1:
-            text.append(f" [{low}–{high}]", style="dim")
+        text.append(bracket(r.interval, low, high, "–"), style="dim")
     elif cell.no_ratio is not None:
         text.append(cell.no_ratio, style="dim")
     if cell.flags:   # unspaced: a narrow column never wraps it onto a line of its own
@@ -246,11 +259,19 @@ def print_headline(console: Console, model: RunModel, context: str = "",
         for column in table.columns[3:]:
             column.no_wrap = False
     console.print(table)
+    kinds = {c.ratio.interval for row in rows for t in others
+             if (c := row.cells.get(t)) is not None and c.ratio is not None}
+    kinds |= {i.interval for ci in classes for t, i in ci.by_target.items() if t in others}
     console.print(f"[dim]{shown_text(summary.baseline)}: median of its runs; others: ratio to it "
-                  "[95% CI], below 1 = worse (↑ higher is better, ↓ lower)"
+                  + interval_legend(kinds)
+                  + ", below 1 = worse (↑ higher is better, ↓ lower)"
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
     _print_verdicts(console, classes, model.explanations if classes else [])
+    for target, line in model.hypotheses.items():
+        if target in others:
+            console.print(Text(f"→ why {printable(target)}, its profile suggests: "
+                               f"{printable(line)}"))
     line = flags_line(rows, context)
     if line:
         console.print(Text(line, style=FLAG_STYLE))
@@ -287,10 +308,8 @@ def _index_text(index: composite.Index | None) -> Text:
     if index is None:
         return Text()
     shown, low, high = ratio_texts(index.value, index.ci_low, index.ci_high)
-    text = Text(shown, style="bold")
-    if index.ci_low != index.ci_high:
-        text.append(f" [{low}–{high}]", style="dim")
-    return text
+    return Text(shown, style="bold").append(bracket(index.interval, low, high, "–"),
+                                            style="dim")
 
 
 def _print_verdicts(console: Console, classes: list[composite.ClassIndex],
@@ -350,10 +369,12 @@ def grouped_notes(notes: list[str]) -> list[str]:
 
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
+    ranges = ranged(c.ratio for row in summary.rows for c in row.cells.values())
     table = Table(title=escape(_title(run)),
                   caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
                           "cv = coefficient of variation; "
-                          f"×ratio to {summary.baseline} [95% CI]: below 1 = worse, "
+                          f"×ratio to {summary.baseline} [95% CI]"
+                          + (" or (range)" if ranges else "") + ": below 1 = worse, "
                           "whatever the metric's direction (↑ higher is better, ↓ lower)")
     table.add_column("workload")
     table.add_column("metric")
@@ -380,13 +401,21 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
 
 
 def fingerprint_value(value: object) -> str:
-    """A fingerprint's value as text: lists joined, none as "–", booleans as yes/no."""
-    if value is None:
+    """A fingerprint's value as text, never Python's own spelling: lists joined (records
+    by "; "), a record as KEY=VALUE words, none (or an empty list) as "–", booleans as
+    yes/no, floats to four significant digits (a measured 0.03536973999987007 s is
+    0.03537)."""
+    if value is None or value == []:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, float):
+        return fmt(value)
     if isinstance(value, list):
-        return ", ".join(fingerprint_value(v) for v in value)
+        return ("; " if any(isinstance(v, dict) for v in value) else ", ").join(
+            fingerprint_value(v) for v in value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={fingerprint_value(v)}" for k, v in value.items())
     return str(value)
 
 
@@ -475,7 +504,10 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
     sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
     for a, b in sides:
         table = Table(title=shown_text(f"B = {b}  vs  A = {a}"),
-                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]; p after "
+                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]"
+                              + (" or (range of the runs: too few for a CI)"
+                                 if ranged(r.comparison for r in rows if (r.a, r.b) == (a, b))
+                                 else "") + "; p after "
                               f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
                               f"significant when p < {alpha:g}, the CI excludes 0 and "
                               f"|change| ≥ {noise_floor:.0%}")
@@ -508,8 +540,8 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
                           f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
                           "–" if c.verdict == "below resolution" else
-                          _percent(c.change) + f" [{_percent(c.change_ci[0])}, "
-                                               f"{_percent(c.change_ci[1])}]",
+                          _percent(c.change) + bracket(c.interval, _percent(c.change_ci[0]),
+                                                       _percent(c.change_ci[1])),
                           "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
                           Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
             previous = group

@@ -9,6 +9,8 @@ import time
 from rich.console import Console
 
 from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
+from vmtax.analysis.stats import Comparison
+from vmtax.core.text import bracket
 from vmtax.report.export import iso_time
 from vmtax.report.terminal import fmt, shown_text
 
@@ -38,6 +40,11 @@ def _day(timestamp: float) -> str:
 
 def _interval(low: float, high: float) -> str:
     return f"[{low:+.1%}, {high:+.1%}]"
+
+
+def _change_interval(c: Comparison) -> str:
+    """A comparison's interval: a CI, or with too few runs the runs' range, or none."""
+    return bracket(c.interval, f"{c.change_ci[0]:+.1%}", f"{c.change_ci[1]:+.1%}")
 
 
 def _status(s: Series) -> str:
@@ -86,7 +93,7 @@ def _print_series(console: Console, s: Series) -> None:
     newest = s.newest
     if newest is not None and newest.verdict in ("better", "worse"):
         first = s.before_newest[0].run.number
-        against = (f"{newest.change:+.1%} {_interval(*newest.change_ci)} against runs "
+        against = (f"{newest.change:+.1%}{_change_interval(newest)} against runs "
                    f"{first}–{s.points[-2].run.number}")
         if s.newest_within_spread and s.newest_spread is not None:
             low, high = s.newest_spread

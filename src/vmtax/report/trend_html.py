@@ -12,7 +12,7 @@ import jinja2
 
 from vmtax.analysis import stats
 from vmtax.analysis.history import NOTHING_CHANGED, Series, Trend
-from vmtax.report.terminal import fmt
+from vmtax.report.terminal import fmt, interval
 
 WIDTH, HEIGHT, PAD = 640, 180, 36
 
@@ -41,8 +41,8 @@ def _plot(s: Series) -> Plot:
         return round(PAD + index * step, 1)
 
     points = [(x(i), y(m.median), y(low), y(high),
-               f"run {p.run.number} {p.run.id}: median {fmt(m.median)} "
-               f"[{fmt(m.ci_low)}, {fmt(m.ci_high)}], n={m.n}")
+               f"run {p.run.number} {p.run.id}: median {fmt(m.median)}"
+               f"{interval(m)}, n={m.n}")
               for i, (p, m, low, high) in enumerate(zip(s.points, summaries, lows, highs))]
     bounds = [0, *(c.change.index for c in s.changes), len(s.points)]
     segments = []

@@ -48,6 +48,7 @@ from vmtax.core.errors import ParseError
 from vmtax.core.figures import Bars, Lines, Mark
 from vmtax.core.option_types import Size
 from vmtax.core.types import Endpoint, Job, Metric, MetricSpec
+from vmtax.core.workload import LOWER_BOUND as BOUND_KIND
 from vmtax.core.workload import Workload
 from vmtax.helpers import go_toolchain, serving_client, serving_tools
 
@@ -122,7 +123,7 @@ class ServingOptions(plugin.Options):
 _STEP = ("endpoint", "rate")
 # A capacity no failing step bounded: what the server sustained, not its limit.
 # A flag is "KIND: detail": the terminal counts cells per kind, the report shows it whole.
-LOWER_BOUND = "capacity is a lower bound: ≥ {:g}/s, no step failed"
+LOWER_BOUND = BOUND_KIND + ": ≥ {:g}/s, no step failed"
 CURL_GAP = "p50 differs from curl's by > 10%"
 
 
