@@ -437,7 +437,7 @@ def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_pat
         resumed.append(self.resume_id)
         return self.resume_id
 
-    monkeypatch.setattr(search_mod.RacingRunner, "execute", execute)
+    monkeypatch.setattr(search_mod.Runner, "execute", execute)
     search_mod._stage(search, store, plan, [], time.monotonic(), None, None, resume=True)
     assert resumed == [done]
     search_mod._stage(search, store, plan, [], time.monotonic(), None, None, resume=False)
@@ -473,7 +473,7 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
         self.store.finish_run(run_id, "done")
         return run_id
 
-    monkeypatch.setattr(search_mod.RacingRunner, "execute", execute)
+    monkeypatch.setattr(search_mod.Runner, "execute", execute)
     search = search_mod.from_names(["native", "vm:tcg"], ["cpu"],
                                    ["machine", "vcpus=1", "tb_size=64"], "30m")
     # With no time left for the confirmation, the budget wins: the singles stand alone.
@@ -512,37 +512,77 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
     assert '[targets."vm:tcg"]' in text
 
 
-def test_a_resumed_cell_with_an_open_race_races_on(tmp_path, monkeypatch):
+def test_a_resumed_cell_with_an_open_race_races_on():
+    """Race, the tune stage's repetition policy of the Runner: a resumed cell whose fixed
+    repetitions are all stored runs one more baseline repetition while its race is open."""
+    from vmtax.studies.repetitions import Cell, Unit
+
+    search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
+    plan = search.singles_plan()
+    names = [t.name for t in plan.targets]
+    workload = plan.workloads[0].make(plan.time)
+    pairs = [(names[0], n) for n in names[1:]]
+    race = search_mod.Race(plan, pairs, tuning.RaceRule(), time.monotonic())
+
+    def cell(values):
+        return Cell(workload, [], {n: list(values) for n in names}, dict.fromkeys(names, 3),
+                    {}, lambda name, why: None)
+
+    # Open: 3 noisy runs a side, neither called nor excluded.
+    assert race.resumed(cell([100.0, 97.0, 103.0])) == [
+        Unit(names[0], "measure", plan.warmup + 3)]
+    # Decided (the same constant everywhere: no gain possible), nothing is added.
+    assert race.resumed(cell([100.0, 100.0, 100.0])) == []
+
+
+def test_the_runner_asks_its_repetition_policy_for_a_resumed_cell(tmp_path, monkeypatch):
+    """The Runner's side of the policy: a resumed cell with nothing left to run is given
+    the policy's units (and the policy sees what is stored of it), or skipped."""
     from vmtax.studies import runner as runner_mod
+    from vmtax.studies.repetitions import Unit
 
     search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
     plan = search.singles_plan()
     store = Store(tmp_path)
     names = [t.name for t in plan.targets]
-    # Open: 3 noisy runs a side, neither called nor excluded.
     run_id = store_search(store, {n: [100.0, 97.0, 103.0] for n in names},
                           {t.name: t.options for t in plan.targets}, name=plan.name)
     workload = plan.workloads[0].make(plan.time)
     store_params = {"time": 1}
     monkeypatch.setattr(type(workload), "params", property(lambda self: store_params),
                         raising=False)
-    pairs = [(names[0], n) for n in names[1:]]
-    racer = search_mod.RacingRunner(plan, store, pairs, tuning.RaceRule(), time.monotonic(),
-                                    resume=run_id)
-    racer.run_id, racer.targets = run_id, dict.fromkeys(names)
+    extra = Unit(names[0], "measure", 99)
+    seen = []
+
+    class Policy:
+        def resumed(self, cell):
+            seen.append((dict(cell.values), dict(cell.attempts)))
+            return [extra] if len(seen) == 1 else []
+
+        def more(self, cell):
+            raise AssertionError("not reached: _measure is stopped first")
+
+    runner = runner_mod.Runner(plan, store, resume=run_id, repetitions=Policy())
+    runner.run_id, runner.targets = run_id, dict.fromkeys(names)
     units = runner_mod.schedule(plan)
     done = {(u.target, "cpu", json.dumps(store_params), u.phase, u.idx) for u in units}
-    seen = []
-    monkeypatch.setattr(runner_mod.Runner, "_run_workload",
-                        lambda self, w, u, d: seen.append(u))
-    racer._run_workload(workload, units, done)
-    assert seen[0] == [*units, runner_mod.Unit(names[0], "measure", plan.warmup + 3)]
-    # Decided (the same constant everywhere: no gain possible), nothing is added.
-    store_search(store, {n: [100.0, 100.0, 100.0] for n in names},
-                 {t.name: t.options for t in plan.targets}, name=plan.name)
-    racer.run_id = store.resolve(plan.name)
-    racer._run_workload(workload, units, done)
-    assert seen[1] == units
+    measured = []
+
+    class Stop(Exception):
+        pass
+
+    def drop_caches(name):
+        measured.append(name)
+        raise Stop
+
+    monkeypatch.setattr(runner, "_start_servers", lambda w, a: None)
+    monkeypatch.setattr(runner, "_drop_caches", drop_caches)
+    with pytest.raises(Stop):
+        runner._run_workload(workload, units, done)
+    assert measured == [names[0]]
+    assert seen[0] == ({n: [100.0, 97.0, 103.0] for n in names}, dict.fromkeys(names, 3))
+    runner._run_workload(workload, units, done)   # the policy adds nothing: skipped
+    assert measured == [names[0]] and len(seen) == 2
 
 
 def test_dry_run_says_what_the_search_would_try_and_runs_nothing(tmp_path):

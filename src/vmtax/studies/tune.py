@@ -33,7 +33,6 @@ from typing import Any, Callable, Literal
 from vmtax.analysis import tune as tuning
 from vmtax.core import plugin
 from vmtax.core import target as targets
-from vmtax.core.collector import Collector
 from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import composed
@@ -43,7 +42,8 @@ from vmtax.host.journal import Journal
 from vmtax.results.store import Store
 from vmtax.studies import estimate, planfile
 from vmtax.studies.plan import Plan, TargetSpec
-from vmtax.studies.runner import Reporter, Runner, Unit
+from vmtax.studies.repetitions import Cell, Unit
+from vmtax.studies.runner import Reporter, Runner
 from vmtax.studies.toml_lines import Locator, show
 
 MIN_RUNS = 3              # fixed repetitions a side before the racing rule may decide
@@ -363,15 +363,15 @@ def _cell(workload: Workload) -> tuple[str, str]:
     return workload.name, json.dumps(workload.params, sort_keys=True)
 
 
-class RacingRunner(Runner):
-    """The runner, whose adaptive repetitions follow the racing rule over `pairs` and stop
-    at the stage's deadline: each cell races for an equal share of what is left once the
-    fixed repetitions of the cells after it are paid for."""
+class Race:
+    """The repetition policy of a tune stage: a cell's repetitions beyond the fixed ones
+    follow the racing rule over `pairs` and stop at the stage's deadline; each cell races
+    for an equal share of what is left once the fixed repetitions of the cells after it
+    are paid for."""
 
-    def __init__(self, plan: Plan, store: Store, pairs: list[tuple[str, str]],
-                 rule: tuning.RaceRule, stage_end: float, reporter: Reporter | None = None,
-                 resume: str | None = None, journal: Journal | None = None):
-        super().__init__(plan, store, reporter, resume=resume, journal=journal)
+    def __init__(self, plan: Plan, pairs: list[tuple[str, str]], rule: tuning.RaceRule,
+                 stage_end: float):
+        self.plan = plan
         self.pairs = pairs
         self.rule = rule
         self.stage_end = stage_end
@@ -382,63 +382,35 @@ class RacingRunner(Runner):
                       for spec in plan.workloads}
         self.raced: set[tuple[str, str]] = set()
 
-    def _stored_values(self, workload: Workload,
-                       names: list[str]) -> tuple[dict[str, list[float]], dict[str, int]]:
-        """(primary values, measured attempts) stored so far per target, for this cell."""
-        primary = workload.primary_metric()
-        values: dict[str, list[float]] = {t: [] for t in names}
-        attempts = dict.fromkeys(names, 0)
-        if self.run_id is None:
-            return values, attempts
-        for r in self.store.load_run(self.run_id).reps:
-            if (r.target in values and r.phase == "measure" and r.workload == workload.name
-                    and r.params == workload.params):
-                attempts[r.target] += 1
-                values[r.target] += [m.value for m in r.metrics if m.name == primary][:1]
-        return values, attempts
+    def _open(self, cell: Cell) -> bool:
+        spec = cell.workload.metric_spec(cell.workload.primary_metric())
+        return spec is not None and any(
+            self.rule.state(cell.values[a], cell.values[b], spec.higher_is_better) == "open"
+            for a, b in self.pairs if a in cell.values and b in cell.values)
 
-    def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
-        """As the runner does; a resumed cell whose fixed repetitions are all stored but
-        whose race is still open gets one more baseline repetition, so it races on."""
-        if self.resume_id is not None and self.pairs:
-            base = self.pairs[0][0]
-            values, attempts = self._stored_values(workload, list(self.targets))
-            spec = workload.metric_spec(workload.primary_metric())
-            stored = all((u.target, workload.name, json.dumps(workload.params, sort_keys=True),
-                          u.phase, u.idx) in done for u in units)
-            if stored and spec is not None and any(
-                    self.rule.state(values[a], values[b], spec.higher_is_better) == "open"
-                    for a, b in self.pairs if a in values and b in values):
-                units = [*units, Unit(base, "measure", self.plan.warmup + attempts[base])]
-        super()._run_workload(workload, units, done)
+    def resumed(self, cell: Cell) -> list[Unit]:
+        """A resumed cell whose race is still open gets one more baseline repetition, so it
+        races on."""
+        if not self.pairs or not self._open(cell):
+            return []
+        base = self.pairs[0][0]
+        return [Unit(base, "measure", self.plan.warmup + cell.attempts[base])]
 
-    def _adapt(self, workload: Workload, active: list[str], max_runs: int, done: set[tuple],
-               recording: dict[str, list[tuple[str, Collector]]]) -> None:
+    def more(self, cell: Cell) -> None:
+        workload = cell.workload
         self.raced.add(_cell(workload))
-        later = [cell for cell in self.fixed if cell not in self.raced]
-        left = self.stage_end - time.monotonic() - sum(self.fixed[cell] for cell in later)
+        later = [c for c in self.fixed if c not in self.raced]
+        left = self.stage_end - time.monotonic() - sum(self.fixed[c] for c in later)
         deadline = time.monotonic() + left / (len(later) + 1)
-        primary = workload.primary_metric()
-        spec = workload.metric_spec(primary)
+        spec = workload.metric_spec(workload.primary_metric())
         assert spec is not None   # a workload's primary metric is in its manifest
-        # All the cell's targets: a resumed cell may have left only some to run.
-        values, attempts = self._stored_values(workload, list(self.targets))
-
-        def measure(name: str) -> float | None:
-            if name in self.broken:
-                return None
-            idx = self.plan.warmup + attempts[name]
-            attempts[name] += 1
-            self.reporter.step(f"{name} · {workload.name} · run {idx + 1} (racing)")
-            self._drop_caches(name)
-            job, on_host = self._measured_job(name, workload)
-            with self._recorded(name, workload, done, recording):
-                metrics = self._measure(name, workload, job, "measure", idx, workload.parse,
-                                        on_host=on_host)
-            return next((m.value for m in metrics if m.name == primary), None)
-
+        assert self.plan.max_runs is not None   # a stage's plan has one (singles_plan)
+        # All the cell's targets: a resumed cell may have left only some to run. A copy:
+        # race() adds each value itself, as cell.measure does to the cell's.
+        values = {t: list(v) for t, v in cell.values.items()}
         pairs = [p for p in self.pairs if p[0] in values and p[1] in values]
-        tuning.race(values, pairs, spec.higher_is_better, self.rule, measure, max_runs,
+        tuning.race(values, pairs, spec.higher_is_better, self.rule,
+                    lambda name: cell.measure(name, "racing"), self.plan.max_runs,
                     lambda: time.monotonic() < deadline)
 
 
@@ -467,8 +439,8 @@ def _stage(search: Search, store: Store, plan: Plan, pairs: list[tuple[str, str]
         return stored[0]
     rule = tuning.RaceRule(alpha=search.alpha, tests=max(1, len(pairs)) * len(plan.workloads),
                            min_runs=min(plan.runs, MIN_RUNS))
-    runner = RacingRunner(plan, store, pairs, rule, stage_end, reporter,
-                          resume=stored[0] if stored else None, journal=journal)
+    runner = Runner(plan, store, reporter, resume=stored[0] if stored else None,
+                    journal=journal, repetitions=Race(plan, pairs, rule, stage_end))
     return runner.execute()
 
 
