@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
@@ -33,9 +34,22 @@ class RunModel:
     def explanations(self) -> list[str]:
         return [line for _, line in self.explained]
 
+    def to_json(self) -> dict[str, Any]:
+        """What `vmtax show RUN --json` prints: the run, its summary and its composite
+        index."""
+        run = self.run
+        return {"run": {"id": run.id, "status": run.status, "created": run.created,
+                        "finished": run.finished, "host": run.host,
+                        "targets": run.targets, "plan": run.plan},
+                "summary": self.summary.to_json(),
+                "composite": composite.json_of(self.summary.baseline, self.classes,
+                                               self.explanations)}
 
-def analyse(run: Run) -> RunModel:
-    summary = analysis.summarize_run(run)
+
+def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
+    """The model of run; summary: its summary if already made (the Runner makes one to
+    store the run's flags)."""
+    summary = summary or analysis.summarize_run(run)
     others = [t for t in summary.targets if t != summary.baseline]
     return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
                     classes=composite.composite(summary) if others else [],

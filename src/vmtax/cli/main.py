@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -33,6 +33,9 @@ from vmtax.core.text import printable
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import build_progress, journal, proc
 from vmtax.results.store import Store
+
+if TYPE_CHECKING:
+    from vmtax.analysis.model import RunModel
 
 DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
 
@@ -398,8 +401,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
     plan file, the file says what to run (see plans/ for examples).
     """
     from vmtax.results.store import check_run_name
-    from vmtax.studies import plan as plan_mod
-    from vmtax.studies.runner import Runner
+    from vmtax.studies import comparison
+    from vmtax.studies.requests import FleetRequest, RunRequest
 
     if name is not None:
         check_run_name(name)
@@ -410,28 +413,16 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
     else:
         raise VmtaxError(f"--runs takes a whole number from 1 to {MAX_COUNT} or 'auto', got "
                          f"{runs!r}")
-    target_options = {k: list(v) for k, v in target_options.items() if v}
-    target_names, workload_names = _csv(targets, "--targets"), _csv(workloads, "--workloads")
-    if quick and not plan_file:
-        raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
-    if resume:
-        store = Store(results)
-        the_plan = plan_mod.Plan.from_dict(store.load_run(resume).plan)
-    elif plan_file:
-        from vmtax.studies import planfile
-        the_plan = planfile.load(plan_file, quick)
-        if collect:
-            the_plan.collect = list(dict.fromkeys([*the_plan.collect,
-                                                   *(_csv(collect, "--collect") or [])]))
-            the_plan.__post_init__()
-    else:
-        classic_targets, classic_workloads = plan_mod.classic_names()
-        the_plan = plan_mod.from_names(
-            target_names or classic_targets, workload_names or classic_workloads,
-            target_options, warmup=warmup, time=time_, **repetitions,
-            interleave=not no_interleave, collect=_csv(collect, "--collect") or [])
-    if name is not None:
-        the_plan.name = name
+    request = RunRequest(
+        plan_file=plan_file, quick=quick, resume=resume,
+        targets=_csv(targets, "--targets"), workloads=_csv(workloads, "--workloads"),
+        target_options={k: list(v) for k, v in target_options.items() if v},
+        warmup=warmup, time=time_, **repetitions, collect=_csv(collect, "--collect") or [],
+        interleave=not no_interleave, name=name,
+        fleet=FleetRequest(fleet_address, _csv(fleet_hosts, "--hosts"), spread)
+        if fleet_address or fleet_hosts or spread else None)
+    store = Store(results) if resume else None
+    the_plan = comparison.plan_of(request, store)
     from vmtax.cli import plan as cli_plan
 
     if dry_run:
@@ -439,66 +430,58 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
         return
     for warning in cli_plan.warnings(the_plan):
         err.print("[yellow]warning:[/yellow] " + escape(warning))
-    if not resume:
-        store = Store(results)   # only once the plan is valid: a typo creates nothing
-    if fleet_address or fleet_hosts or spread:
+    store = store or Store(results)   # only once the plan is valid: a typo creates nothing
+    if request.fleet is not None:
         from vmtax.cli import fleet as cli_fleet
         with ProgressReporter() as progress:
-            cli_fleet.run_on_fleet(the_plan, store, fleet_address, _csv(fleet_hosts, "--hosts"),
-                                   spread, resume, progress,
+            cli_fleet.run_on_fleet(the_plan, store, request.fleet.address, request.fleet.hosts,
+                                   request.fleet.spread, resume, progress,
                                    lambda s, r: _show(s, r, False, show_all),
                                    _run_json if as_json else None)
         return
-    from vmtax.host import quiet
-    from vmtax.studies import estimate
-    from vmtax.studies.session import guarded_journal
+    model = comparison.run(the_plan, store, resume, _run_progress, recovered, _run_stopped)
+    _render(model, as_json, show_all)
 
-    with guarded_journal(recovered) as own:
-        before = quiet.snapshot()
-        reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
-                                    the_plan.warmup + the_plan.runs)
-        reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
-        with reporter as progress:
-            runner = Runner(the_plan, store, progress, resume=resume, journal=own)
-            try:
-                run_id = runner.execute()
-                store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
-            except KeyboardInterrupt:
-                stopped(f"interrupted; what finished is stored in run {runner.run_id} "
-                        f"(continue it with: vmtax run --resume {runner.run_id})"
-                        if runner.run_id else "interrupted before the first run; nothing stored")
-    _show(store, run_id, as_json, show_all)
+
+def _run_progress(estimate: float | None, per_cell: int, notes: list[str]) -> ProgressReporter:
+    reporter = ProgressReporter(estimate, per_cell)
+    reporter.before_first = notes
+    return reporter
+
+
+def _run_stopped(run_id: str | None) -> NoReturn:
+    stopped(f"interrupted; what finished is stored in run {run_id} "
+            f"(continue it with: vmtax run --resume {run_id})"
+            if run_id else "interrupted before the first run; nothing stored")
 
 
 def _run_json(store: Store, run_id: str) -> dict[str, Any]:
     """What `vmtax show RUN --json` prints: the run, its summary and its composite index."""
-    from vmtax.analysis import composite
-    from vmtax.analysis import summary as analysis
+    from vmtax.analysis.model import analyse
 
-    run_rec = store.load_run(run_id)
-    summary = analysis.summarize_run(run_rec)
-    return {"run": {"id": run_rec.id, "status": run_rec.status, "created": run_rec.created,
-                    "finished": run_rec.finished, "host": run_rec.host,
-                    "targets": run_rec.targets, "plan": run_rec.plan},
-            "summary": summary.to_json(), "composite": composite.to_json(summary)}
+    return analyse(store.load_run(run_id)).to_json()
 
 
 def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> None:
+    from vmtax.analysis.model import analyse
+
+    _render(analyse(store.load_run(run_id)), as_json, show_all)
+
+
+def _render(model: "RunModel", as_json: bool, show_all: bool) -> None:
+    """A run's model as `vmtax show` prints it: JSON, every metric (--all), or the
+    headline."""
     if as_json:
-        _print_json(_run_json(store, run_id))
+        _print_json(model.to_json())
         return
     from vmtax.report import terminal as tables
 
-    run_rec = store.load_run(run_id)
     if show_all:
-        from vmtax.analysis import summary as analysis
-
-        tables.print_summary(out, run_rec, analysis.summarize_run(run_rec))
+        tables.print_summary(out, model.run, model.summary)
     else:
-        from vmtax.analysis.model import analyse
         from vmtax.host import quiet
 
-        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host))
+        tables.print_headline(out, model, quiet.during(model.run.host))
 
 
 @cli.command()

@@ -148,6 +148,8 @@ class Runner:
         self.warned_collectors: set[str] = set()   # why one could not record, targets aside
         self.cannot_drop: set[str] = set()   # "host" and targets whose caches stay
         self.run_id: str | None = None
+        # The finished run's summary, whose flags were stored (the study's analysis reuses it).
+        self.summary: analysis.RunSummary | None = None
 
     # -- the plan --------------------------------------------------------------------------
     def execute(self) -> str:
@@ -203,6 +205,7 @@ class Runner:
 
     def _store_flags(self) -> None:
         summary = analysis.summarize_run(self.store.load_run(self._stored_run))
+        self.summary = summary
         self.store.set_flags(self._stored_run, [
             (target, row.workload, row.params, row.key, flag)
             for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
