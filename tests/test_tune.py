@@ -236,10 +236,12 @@ def test_planted_effect_found_and_control_quiet_over_20_searches():
 # --- summarizing a stored search ----------------------------------------------------------------
 
 def store_search(store: Store, samples: dict[str, list[float]], options: dict[str, dict],
-                 name: str = "tune-test-singles", baseline: str = "vm") -> str:
+                 name: str = "tune-test-singles", baseline: str = "vm",
+                 runs: int | None = None) -> str:
     plan = {"targets": [{"name": n, "kind": "vm" if n != "native" else "native",
                          "options": o} for n, o in options.items()],
-            "workloads": [{"name": "cpu", "params": {}}], "baseline": baseline, "name": name}
+            "workloads": [{"name": "cpu", "params": {}}], "baseline": baseline, "name": name,
+            **({"runs": runs} if runs is not None else {})}
     run_id = store.new_run(plan, {}, "test")
     for target, values in samples.items():
         for i, value in enumerate(values):
@@ -609,6 +611,100 @@ def test_a_not_significant_change_whose_interval_excludes_zero_is_marked_and_exp
         return tuning.Effect("iperf3", {}, "throughput", "network", stats.Comparison(
             "throughput", 9.0, 4.0, -0.55, ci, 0.004, 0.2, verdict, True, 3, 3, 0.1))
 
-    assert cli_tune._effect(effect((-0.7, -0.3), "~")).endswith("~*")
-    assert cli_tune._effect(effect((-0.7, 0.1), "~")).endswith("~")
-    assert cli_tune._effect(effect((-0.7, -0.3), "worse")).endswith("worse[/red]")
+    assert cli_tune._effect(effect((-0.7, -0.3), "~")).endswith("~* n=3/3")
+    assert cli_tune._effect(effect((-0.7, 0.1), "~")).endswith("~ n=3/3")
+    assert cli_tune._effect(effect((-0.7, -0.3), "worse")).endswith("worse n=3/3[/red]")
+
+
+# -- #36 item 7: an answer that says what it stands on ----------------------------------------
+
+def _raced_search(store: Store, rng) -> str:
+    """A singles run as racing leaves it: 3 fixed runs, the baseline and one knob raced to 9."""
+    base = {"accel": "tcg"}
+    return store_search(store, {
+        "vm": noisy(rng, 100, 9), "vm[control]": noisy(rng, 100, 3),
+        "vm[machine=q35]": noisy(rng, 104, 9)},
+        {"vm": base, "vm[control]": base, "vm[machine=q35]": {**base, "machine": "q35"}},
+        runs=3)
+
+
+def test_the_answer_states_the_baseline_the_runs_and_the_smallest_visible_gain(tmp_path):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from vmtax.report import tune_table
+
+    store = Store(tmp_path)
+    summary = tuning.summarize(store.load_run(_raced_search(store, np.random.default_rng(5))))
+    shown = StringIO()
+    tune_table.print_summary(Console(file=shown, width=200, highlight=False), summary)
+    text = " ".join(shown.getvalue().split())
+    assert "baseline vm (vm): accel=tcg" in text
+    assert "n=9/9" in text and "n=3/3" in text     # the raced knob, the control
+    half = summary.resolution()["CPU"]
+    assert half > 0
+    assert f"its interval (CPU ±{half:.1%}) is the smallest gain this search could tell" in text
+    data = summary.to_json()
+    assert data["baseline_options"] == {"accel": "tcg"}
+    assert data["control"]["resolution"] == {"CPU": pytest.approx(half, abs=1e-6)}
+
+
+def test_the_recommended_snippet_runs_as_pasted(tmp_path):
+    from vmtax.studies import planfile
+
+    store = Store(tmp_path)
+    summary = tuning.summarize(store.load_run(_raced_search(store, np.random.default_rng(5))))
+    pasted = tmp_path / "tuned.toml"
+    pasted.write_text(summary.recommended() + "\n")
+    plan = planfile.load(str(pasted))
+    assert [(t.name, t.kind, t.options) for t in plan.targets] == [
+        ("vm", "vm", {"accel": "tcg"})]
+    assert [(w.name, w.params) for w in plan.workloads] == [("cpu", {"time": 1})]
+
+
+def test_a_tune_runs_report_counts_the_runs_each_cell_had(tmp_path):
+    from vmtax.report import html
+
+    store = Store(tmp_path)
+    run = store.load_run(_raced_search(store, np.random.default_rng(5)))
+    assert html.measured_runs(run) == ("3 to 9 measured runs (3 fixed, more where the run's "
+                                       "adaptive rule asked)")
+    page = html.render_html([html.build(analyse(run))])
+    assert "3 to 9 measured runs" in page and "3 measured runs per cell" not in page
+
+
+def test_the_findings_cards_rank_no_control(tmp_path):
+    store = Store(tmp_path)
+    model = analyse(store.load_run(_raced_search(store, np.random.default_rng(5))))
+    ranked = [s.target for standings in model.standings.values() for s in standings]
+    assert ranked == ["vm[machine=q35]"]
+
+
+def test_a_tune_runs_forest_plot_comes_first(tmp_path):
+    from vmtax.report import html
+
+    store = Store(tmp_path)
+    report = html.build(analyse(store.load_run(_raced_search(store,
+                                                             np.random.default_rng(5)))))
+    assert report.charts[0].slug == "tune-forest" and len(report.charts) > 1
+
+
+def test_resuming_a_finished_search_says_so_and_races_nothing(tmp_path, monkeypatch):
+    search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
+    plan = search.singles_plan()
+    store = Store(tmp_path)
+    store_search(store, {t.name: [100.0, 100.0, 100.0] for t in plan.targets},
+                 {t.name: t.options for t in plan.targets}, name=plan.name,
+                 baseline=search.baseline.name)
+
+    def execute(self):
+        raise AssertionError("a finished stage runs nothing")
+
+    monkeypatch.setattr(search_mod.Runner, "execute", execute)
+    said = []
+    outcome = search_mod.run(search, store, resume=True,
+                             on_stage=lambda stage, text: said.append((stage, text)))
+    assert said == [("singles", "already done, its stored runs reused")]
+    assert outcome.combined is None
+    assert any("less than the control's interval (CPU ±" in n for n in outcome.summary.notes)

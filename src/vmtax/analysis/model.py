@@ -10,6 +10,7 @@ from typing import Any
 
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
+from vmtax.analysis import tune as tuning
 from vmtax.analysis.composite import ClassIndex, Standing
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.results.store import Run
@@ -54,7 +55,18 @@ def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
     return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
                     classes=composite.composite(summary) if others else [],
                     explained=composite.explained(summary),
-                    standings=composite.standings(summary), worst=_worst(summary))
+                    standings=_contenders(run, composite.standings(summary)),
+                    worst=_worst(summary))
+
+
+def _contenders(run: Run, standings: dict[str, list[Standing]]) -> dict[str, list[Standing]]:
+    """standings without a tune run's A-vs-A control: the baseline against itself checks
+    the host's noise, it is no configuration to choose."""
+    if not tuning.is_tune_run(run):
+        return standings
+    control = tuning.control_name(str(run.plan.get("baseline")))
+    kept = {cls: [s for s in ranked if s.target != control] for cls, ranked in standings.items()}
+    return {cls: ranked for cls, ranked in kept.items() if ranked}
 
 
 def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:

@@ -8,6 +8,7 @@ nothing: it opens offline and can be mailed as one file.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import Standing
 from vmtax.analysis.model import RunModel
+from vmtax.analysis.tune import is_tune_run
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core.errors import VmtaxError
 from vmtax.report import flamegraph, plots
@@ -95,6 +97,22 @@ class RunReport:
     # win's likely cause by class (None: a metric in no class).
     composite: list[composite.ClassIndex] = field(default_factory=list)
     explained: dict[str | None, list[str]] = field(default_factory=dict)
+    measured: str = ""                    # "3 measured runs" per cell (measured_runs)
+
+
+def measured_runs(run: Run) -> str:
+    """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
+    (--runs auto, tune's racing) added some, the range stored."""
+    planned = run.plan.get("runs", "?")
+    attempts: dict[tuple, int] = {}
+    for r in run.reps:
+        if r.phase == "measure":
+            key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))
+            attempts[key] = attempts.get(key, 0) + 1
+    if isinstance(planned, int) and attempts and max(attempts.values()) > planned:
+        return (f"{min(attempts.values())} to {max(attempts.values())} measured runs "
+                f"({planned} fixed, more where the run's adaptive rule asked)")
+    return f"{planned} measured run{'' if planned == 1 else 's'}"
 
 
 def build(model: RunModel, host: str | None = None) -> RunReport:
@@ -105,10 +123,13 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
     explained: dict[str | None, list[str]] = {}
     for cls, line in model.explained:
         explained.setdefault(cls, []).append(line)
+    per_metric, own = _paired(plots.charts(summary, labels)), plots.run_charts(run, labels)
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
-                     charts=(_paired(plots.charts(summary, labels))
-                             + plots.run_charts(run, labels)),   # E4: density, start-up
+                     # E4's density and start-up figures after the metrics'; tune's forest
+                     # plot, its answer, first.
+                     charts=(own + per_metric if is_tune_run(run) else per_metric + own),
+                     measured=measured_runs(run),
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
                      flags_line=report.flags_line(model.headline, quiet.during(run.host)),

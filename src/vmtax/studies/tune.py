@@ -431,6 +431,12 @@ def _stored(store: Store, name: str) -> tuple[str, str] | None:
     return run_id, status
 
 
+def _finished(store: Store, plan: Plan) -> bool:
+    """Whether the stage of plan is stored, done (a resumed search reuses it)."""
+    stored = _stored(store, plan.name or "")
+    return stored is not None and stored[1] == "done"
+
+
 def _stage(search: Search, store: Store, plan: Plan, pairs: list[tuple[str, str]],
            stage_end: float, reporter: Reporter | None, journal: Journal | None,
            resume: bool) -> str:
@@ -474,7 +480,9 @@ def run(search: Search, store: Store, reporter: Reporter | None = None,
     singles_plan = search.singles_plan()
     base = search.baseline.name
     pairs = [(base, t.name) for t in singles_plan.targets if t.name != base]
-    if on_stage:
+    if on_stage and resume and _finished(store, singles_plan):
+        on_stage("singles", "already done, its stored runs reused")
+    elif on_stage:
         until = time.time() + (end - started - combined_minimum)
         done_by = time.time() + search.budget
         values = f"{len(search.knobs)} knob value{'s' if len(search.knobs) > 1 else ''}"
@@ -489,8 +497,11 @@ def run(search: Search, store: Store, reporter: Reporter | None = None,
     tuned, notes = tuned_options(search, winners)
     first.notes += search.notes + notes
     if not tuned:
+        smallest = first.resolution_text()
         first.notes.append("no knob value won on any workload: nothing to combine, the "
-                           "baseline stays as it is")
+                           "baseline stays as it is" + (
+                               f"; a knob gaining less than the control's interval "
+                               f"({smallest}) could not have won here" if smallest else ""))
         return Outcome(singles, None, first)
     if time.monotonic() + combined_minimum > end and not (
             resume and _stored(store, search.run_name("combined"))):
@@ -506,7 +517,9 @@ def run(search: Search, store: Store, reporter: Reporter | None = None,
     pairs = [(base, tuned_name)]
     if not alone:
         pairs.append((tuning.knob_name(base, best.option, best.value), tuned_name))
-    if on_stage:
+    if on_stage and resume and _finished(store, combined_plan):
+        on_stage("combined", "already done, its stored runs reused")
+    elif on_stage:
         on_stage("combined", f"{', '.join(tuning.knob_label(k, v) for k, v in tuned.items())} "
                  f"together against {base}" + (f" and {best.label}" if len(pairs) > 1 else ""))
     combined = _stage(search, store, combined_plan, pairs, end, reporter, journal, resume)
