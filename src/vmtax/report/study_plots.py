@@ -17,11 +17,9 @@ from vmtax.report.figure import (BASELINE_COLOR, DPI, LOG_SPAN, PALETTE, STYLE, 
 from vmtax.results import study_records as records
 
 # -- density and start-up (E4) -----------------------------------------------------------------
-# Their numbers are per step of a density study (reps of phase "step", metrics keyed by the
-# instance count) and per cold start (`vmtax boot`), not medians of repetitions: drawn from
-# the stored run itself.
-DENSITY = records.DENSITY
-BOOT = records.BOOT
+# Their numbers are per step of a density study and per cold start (`vmtax boot`), not
+# medians of repetitions: drawn from the stored run itself, through the typed records
+# vmtax.results.study_records declares (the studies write what those read).
 
 
 def _run_colors(targets: list[str]) -> dict[str, str]:
@@ -31,13 +29,8 @@ def _run_colors(targets: list[str]) -> dict[str, str]:
 def _density_lines(run: Any, metric: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
     """(target, KSM on|off) -> [(instances, value)] of a density run's steps."""
     lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for rep in run.reps:
-        if rep.workload != DENSITY or rep.phase != records.STEP:
-            continue
-        for m in rep.metrics:
-            if m.name == metric and records.INSTANCES in m.dimensions:
-                lines.setdefault((rep.target, str(rep.params.get(records.KSM, "off"))),
-                                 []).append((float(m.dimensions[records.INSTANCES]), m.value))
+    for point in records.density_points(run, metric):
+        lines.setdefault((point.target, point.ksm), []).append((point.instances, point.value))
     return {key: sorted(points) for key, points in lines.items()}
 
 
@@ -92,10 +85,8 @@ def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
     """Cold-start times as empirical CDFs: one line per target, to ready (solid) and to
     the first HTTP answer (dashed)."""
     times: dict[tuple[str, str], list[float]] = {}
-    for rep in run.reps:
-        if rep.workload == BOOT and rep.phase == "measure":
-            for m in rep.metrics:
-                times.setdefault((rep.target, m.name), []).append(m.value)
+    for start in records.boot_starts(run):
+        times.setdefault((start.target, start.milestone), []).append(start.seconds)
     if not times:
         return []
     targets = list(dict.fromkeys(t for t, _ in times))
