@@ -192,6 +192,20 @@ def is_tune_run(run: Run) -> bool:
 
 
 @dataclass
+class SearchOutline:
+    """What a checked search would try, against what, within what time (`tune --dry-run`);
+    vmtax.studies.tune.Search.outline() makes it."""
+    baseline: str
+    kind: str
+    workloads: list[str]
+    native: str | None              # the bare host measured for the tax recovered
+    knobs: list[tuple[str, str | None]]   # (knob=value, its safety note)
+    budget: str                     # "6 min 0 s"
+    needs: str                      # what one comparison of each costs, said alike
+    notes: list[str]
+
+
+@dataclass
 class Effect:
     """One knob value (or the combination) against its reference on one workload."""
     workload: str

@@ -91,3 +91,19 @@ def print_summary(out: Console, summary: tuning.TuneSummary) -> None:
     out.print("\nrecommended configuration, a plan to run as it is" + (
         " (the baseline: nothing was confirmed)" if not summary.confirmed else "") + ":")
     out.print(escape(summary.recommended()), soft_wrap=True)
+
+
+def print_search(out: Console, search: tuning.SearchOutline) -> None:
+    """What a checked search would try, against what, within what time (--dry-run)."""
+    out.print(f"tune {escape(search.baseline)} ({escape(search.kind)}) on "
+              + escape(", ".join(search.workloads))
+              + (f", with {escape(search.native)} for the tax recovered"
+                 if search.native else "")
+              + f": {len(search.knobs)} knob values and an A-vs-A control, "
+              f"budget {search.budget} (one comparison of each needs {search.needs})")
+    for label, safety in search.knobs:
+        out.print(f"  {escape(label)}"
+                  + (f"  [yellow]{escape(safety)}[/yellow]" if safety else ""))
+    for note in search.notes:
+        out.print(f"[dim]note: {escape(note)}[/dim]")
+    out.print("nothing runs (--dry-run)")

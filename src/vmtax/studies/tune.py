@@ -126,6 +126,14 @@ class Search:
         return replace(self.plan, targets=specs, baseline=base, max_runs=MAX_RUNS,
                        name=self.run_name("combined"))
 
+    def outline(self) -> tuning.SearchOutline:
+        singles, combined = self.minimum_seconds()
+        return tuning.SearchOutline(
+            self.baseline.name, self.baseline.kind, [w.name for w in self.plan.workloads],
+            self.native.name if self.native else None,
+            [(k.label, k.safety) for k in self.knobs], estimate.duration(self.budget),
+            estimate.duration(singles + combined), list(self.notes))
+
     def minimum_seconds(self) -> tuple[float, float]:
         """(singles, combined) with only the fixed repetitions: what any search costs."""
         singles = estimate.estimate(self.singles_plan()).seconds
