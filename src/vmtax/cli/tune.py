@@ -11,8 +11,9 @@ from __future__ import annotations
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.main import (ProgressReporter, _csv, _print_json, err, out, recovered,
-                            results_option, stopped)
+from vmtax.cli.main import (_csv, _print_json, err, out, recovered, results_option,
+                            stopped)
+from vmtax.cli.progress import ProgressReporter
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.report.tune_table import print_search, print_summary
