@@ -708,3 +708,47 @@ def test_resuming_a_finished_search_says_so_and_races_nothing(tmp_path, monkeypa
     assert said == [("singles", "already done, its stored runs reused")]
     assert outcome.combined is None
     assert any("less than the control's interval (CPU ±" in n for n in outcome.summary.notes)
+
+
+def test_a_search_stopped_by_ctrl_c_ends_in_stopped_with_its_journal_and_progress_closed(
+        tmp_path, monkeypatch):
+    """guarded(): the study owns the journal's guard and the interrupt; the CLI only says
+    how it ended."""
+    import contextlib
+
+    from vmtax.studies import session
+
+    events = []
+
+    @contextlib.contextmanager
+    def journal(recovered):
+        recovered("a crashed run's mount")
+        events.append("guarded")
+        try:
+            yield "journal"
+        finally:
+            events.append("undone")
+
+    @contextlib.contextmanager
+    def progress():
+        events.append("progress")
+        try:
+            yield "reporter"
+        finally:
+            events.append("progress closed")
+
+    def run(search, store, reporter, own, resume, on_stage):
+        assert (reporter, own) == ("reporter", "journal")
+        raise KeyboardInterrupt
+
+    def stopped():
+        events.append("stopped")
+        raise SystemExit(130)
+
+    monkeypatch.setattr(session, "guarded_journal", journal)
+    monkeypatch.setattr(search_mod, "run", run)
+    search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
+    with pytest.raises(SystemExit):
+        search_mod.guarded(search, Store(tmp_path), progress(), events.append, stopped)
+    assert events == ["a crashed run's mount", "guarded", "progress", "progress closed",
+                      "undone", "stopped"]

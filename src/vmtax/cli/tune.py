@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import click
 
 from vmtax.cli import bounds
@@ -19,7 +21,6 @@ from vmtax.core.text import markup as escape  # control characters too
 from vmtax.report.tune_table import print_search, print_summary
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
-from vmtax.studies.session import guarded_journal
 
 
 @click.command("tune")
@@ -70,12 +71,12 @@ def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, re
     def said(stage: str, text: str) -> None:
         err.print(f"tune · {stage}: {escape(text)}")
 
-    try:
-        with guarded_journal(recovered) as own, ProgressReporter() as progress:
-            outcome = search_mod.run(search, store, progress, own, resume, said)
-    except KeyboardInterrupt:
+    def interrupted() -> NoReturn:
         stopped("interrupted; every repetition so far is stored (continue the search with "
                 "the same command and --resume)")
+
+    outcome = search_mod.guarded(search, store, ProgressReporter(), recovered, interrupted,
+                                 resume, said)
     if as_json:
         _print_json(outcome.summary.to_json())
     else:

@@ -28,7 +28,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ContextManager, Literal, NoReturn
 
 from vmtax.analysis import tune as tuning
 from vmtax.core import plugin
@@ -535,3 +535,19 @@ def run(search: Search, store: Store, reporter: Reporter | None = None,
                                alpha=search.alpha, method=search.method)
     summary.notes += search.notes + notes
     return Outcome(singles, combined, summary)
+
+
+def guarded(search: Search, store: Store, progress: ContextManager[Reporter],
+            recovered: Callable[[str], None], stopped: Callable[[], NoReturn],
+            resume: bool = False, on_stage: Callable[[str, str], None] | None = None
+            ) -> Outcome:
+    """run() as a command runs it: under a guarded journal (what crashed runs left undone
+    first, each said to recovered), with progress; a Ctrl-C or SIGTERM ends in stopped()
+    (every repetition so far is stored)."""
+    from vmtax.studies.session import guarded_journal
+
+    try:
+        with guarded_journal(recovered) as own, progress as reporter:
+            return run(search, store, reporter, own, resume, on_stage)
+    except KeyboardInterrupt:
+        stopped()
