@@ -22,6 +22,7 @@ from vmtax.core.types import Metric
 from vmtax.guest.qemu import VmConfig, qemu_argv
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
+from vmtax.studies import tune_run as racing
 
 
 def noisy(rng, centre: float, n: int, cv: float = 0.01) -> list[float]:
@@ -421,7 +422,7 @@ def test_plan_file_with_tune_table(tmp_path):
 def test_resume_without_a_stored_search_is_refused(tmp_path):
     search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
     with pytest.raises(VmtaxError, match="--resume: no stored search to continue"):
-        search_mod.run(search, Store(tmp_path), resume=True)
+        racing.run(search, Store(tmp_path), resume=True)
 
 
 def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_path, monkeypatch):
@@ -430,7 +431,7 @@ def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_pat
     plan = search.singles_plan()
     done = store.new_run(plan.to_dict(), {}, "test")
     store.finish_run(done, "done")
-    assert search_mod._stage(search, store, plan, [], time.monotonic(), None, None,
+    assert racing._stage(search, store, plan, [], time.monotonic(), None, None,
                              resume=True) == done
     store.finish_run(done, "interrupted")
     resumed = []
@@ -439,10 +440,10 @@ def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_pat
         resumed.append(self.resume_id)
         return self.resume_id
 
-    monkeypatch.setattr(search_mod.Runner, "execute", execute)
-    search_mod._stage(search, store, plan, [], time.monotonic(), None, None, resume=True)
+    monkeypatch.setattr(racing.Runner, "execute", execute)
+    racing._stage(search, store, plan, [], time.monotonic(), None, None, resume=True)
     assert resumed == [done]
-    search_mod._stage(search, store, plan, [], time.monotonic(), None, None, resume=False)
+    racing._stage(search, store, plan, [], time.monotonic(), None, None, resume=False)
     assert resumed == [done, None]
 
 
@@ -475,17 +476,17 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
         self.store.finish_run(run_id, "done")
         return run_id
 
-    monkeypatch.setattr(search_mod.Runner, "execute", execute)
+    monkeypatch.setattr(racing.Runner, "execute", execute)
     search = search_mod.from_names(["native", "vm:tcg"], ["cpu"],
                                    ["machine", "vcpus=1", "tb_size=64"], "30m")
     # With no time left for the confirmation, the budget wins: the singles stand alone.
     short = dataclasses.replace(search, budget=search_mod.STOP_MARGIN + 1)
-    outcome = search_mod.run(short, Store(tmp_path / "short"))
+    outcome = racing.run(short, Store(tmp_path / "short"))
     assert outcome.combined is None and len(plans) == 1
     assert any("budget ran out before the winners" in n for n in outcome.summary.notes)
     plans.clear()
     stages = []
-    outcome = search_mod.run(search, Store(tmp_path), on_stage=lambda s, t: stages.append(s))
+    outcome = racing.run(search, Store(tmp_path), on_stage=lambda s, t: stages.append(s))
     assert stages == ["singles", "combined"]
     assert [t.name for t in plans[1].targets] == [
         "vm:tcg", "vm:tcg[tuned]", "vm:tcg[machine=q35]", "native"]
@@ -524,7 +525,7 @@ def test_a_resumed_cell_with_an_open_race_races_on():
     names = [t.name for t in plan.targets]
     workload = plan.workloads[0].make(plan.time)
     pairs = [(names[0], n) for n in names[1:]]
-    race = search_mod.Race(plan, pairs, tuning.RaceRule(), time.monotonic())
+    race = racing.Race(plan, pairs, tuning.RaceRule(), time.monotonic())
 
     def cell(values):
         return Cell(workload, [], {n: list(values) for n in names}, dict.fromkeys(names, 3),
@@ -701,9 +702,9 @@ def test_resuming_a_finished_search_says_so_and_races_nothing(tmp_path, monkeypa
     def execute(self):
         raise AssertionError("a finished stage runs nothing")
 
-    monkeypatch.setattr(search_mod.Runner, "execute", execute)
+    monkeypatch.setattr(racing.Runner, "execute", execute)
     said = []
-    outcome = search_mod.run(search, store, resume=True,
+    outcome = racing.run(search, store, resume=True,
                              on_stage=lambda stage, text: said.append((stage, text)))
     assert said == [("singles", "already done, its stored runs reused")]
     assert outcome.combined is None
@@ -746,9 +747,9 @@ def test_a_search_stopped_by_ctrl_c_ends_in_stopped_with_its_journal_and_progres
         raise SystemExit(130)
 
     monkeypatch.setattr(session, "guarded_journal", journal)
-    monkeypatch.setattr(search_mod, "run", run)
+    monkeypatch.setattr(racing, "run", run)
     search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
     with pytest.raises(SystemExit):
-        search_mod.guarded(search, Store(tmp_path), progress(), events.append, stopped)
+        racing.guarded(search, Store(tmp_path), progress(), events.append, stopped)
     assert events == ["a crashed run's mount", "guarded", "progress", "progress closed",
                       "undone", "stopped"]

@@ -75,8 +75,10 @@ def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, re
         stopped("interrupted; every repetition so far is stored (continue the search with "
                 "the same command and --resume)")
 
-    outcome = search_mod.guarded(search, store, ProgressReporter(), recovered, interrupted,
-                                 resume, said)
+    from vmtax.studies import tune_run
+
+    outcome = tune_run.guarded(search, store, ProgressReporter(), recovered, interrupted,
+                               resume, said)
     if as_json:
         _print_json(outcome.summary.to_json())
     else:
