@@ -314,7 +314,7 @@ def test_forest_plot_and_tax_recovered_in_the_report(tmp_path):
                                    "vm[machine=q35]": noisy(rng, 110, 6)},
                            {"vm": base, "vm[control]": base,
                             "vm[machine=q35]": {**base, "machine": "q35"}})
-    charts = plots.tune_forest(store.load_run(singles), {})
+    charts = plots.tune_forest(analyse(store.load_run(singles)).tune, {})
     assert [c.slug for c in charts] == ["tune-forest"]
     assert "stayed ~" in charts[0].caption
     assert plots.render(charts[0], "svg").startswith(b"<?xml")
@@ -322,12 +322,13 @@ def test_forest_plot_and_tax_recovered_in_the_report(tmp_path):
                                     "native": noisy(rng, 120, 6)},
                             {"vm": base, "vm[tuned]": {**base, "machine": "q35"}, "native": {}},
                             name="tune-test-combined")
-    charts = plots.tune_forest(store.load_run(combined), {})
+    charts = plots.tune_forest(analyse(store.load_run(combined)).tune, {})
     assert [c.slug for c in charts] == ["tune-forest", "tune-tax-recovered"]
     page = html.render_html([html.build(analyse(store.load_run(combined)))])
     assert "tune: tax recovered per class" in page and "Tax recovered by the combination" in page
-    assert plots.tune_forest(store.load_run(store_search(
-        store, {"vm": [1.0, 2.0]}, {"vm": base}, name="plain")), {}) == []
+    plain = analyse(store.load_run(store_search(store, {"vm": [1.0, 2.0]}, {"vm": base},
+                                                name="plain")))
+    assert plain.tune is None and plots.tune_forest(plain.tune, {}) == []
 
 
 def test_tax_recovered_in_either_direction():

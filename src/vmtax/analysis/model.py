@@ -30,6 +30,8 @@ class RunModel:
     standings: dict[str, list[Standing]]
     # Per target, its lowest-ratio classified metric.
     worst: dict[str, tuple[Row, Cell]]
+    # A `vmtax tune` stage's verdicts (its forest plot); None: not a tune run.
+    tune: tuning.TuneSummary | None = None
 
     @property
     def explanations(self) -> list[str]:
@@ -56,7 +58,8 @@ def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
                     classes=composite.composite(summary) if others else [],
                     explained=composite.explained(summary),
                     standings=_contenders(run, composite.standings(summary)),
-                    worst=_worst(summary))
+                    worst=_worst(summary),
+                    tune=tuning.summarize_stage(run) if tuning.is_tune_run(run) else None)
 
 
 def _contenders(run: Run, standings: dict[str, list[Standing]]) -> dict[str, list[Standing]]:

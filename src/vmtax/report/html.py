@@ -21,7 +21,6 @@ from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import Standing
 from vmtax.analysis.model import RunModel
-from vmtax.analysis.tune import is_tune_run
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core.errors import VmtaxError
 from vmtax.report import flamegraph, plots
@@ -123,12 +122,13 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
     explained: dict[str | None, list[str]] = {}
     for cls, line in model.explained:
         explained.setdefault(cls, []).append(line)
-    per_metric, own = _paired(plots.charts(summary, labels)), plots.run_charts(run, labels)
+    per_metric = _paired(plots.charts(summary, labels))
+    own = plots.run_charts(run, labels, model.tune)
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
                      # E4's density and start-up figures after the metrics'; tune's forest
                      # plot, its answer, first.
-                     charts=(own + per_metric if is_tune_run(run) else per_metric + own),
+                     charts=(own + per_metric if model.tune is not None else per_metric + own),
                      measured=measured_runs(run),
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),

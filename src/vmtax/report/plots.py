@@ -20,6 +20,7 @@ from typing import Any
 import matplotlib
 
 from vmtax.analysis.summary import RunSummary
+from vmtax.analysis.tune import TuneSummary
 # The figure machinery and the builders live in modules of their own; their names used
 # elsewhere stay reachable here.
 from vmtax.report.figure import (BAR_SIZE, DPI, STYLE, SWEEP_SIZE, Chart, inline_svg,
@@ -48,6 +49,8 @@ def charts(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     return made
 
 
-def run_charts(run: Any, labels: dict[str, str]) -> list[Chart]:
-    """Figures drawn from a stored run itself rather than its summary (E4, `vmtax tune`)."""
-    return [*density_memory(run, labels), *boot_ecdf(run, labels), *tune_forest(run, labels)]
+def run_charts(run: Any, labels: dict[str, str],
+               tune: TuneSummary | None = None) -> list[Chart]:
+    """Figures drawn from a stored run itself rather than its summary (E4), and a tune
+    stage's (tune: its verdicts, RunModel.tune)."""
+    return [*density_memory(run, labels), *boot_ecdf(run, labels), *tune_forest(tune, labels)]

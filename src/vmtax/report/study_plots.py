@@ -124,14 +124,13 @@ def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
 VERDICT_COLORS = {"better": "#009E73", "worse": "#D55E00"}
 
 
-def tune_forest(run: Any, labels: dict[str, str]) -> list[Chart]:
+def tune_forest(summary: tuning.TuneSummary | None, labels: dict[str, str]) -> list[Chart]:
     """A forest plot of a tune stage: one row per knob value (and workload), its gain over
     the baseline with the CI, coloured by the adjusted verdict; the control in grey. Of
     the combined stage: the combination against the baseline and the best single, with
     the tax recovered per class in the caption."""
-    if not tuning.is_tune_run(run):
+    if summary is None:
         return []
-    summary = tuning.summarize_stage(run)
     rows: list[tuple[str, tuning.Effect, bool]] = []
     several = len({(e.workload, json.dumps(e.params, sort_keys=True))
                    for k in summary.knobs for e in k.effects}) > 1
