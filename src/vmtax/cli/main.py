@@ -516,8 +516,6 @@ def compare(a, b, alpha, noise_floor, method, fail_on, results, as_json, show_al
 @json_option
 def doctor(as_json) -> None:
     """What this host can do for vmtax, and what to do where it can't."""
-    from rich.table import Table
-
     from vmtax.core import collector as collectors
     from vmtax.host import doctor as host_doctor
     from vmtax.host import machine as host
@@ -536,14 +534,9 @@ def doctor(as_json) -> None:
         _print_json({"host": {**host.fingerprint(), "quiet": now},
                      "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
         return
-    table = Table(title="vmtax doctor", show_lines=False)
-    table.add_column("check")
-    table.add_column("", justify="center")
-    table.add_column("detail")
-    for c in checks:
-        table.add_row(escape(c.name), "[green]ok[/green]" if c.ok else "[red]no[/red]",
-                      escape(c.detail))
-    out.print(table)
+    from vmtax.report import doctor_table
+
+    doctor_table.print_checks(out, checks)
 
 
 @cli.command()
