@@ -120,6 +120,21 @@ def test_no_module_outside_the_plugin_packages_imports_a_plugin_module():
     assert not found, "\n".join(found)
 
 
+# What draws a table or a figure: vmtax.report's (the CLI parses, calls and renders).
+DRAWING = ("rich.table", "matplotlib")
+
+
+def test_no_cli_module_draws_a_table_or_a_figure():
+    found = []
+    for path in sorted((SRC / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"cli/{path.name}:{node.lineno}: {m}" for m in modules
+                      if m.startswith(DRAWING)]
+    assert not found, "draw these in vmtax.report:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("part", PARTS)
 def test_every_part_says_what_it_holds_and_may_import(part):
     doc = ast.get_docstring(ast.parse((SRC / part / "__init__.py").read_text()))

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from conftest import vmtax
 from test_perf_kvm import FIXTURES
 
-from vmtax.cli import exits as exits_cli
 from vmtax.cli.main import cli
 from vmtax.results.store import Store
 
@@ -126,7 +125,9 @@ def test_a_pvm_report_imports_every_row_with_its_total(tmp_path):
 
 
 def test_the_collectors_of_vm_exits_are_found_by_their_manifest():
-    assert exits_cli.exits_collectors() == ["exits"]
+    from vmtax.analysis import exits
+
+    assert exits.exits_collectors() == ["exits"]
 
 
 def test_a_run_without_exits_says_why(tmp_path):

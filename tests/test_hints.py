@@ -135,11 +135,11 @@ def test_each_configuration_of_a_sweep_is_named_by_what_varies():
 
 
 def test_without_a_terminal_every_configuration_of_a_sweep_reports(capsys):
-    from vmtax.cli import main as cli
+    from vmtax.cli.progress import ProgressReporter
     from vmtax.studies.plan import WorkloadSpec, point_labels
 
     labels = point_labels([WorkloadSpec("memory", {"threads": t}) for t in (1, 2, 4)])
-    with cli.ProgressReporter(estimate=10.0, per_cell=1) as reporter:
+    with ProgressReporter(estimate=10.0, per_cell=1) as reporter:
         reporter.start(6)
         for label in labels:            # as the runner steps: A B per configuration
             for target in ("native", "vm"):

@@ -112,7 +112,7 @@ def test_stored_names_reach_the_terminal_escaped(tmp_path, command):
 
 
 def test_the_progress_line_shows_names_escaped():
-    from vmtax.cli.main import ProgressReporter
+    from vmtax.cli.progress import ProgressReporter
 
     reporter = ProgressReporter()
     reporter.start(1)

@@ -279,3 +279,33 @@ def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path,
         else:
             assert not recording, log
     assert [e for t, e in log if t == "native"][-2:] == ["pause", "stop"], log
+
+
+def test_runs_auto_measures_until_precise_or_max_runs():
+    """Precision, the Runner's default repetition policy with --runs auto: rounds across
+    the targets still imprecise, order reversed each round, a broken target left out, each
+    stopping at max_runs attempts."""
+    import itertools
+    from types import SimpleNamespace
+
+    from vmtax.studies.repetitions import Cell, Precision
+
+    plan = SimpleNamespace(runs=3, ci_target=0.02)
+    noisy = itertools.cycle([140.0, 60.0])
+    order = []
+
+    def measure(name, why):
+        assert why == "adaptive"
+        order.append(name)
+        cell.attempts[name] += 1
+        value = 100.0 if name == "steady" else next(noisy)
+        cell.values[name].append(value)
+        return value
+
+    cell = Cell(None, ["noisy", "steady", "down"],
+                {"noisy": [100.0, 150.0, 50.0], "steady": [100.0] * 5, "down": []},
+                {"noisy": 3, "steady": 5, "down": 0}, {"down": "hung"}, measure)
+    Precision(plan, 8).more(cell)
+    # Round 1 reversed (steady, noisy); then steady is precise, noisy runs to max_runs.
+    assert order == ["steady", "noisy", "noisy", "noisy", "noisy", "noisy"]
+    assert cell.attempts == {"noisy": 8, "steady": 6, "down": 0}

@@ -22,6 +22,7 @@ from vmtax.core.types import Metric
 from vmtax.guest.qemu import VmConfig, qemu_argv
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
+from vmtax.studies import tune_run as racing
 
 
 def noisy(rng, centre: float, n: int, cv: float = 0.01) -> list[float]:
@@ -236,10 +237,12 @@ def test_planted_effect_found_and_control_quiet_over_20_searches():
 # --- summarizing a stored search ----------------------------------------------------------------
 
 def store_search(store: Store, samples: dict[str, list[float]], options: dict[str, dict],
-                 name: str = "tune-test-singles", baseline: str = "vm") -> str:
+                 name: str = "tune-test-singles", baseline: str = "vm",
+                 runs: int | None = None) -> str:
     plan = {"targets": [{"name": n, "kind": "vm" if n != "native" else "native",
                          "options": o} for n, o in options.items()],
-            "workloads": [{"name": "cpu", "params": {}}], "baseline": baseline, "name": name}
+            "workloads": [{"name": "cpu", "params": {}}], "baseline": baseline, "name": name,
+            **({"runs": runs} if runs is not None else {})}
     run_id = store.new_run(plan, {}, "test")
     for target, values in samples.items():
         for i, value in enumerate(values):
@@ -311,7 +314,7 @@ def test_forest_plot_and_tax_recovered_in_the_report(tmp_path):
                                    "vm[machine=q35]": noisy(rng, 110, 6)},
                            {"vm": base, "vm[control]": base,
                             "vm[machine=q35]": {**base, "machine": "q35"}})
-    charts = plots.tune_forest(store.load_run(singles), {})
+    charts = plots.tune_forest(analyse(store.load_run(singles)).tune, {})
     assert [c.slug for c in charts] == ["tune-forest"]
     assert "stayed ~" in charts[0].caption
     assert plots.render(charts[0], "svg").startswith(b"<?xml")
@@ -319,12 +322,13 @@ def test_forest_plot_and_tax_recovered_in_the_report(tmp_path):
                                     "native": noisy(rng, 120, 6)},
                             {"vm": base, "vm[tuned]": {**base, "machine": "q35"}, "native": {}},
                             name="tune-test-combined")
-    charts = plots.tune_forest(store.load_run(combined), {})
+    charts = plots.tune_forest(analyse(store.load_run(combined)).tune, {})
     assert [c.slug for c in charts] == ["tune-forest", "tune-tax-recovered"]
     page = html.render_html([html.build(analyse(store.load_run(combined)))])
     assert "tune: tax recovered per class" in page and "Tax recovered by the combination" in page
-    assert plots.tune_forest(store.load_run(store_search(
-        store, {"vm": [1.0, 2.0]}, {"vm": base}, name="plain")), {}) == []
+    plain = analyse(store.load_run(store_search(store, {"vm": [1.0, 2.0]}, {"vm": base},
+                                                name="plain")))
+    assert plain.tune is None and plots.tune_forest(plain.tune, {}) == []
 
 
 def test_tax_recovered_in_either_direction():
@@ -419,7 +423,7 @@ def test_plan_file_with_tune_table(tmp_path):
 def test_resume_without_a_stored_search_is_refused(tmp_path):
     search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
     with pytest.raises(VmtaxError, match="--resume: no stored search to continue"):
-        search_mod.run(search, Store(tmp_path), resume=True)
+        racing.run(search, Store(tmp_path), resume=True)
 
 
 def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_path, monkeypatch):
@@ -428,7 +432,7 @@ def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_pat
     plan = search.singles_plan()
     done = store.new_run(plan.to_dict(), {}, "test")
     store.finish_run(done, "done")
-    assert search_mod._stage(search, store, plan, [], time.monotonic(), None, None,
+    assert racing._stage(search, store, plan, [], time.monotonic(), None, None,
                              resume=True) == done
     store.finish_run(done, "interrupted")
     resumed = []
@@ -437,10 +441,10 @@ def test_resume_reuses_a_finished_stage_and_continues_an_interrupted_one(tmp_pat
         resumed.append(self.resume_id)
         return self.resume_id
 
-    monkeypatch.setattr(search_mod.RacingRunner, "execute", execute)
-    search_mod._stage(search, store, plan, [], time.monotonic(), None, None, resume=True)
+    monkeypatch.setattr(racing.Runner, "execute", execute)
+    racing._stage(search, store, plan, [], time.monotonic(), None, None, resume=True)
     assert resumed == [done]
-    search_mod._stage(search, store, plan, [], time.monotonic(), None, None, resume=False)
+    racing._stage(search, store, plan, [], time.monotonic(), None, None, resume=False)
     assert resumed == [done, None]
 
 
@@ -473,17 +477,17 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
         self.store.finish_run(run_id, "done")
         return run_id
 
-    monkeypatch.setattr(search_mod.RacingRunner, "execute", execute)
+    monkeypatch.setattr(racing.Runner, "execute", execute)
     search = search_mod.from_names(["native", "vm:tcg"], ["cpu"],
                                    ["machine", "vcpus=1", "tb_size=64"], "30m")
     # With no time left for the confirmation, the budget wins: the singles stand alone.
     short = dataclasses.replace(search, budget=search_mod.STOP_MARGIN + 1)
-    outcome = search_mod.run(short, Store(tmp_path / "short"))
+    outcome = racing.run(short, Store(tmp_path / "short"))
     assert outcome.combined is None and len(plans) == 1
     assert any("budget ran out before the winners" in n for n in outcome.summary.notes)
     plans.clear()
     stages = []
-    outcome = search_mod.run(search, Store(tmp_path), on_stage=lambda s, t: stages.append(s))
+    outcome = racing.run(search, Store(tmp_path), on_stage=lambda s, t: stages.append(s))
     assert stages == ["singles", "combined"]
     assert [t.name for t in plans[1].targets] == [
         "vm:tcg", "vm:tcg[tuned]", "vm:tcg[machine=q35]", "native"]
@@ -512,37 +516,77 @@ def test_the_whole_search_on_synthetic_runs(tmp_path, monkeypatch):
     assert '[targets."vm:tcg"]' in text
 
 
-def test_a_resumed_cell_with_an_open_race_races_on(tmp_path, monkeypatch):
+def test_a_resumed_cell_with_an_open_race_races_on():
+    """Race, the tune stage's repetition policy of the Runner: a resumed cell whose fixed
+    repetitions are all stored runs one more baseline repetition while its race is open."""
+    from vmtax.studies.repetitions import Cell, Unit
+
+    search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
+    plan = search.singles_plan()
+    names = [t.name for t in plan.targets]
+    workload = plan.workloads[0].make(plan.time)
+    pairs = [(names[0], n) for n in names[1:]]
+    race = racing.Race(plan, pairs, tuning.RaceRule(), time.monotonic())
+
+    def cell(values):
+        return Cell(workload, [], {n: list(values) for n in names}, dict.fromkeys(names, 3),
+                    {}, lambda name, why: None)
+
+    # Open: 3 noisy runs a side, neither called nor excluded.
+    assert race.resumed(cell([100.0, 97.0, 103.0])) == [
+        Unit(names[0], "measure", plan.warmup + 3)]
+    # Decided (the same constant everywhere: no gain possible), nothing is added.
+    assert race.resumed(cell([100.0, 100.0, 100.0])) == []
+
+
+def test_the_runner_asks_its_repetition_policy_for_a_resumed_cell(tmp_path, monkeypatch):
+    """The Runner's side of the policy: a resumed cell with nothing left to run is given
+    the policy's units (and the policy sees what is stored of it), or skipped."""
     from vmtax.studies import runner as runner_mod
+    from vmtax.studies.repetitions import Unit
 
     search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
     plan = search.singles_plan()
     store = Store(tmp_path)
     names = [t.name for t in plan.targets]
-    # Open: 3 noisy runs a side, neither called nor excluded.
     run_id = store_search(store, {n: [100.0, 97.0, 103.0] for n in names},
                           {t.name: t.options for t in plan.targets}, name=plan.name)
     workload = plan.workloads[0].make(plan.time)
     store_params = {"time": 1}
     monkeypatch.setattr(type(workload), "params", property(lambda self: store_params),
                         raising=False)
-    pairs = [(names[0], n) for n in names[1:]]
-    racer = search_mod.RacingRunner(plan, store, pairs, tuning.RaceRule(), time.monotonic(),
-                                    resume=run_id)
-    racer.run_id, racer.targets = run_id, dict.fromkeys(names)
+    extra = Unit(names[0], "measure", 99)
+    seen = []
+
+    class Policy:
+        def resumed(self, cell):
+            seen.append((dict(cell.values), dict(cell.attempts)))
+            return [extra] if len(seen) == 1 else []
+
+        def more(self, cell):
+            raise AssertionError("not reached: _measure is stopped first")
+
+    runner = runner_mod.Runner(plan, store, resume=run_id, repetitions=Policy())
+    runner.run_id, runner.targets = run_id, dict.fromkeys(names)
     units = runner_mod.schedule(plan)
     done = {(u.target, "cpu", json.dumps(store_params), u.phase, u.idx) for u in units}
-    seen = []
-    monkeypatch.setattr(runner_mod.Runner, "_run_workload",
-                        lambda self, w, u, d: seen.append(u))
-    racer._run_workload(workload, units, done)
-    assert seen[0] == [*units, runner_mod.Unit(names[0], "measure", plan.warmup + 3)]
-    # Decided (the same constant everywhere: no gain possible), nothing is added.
-    store_search(store, {n: [100.0, 100.0, 100.0] for n in names},
-                 {t.name: t.options for t in plan.targets}, name=plan.name)
-    racer.run_id = store.resolve(plan.name)
-    racer._run_workload(workload, units, done)
-    assert seen[1] == units
+    measured = []
+
+    class Stop(Exception):
+        pass
+
+    def drop_caches(name):
+        measured.append(name)
+        raise Stop
+
+    monkeypatch.setattr(runner, "_start_servers", lambda w, a: None)
+    monkeypatch.setattr(runner, "_drop_caches", drop_caches)
+    with pytest.raises(Stop):
+        runner._run_workload(workload, units, done)
+    assert measured == [names[0]]
+    assert seen[0] == ({n: [100.0, 97.0, 103.0] for n in names}, dict.fromkeys(names, 3))
+    runner._run_workload(workload, units, done)   # the policy adds nothing: skipped
+    assert measured == [names[0]] and len(seen) == 2
 
 
 def test_dry_run_says_what_the_search_would_try_and_runs_nothing(tmp_path):
@@ -569,6 +613,144 @@ def test_a_not_significant_change_whose_interval_excludes_zero_is_marked_and_exp
         return tuning.Effect("iperf3", {}, "throughput", "network", stats.Comparison(
             "throughput", 9.0, 4.0, -0.55, ci, 0.004, 0.2, verdict, True, 3, 3, 0.1))
 
-    assert cli_tune._effect(effect((-0.7, -0.3), "~")).endswith("~*")
-    assert cli_tune._effect(effect((-0.7, 0.1), "~")).endswith("~")
-    assert cli_tune._effect(effect((-0.7, -0.3), "worse")).endswith("worse[/red]")
+    assert cli_tune._effect(effect((-0.7, -0.3), "~")).endswith("~* n=3/3")
+    assert cli_tune._effect(effect((-0.7, 0.1), "~")).endswith("~ n=3/3")
+    assert cli_tune._effect(effect((-0.7, -0.3), "worse")).endswith("worse n=3/3[/red]")
+
+
+# -- #36 item 7: an answer that says what it stands on ----------------------------------------
+
+def _raced_search(store: Store, rng) -> str:
+    """A singles run as racing leaves it: 3 fixed runs, the baseline and one knob raced to 9."""
+    base = {"accel": "tcg"}
+    return store_search(store, {
+        "vm": noisy(rng, 100, 9), "vm[control]": noisy(rng, 100, 3),
+        "vm[machine=q35]": noisy(rng, 104, 9)},
+        {"vm": base, "vm[control]": base, "vm[machine=q35]": {**base, "machine": "q35"}},
+        runs=3)
+
+
+def test_the_answer_states_the_baseline_the_runs_and_the_smallest_visible_gain(tmp_path):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from vmtax.report import tune_table
+
+    store = Store(tmp_path)
+    summary = tuning.summarize(store.load_run(_raced_search(store, np.random.default_rng(5))))
+    shown = StringIO()
+    tune_table.print_summary(Console(file=shown, width=200, highlight=False), summary)
+    text = " ".join(shown.getvalue().split())
+    assert "baseline vm (vm): accel=tcg" in text
+    assert "n=9/9" in text and "n=3/3" in text     # the raced knob, the control
+    half = summary.resolution()["CPU"]
+    assert half > 0
+    assert f"its interval (CPU ±{half:.1%}) is the smallest gain this search could tell" in text
+    data = summary.to_json()
+    assert data["baseline_options"] == {"accel": "tcg"}
+    assert data["control"]["resolution"] == {"CPU": pytest.approx(half, abs=1e-6)}
+
+
+def test_the_recommended_snippet_runs_as_pasted(tmp_path):
+    from vmtax.studies import planfile
+
+    store = Store(tmp_path)
+    summary = tuning.summarize(store.load_run(_raced_search(store, np.random.default_rng(5))))
+    pasted = tmp_path / "tuned.toml"
+    pasted.write_text(summary.recommended() + "\n")
+    plan = planfile.load(str(pasted))
+    assert [(t.name, t.kind, t.options) for t in plan.targets] == [
+        ("vm", "vm", {"accel": "tcg"})]
+    assert [(w.name, w.params) for w in plan.workloads] == [("cpu", {"time": 1})]
+
+
+def test_a_tune_runs_report_counts_the_runs_each_cell_had(tmp_path):
+    from vmtax.report import html
+
+    store = Store(tmp_path)
+    run = store.load_run(_raced_search(store, np.random.default_rng(5)))
+    assert html.measured_runs(run) == ("3 to 9 measured runs (3 fixed, more where the run's "
+                                       "adaptive rule asked)")
+    page = html.render_html([html.build(analyse(run))])
+    assert "3 to 9 measured runs" in page and "3 measured runs per cell" not in page
+
+
+def test_the_findings_cards_rank_no_control(tmp_path):
+    store = Store(tmp_path)
+    model = analyse(store.load_run(_raced_search(store, np.random.default_rng(5))))
+    ranked = [s.target for standings in model.standings.values() for s in standings]
+    assert ranked == ["vm[machine=q35]"]
+
+
+def test_a_tune_runs_forest_plot_comes_first(tmp_path):
+    from vmtax.report import html
+
+    store = Store(tmp_path)
+    report = html.build(analyse(store.load_run(_raced_search(store,
+                                                             np.random.default_rng(5)))))
+    assert report.charts[0].slug == "tune-forest" and len(report.charts) > 1
+
+
+def test_resuming_a_finished_search_says_so_and_races_nothing(tmp_path, monkeypatch):
+    search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
+    plan = search.singles_plan()
+    store = Store(tmp_path)
+    store_search(store, {t.name: [100.0, 100.0, 100.0] for t in plan.targets},
+                 {t.name: t.options for t in plan.targets}, name=plan.name,
+                 baseline=search.baseline.name)
+
+    def execute(self):
+        raise AssertionError("a finished stage runs nothing")
+
+    monkeypatch.setattr(racing.Runner, "execute", execute)
+    said = []
+    outcome = racing.run(search, store, resume=True,
+                             on_stage=lambda stage, text: said.append((stage, text)))
+    assert said == [("singles", "already done, its stored runs reused")]
+    assert outcome.combined is None
+    assert any("less than the control's interval (CPU ±" in n for n in outcome.summary.notes)
+
+
+def test_a_search_stopped_by_ctrl_c_ends_in_stopped_with_its_journal_and_progress_closed(
+        tmp_path, monkeypatch):
+    """guarded(): the study owns the journal's guard and the interrupt; the CLI only says
+    how it ended."""
+    import contextlib
+
+    from vmtax.studies import session
+
+    events = []
+
+    @contextlib.contextmanager
+    def journal(recovered):
+        recovered("a crashed run's mount")
+        events.append("guarded")
+        try:
+            yield "journal"
+        finally:
+            events.append("undone")
+
+    @contextlib.contextmanager
+    def progress():
+        events.append("progress")
+        try:
+            yield "reporter"
+        finally:
+            events.append("progress closed")
+
+    def run(search, store, reporter, own, resume, on_stage):
+        assert (reporter, own) == ("reporter", "journal")
+        raise KeyboardInterrupt
+
+    def stopped():
+        events.append("stopped")
+        raise SystemExit(130)
+
+    monkeypatch.setattr(session, "guarded_journal", journal)
+    monkeypatch.setattr(racing, "run", run)
+    search = search_mod.from_names(["vm:tcg"], ["cpu"], ["machine"], "30m")
+    with pytest.raises(SystemExit):
+        racing.guarded(search, Store(tmp_path), progress(), events.append, stopped)
+    assert events == ["a crashed run's mount", "guarded", "progress", "progress closed",
+                      "undone", "stopped"]

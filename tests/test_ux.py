@@ -17,7 +17,7 @@ from scipy import stats as scipy_stats
 from vmtax.analysis.model import analyse
 from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
-from vmtax.cli import main as cli
+from vmtax.cli import progress
 from vmtax.core import workload as workloads
 from vmtax.core import paths
 from vmtax.core.types import Metric
@@ -295,8 +295,8 @@ def test_run_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
 
 def test_time_left_moves_from_the_estimate_to_the_measured_pace(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
-    reporter = cli.ProgressReporter(estimate=100.0, per_cell=2)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    reporter = progress.ProgressReporter(estimate=100.0, per_cell=2)
     reporter.start(10)
     assert reporter.eta() == pytest.approx(100)
     for _ in range(5):
@@ -309,7 +309,7 @@ def test_time_left_moves_from_the_estimate_to_the_measured_pace(monkeypatch):
 
 
 def test_without_a_terminal_one_line_per_finished_cell(capsys):
-    reporter = cli.ProgressReporter(estimate=10.0, per_cell=2)
+    reporter = progress.ProgressReporter(estimate=10.0, per_cell=2)
     with reporter:
         reporter.start(4)
         for target in ("native", "vm", "vm", "native"):
@@ -479,7 +479,7 @@ def test_report_hides_secondary_metrics_collapses_flags_and_compares_two_runs(tm
 
 
 def test_not_quiet_is_said_when_measuring_starts(capsys):
-    reporter = cli.ProgressReporter(estimate=10.0, per_cell=1)
+    reporter = progress.ProgressReporter(estimate=10.0, per_cell=1)
     reporter.before_first = ["host not quiet: load average 3.0 on 2 CPUs"]
     with reporter:
         reporter.start(2)
@@ -507,11 +507,11 @@ def test_a_snapshot_without_an_interval_does_not_wait():
 
 def test_a_long_step_shows_its_own_time(monkeypatch):
     now = [50.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
-    reporter = cli.ProgressReporter(estimate=100.0, per_cell=1)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    reporter = progress.ProgressReporter(estimate=100.0, per_cell=1)
     reporter.start(2)
     reporter.step("vm · fileio · prepare")
-    column = cli._StepTime(reporter)
+    column = progress._StepTime(reporter)
     task = reporter.progress.tasks[0]
     assert column.render(task).plain == ""          # a short step: nothing to say
     now[0] += 34

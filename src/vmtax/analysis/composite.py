@@ -272,9 +272,13 @@ def standings(summary: RunSummary) -> dict[str, list[Standing]]:
 def to_json(summary: RunSummary) -> dict:
     """What `show --json` and `composite --json` carry: per class each target's index
     with its interval and the recommendation, then the suspicious wins explained."""
-    return {"baseline": summary.baseline,
-            "classes": [asdict(c) for c in composite(summary)],
-            "explanations": explanations(summary)}
+    return json_of(summary.baseline, composite(summary), explanations(summary))
+
+
+def json_of(baseline: str, classes: list[ClassIndex], lines: list[str]) -> dict:
+    """to_json's document of what composite() and explanations() gave."""
+    return {"baseline": baseline, "classes": [asdict(c) for c in classes],
+            "explanations": lines}
 
 
 FASTER = "faster than baseline"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from vmtax.analysis import composite, profile
 from vmtax.analysis import summary as analysis
+from vmtax.analysis import tune as tuning
 from vmtax.analysis.composite import ClassIndex, Standing
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.results.store import Run
@@ -31,20 +33,46 @@ class RunModel:
     # Per target, its lowest-ratio classified metric among those told apart from the
     # baseline (a 95% CI wholly below 1); a target with none is absent.
     worst: dict[str, tuple[Row, Cell]]
+    # A `vmtax tune` stage's verdicts (its forest plot); None: not a tune run.
+    tune: tuning.TuneSummary | None = None
 
     @property
     def explanations(self) -> list[str]:
         return [line for _, line in self.explained]
 
+    def to_json(self) -> dict[str, Any]:
+        """What `vmtax show RUN --json` prints: the run, its summary and its composite
+        index."""
+        run = self.run
+        return {"run": {"id": run.id, "status": run.status, "created": run.created,
+                        "finished": run.finished, "host": run.host,
+                        "targets": run.targets, "plan": run.plan},
+                "summary": self.summary.to_json(),
+                "composite": composite.json_of(self.summary.baseline, self.classes,
+                                               self.explanations)}
 
-def analyse(run: Run) -> RunModel:
-    summary = analysis.summarize_run(run)
+
+def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
+    """The model of run; summary: its summary if already made (the Runner makes one to
+    store the run's flags)."""
+    summary = summary or analysis.summarize_run(run)
     others = [t for t in summary.targets if t != summary.baseline]
     return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
                     classes=composite.composite(summary) if others else [],
                     explained=composite.explained(summary),
-                    standings=composite.standings(summary),
-                    hypotheses=profile.top_hypotheses(run), worst=_worst(summary))
+                    standings=_contenders(run, composite.standings(summary)),
+                    hypotheses=profile.top_hypotheses(run), worst=_worst(summary),
+                    tune=tuning.summarize_stage(run) if tuning.is_tune_run(run) else None)
+
+
+def _contenders(run: Run, standings: dict[str, list[Standing]]) -> dict[str, list[Standing]]:
+    """standings without a tune run's A-vs-A control: the baseline against itself checks
+    the host's noise, it is no configuration to choose."""
+    if not tuning.is_tune_run(run):
+        return standings
+    control = tuning.control_name(str(run.plan.get("baseline")))
+    kept = {cls: [s for s in ranked if s.target != control] for cls, ranked in standings.items()}
+    return {cls: ranked for cls, ranked in kept.items() if ranked}
 
 
 def _worst(summary: RunSummary) -> dict[str, tuple[Row, Cell]]:

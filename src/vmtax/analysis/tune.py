@@ -192,6 +192,20 @@ def is_tune_run(run: Run) -> bool:
 
 
 @dataclass
+class SearchOutline:
+    """What a checked search would try, against what, within what time (`tune --dry-run`);
+    vmtax.studies.tune.Search.outline() makes it."""
+    baseline: str
+    kind: str
+    workloads: list[str]
+    native: str | None              # the bare host measured for the tax recovered
+    knobs: list[tuple[str, str | None]]   # (knob=value, its safety note)
+    budget: str                     # "6 min 0 s"
+    needs: str                      # what one comparison of each costs, said alike
+    notes: list[str]
+
+
+@dataclass
 class Effect:
     """One knob value (or the combination) against its reference on one workload."""
     workload: str
@@ -270,14 +284,36 @@ class TuneSummary:
         control = self.control
         return control is not None and any(e.comparison.significant for e in control.effects)
 
+    def resolution(self) -> dict[str, float]:
+        """Per workload column (its class, or class: workload), the half-width of the A-vs-A
+        control's interval: the smallest gain this search could tell from noise there."""
+        control = self.control
+        several = control is not None and len({e.group for e in control.effects}) != len(
+            control.effects)
+        return {(f"{e.group}: {e.workload}" if several else e.group):
+                max(abs(e.gain.low), abs(e.gain.high))
+                for e in (control.effects if control else [])
+                if math.isfinite(e.gain.low) and math.isfinite(e.gain.high)}
+
+    def resolution_text(self) -> str:
+        """resolution() said: "CPU ±7.1%, memory ±3.0%" ("" without a control interval)."""
+        return ", ".join(f"{group} ±{half:.1%}" for group, half in self.resolution().items())
+
+    def baseline_text(self) -> str:
+        """The baseline as configured: "vm:tcg (vm): accel=tcg, machine=pc"."""
+        options = ", ".join(knob_label(k, v) for k, v in self.baseline_options.items()
+                            if k != "kind" and v is not None)
+        return f"{self.baseline} ({self.kind})" + (f": {options}" if options else
+                                                   ": its kind's defaults")
+
     @property
     def confirmed(self) -> bool:
         verdicts = [e.comparison.verdict for e in self.vs_baseline]
         return "better" in verdicts and "worse" not in verdicts
 
     def recommended(self) -> str:
-        """The configuration to paste into a plan: the baseline's options with the tuned
-        values, each with its safety note."""
+        """A plan to paste and run: the baseline's options with the tuned values, each with
+        its safety note, and the workloads the search measured."""
         options = {**self.baseline_options, **(self.tuned if self.confirmed else {})}
         notes = {k.option: k.safety for k in self.knobs if k.option in self.tuned
                  and k.value == self.tuned[k.option] and k.safety}
@@ -290,17 +326,33 @@ class TuneSummary:
             note = f"   # safety: {notes[key]}" if key in notes else ""
             mark = "   # tuned" if key in self.tuned and self.confirmed and not note else ""
             lines.append(f"{key} = {show(value)}{note}{mark}")
+        for workload, params in self.workloads():
+            lines += ["", "[[workloads]]", f"name = {show(workload)}"]
+            if params:
+                # A list in params sweeps: a list-valued option is a sweep of one.
+                lines.append("params = { " + ", ".join(
+                    f"{k} = {show([v] if isinstance(v, list) else v)}"
+                    for k, v in params.items()) + " }")
         return "\n".join(lines)
+
+    def workloads(self) -> list[tuple[str, dict[str, Any]]]:
+        """Each workload configuration the search measured, (name, params), in order."""
+        effects = [e for k in self.knobs for e in k.effects] + self.vs_baseline
+        seen = dict.fromkeys((e.workload, json.dumps(e.params, sort_keys=True))
+                             for e in effects)
+        return [(workload, json.loads(params)) for workload, params in seen]
 
     def to_json(self) -> dict[str, Any]:
         control = self.control
         return {
             "runs": {"singles": self.run, "combined": self.combined_run},
-            "baseline": self.baseline, "kind": self.kind, "method": self.method,
+            "baseline": self.baseline, "kind": self.kind,
+            "baseline_options": self.baseline_options, "method": self.method,
             "alpha": self.alpha,
             "knobs": [k.to_json() for k in self.knobs if not k.control],
             "control": {"label": CONTROL, "significant": self.control_alarm,
                         "verdicts": [e.to_json() for e in control.effects] if control else [],
+                        "resolution": {g: _num(h) for g, h in self.resolution().items()},
                         "note": control_note(self)},
             "combined": None if self.combined_run is None else {
                 "options": self.tuned, "confirmed": self.confirmed,
@@ -319,7 +371,11 @@ def control_note(summary: TuneSummary) -> str:
     if summary.control_alarm:
         return ("the A-vs-A control came out significant: the host drifted or is too noisy "
                 "for these verdicts; measure again on a quieter host")
-    return "the A-vs-A control (the baseline against itself) stayed ~, as it must"
+    said = "the A-vs-A control (the baseline against itself) stayed ~, as it must"
+    if summary.resolution_text():
+        said += (f"; its interval ({summary.resolution_text()}) is the smallest gain this "
+                 "search could tell from noise: a knob gaining less reads ~ even when real")
+    return said
 
 
 def _num(x: float) -> float | None:

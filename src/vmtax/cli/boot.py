@@ -16,7 +16,6 @@ import os
 import time
 
 import click
-from rich.table import Table
 
 from vmtax.cli import bounds
 from vmtax.cli.density import err, out, results_option, session
@@ -34,10 +33,6 @@ from vmtax.studies.session import check_target
 
 # The target option --kernel sets.
 KERNEL = "kernel"
-
-
-def _cell(values: dict[str, float], key: str) -> str:
-    return f"{values[key]:.3f}" if key in values else "–"
 
 
 def with_kernel(specs: dict[str, TargetSpec], kernel: str,
@@ -118,14 +113,7 @@ def boot_command(target_names, count, warmup, http_timeout, kernel, results, as_
         click.echo(json.dumps({"run": run_id, "targets": found}, indent=1))
         return
     lab = machine.lab()   # vmtax lab: a nested KVM's boots, never hardware's
-    table = Table(title=f"Cold starts (s), {count} per target" + (f" · {lab}" if lab else ""),
-                  title_justify="left")
-    for column in ("target", "time to", "p50", "p90", "p99", "max", "n"):
-        table.add_column(column, justify="left" if column in ("target", "time to") else "right")
-    for name, kinds in found.items():
-        for what, values in kinds.items():
-            table.add_row(escape(name), what, *(_cell(values, k) for k in
-                                                ("p50", "p90", "p99", "max")),
-                          str(int(values.get("n", 0))))
-    out.print(table)
+    from vmtax.report import density_tables
+
+    density_tables.print_starts(out, found, count, lab)
     out.print(f"stored as run {run_id}")

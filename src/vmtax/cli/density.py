@@ -16,9 +16,7 @@ import time
 from typing import Any, Iterable, Iterator
 
 import click
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from vmtax.cli import bounds
 from vmtax.core import hints, plugin
@@ -112,45 +110,10 @@ def ksm_note(summaries: list[density.Summary], kinds: dict[str, str],
 def print_summaries(summaries: list[density.Summary], notes: Iterable[str] = (),
                     runs: list[str] | None = None) -> None:
     """The table of memory per instance; runs: the run of each summary (across runs)."""
-    ratio = density.ratios(summaries)
-    title = "Memory per instance (MiB)" + (", across runs" if runs else "")
-    # Spaces between columns, not rules: the room goes to the numbers and names.
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  padding=(0, 1), collapse_padding=True, show_edge=False)
-    for column in ("run",) * bool(runs) + ("target", "KSM", "n", "ended by", "raw",
-                                           "adjusted", "PSS", "marginal", "ratio", "HTTP"):
-        words = column in ("run", "target", "ended by")
-        # Names fold; a number is never broken across lines (-253./7).
-        table.add_column(column, justify="left" if words else "right", overflow="fold",
-                         no_wrap=not words)
+    from vmtax.report import density_tables
 
-    def num(value: float | None) -> str:
-        return "–" if value is None else f"{value:.1f}"
-    for i, s in enumerate(summaries):
-        r = ratio.get((s.target, s.ksm))
-        table.add_row(*([runs[i]] if runs else []), escape(s.target), "on" if s.ksm else "off",
-                      str(s.instances), escape(s.stopped), num(s.raw), num(s.adjusted),
-                      num(s.pss), num(s.marginal), "–" if r is None else f"{r:.2f}",
-                      "all" if s.all_answered else "NOT ALL")
-    out.print(table)
-    for line in density.ratio_lines(summaries):
-        out.print(f"density ratio, {escape(line)}")
-    out.print("raw = host used memory delta / instances; adjusted = the same minus the "
-              "growth of Slab, PageTables and KernelStack (kernel memory the instances "
-              "made); PSS = the instances' processes, shared pages divided; marginal = the "
-              "last batch's delta per instance; ratio = adjusted cost / the cheapest "
-              "target's with the same KSM setting; HTTP = instances answering at every "
-              "step.")
-    for s in summaries:
-        if s.not_results:
-            out.print(f"[yellow]not a result:[/yellow] {escape(s.target)} (KSM "
-                      f"{'on' if s.ksm else 'off'}): {escape(s.not_results)}")
-    if not all(s.settled for s in summaries if s.instances):
-        out.print("[yellow]warning:[/yellow] host memory did not settle after the last step "
-                  "(something else on the host allocates or frees memory): raw, adjusted "
-                  "and marginal include that; PSS does not.")
-    for note in notes:
-        out.print(f"note: {escape(note)}")
+    density_tables.print_summaries(out, summaries, density.ratios(summaries),
+                                   density.ratio_lines(summaries), notes, runs)
 
 
 def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:

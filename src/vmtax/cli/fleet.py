@@ -3,13 +3,11 @@ imported where used: with the runner and analysis it would slow every vmtax comm
 
 from __future__ import annotations
 
-import datetime
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
@@ -101,10 +99,6 @@ def _serve(argv, log, address, name, env, up) -> None:
         click.echo("stopped", err=True)
 
 
-def _since(ts: float | None) -> str:
-    return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else ""
-
-
 @fleet_command.command()
 @click.option("--fleet", "address", required=True, metavar="HEAD_ADDRESS",
               help="The head's address, HEAD_IP:PORT.")
@@ -122,18 +116,9 @@ def status(address, as_json) -> None:
     if not found:
         out.print(f"no host has joined the fleet at {address} yet")
         return
-    table = Table(title=f"fleet at {address}")
-    for column in ("host", "state", "cpu", "cpus", "memory", "kernel", "running"):
-        table.add_column(column)
-    for h in found:
-        fp = h.fingerprint
-        memory = f"{fp['memory_bytes'] / 2**30:.0f} GiB" if fp.get("memory_bytes") else ""
-        running = (f"{h.running['cell']}: {h.running['step']} (since "
-                   f"{_since(h.running.get('since'))})" if h.running else "")
-        table.add_row(escape(h.name), "up" if h.alive else "[red]gone[/red]",
-                      escape(str(fp.get("cpu_model") or "")), str(fp.get("logical_cpus") or ""),
-                      memory, escape(str(fp.get("kernel") or "")), escape(running))
-    out.print(table)
+    from vmtax.report import fleet_tables
+
+    fleet_tables.print_hosts(out, address, found)
 
 
 def run_on_fleet(plan: "Plan", store: Store, address: str | None, hosts: list[str] | None,

@@ -3,43 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
 import sys
-import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.text import Text
 
 from vmtax import __version__
 from vmtax.cli import bounds
+from vmtax.cli.consoles import err, out
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
 from vmtax.core.text import markup as escape  # control characters too
-from vmtax.host import build_progress, journal, proc
+from vmtax.host import journal, proc
 from vmtax.results.store import Store
 
+if TYPE_CHECKING:
+    from vmtax.analysis.model import RunModel
+    from vmtax.cli.progress import ProgressReporter
+
 DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
-
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
-
 
 def _csv(value: str | None, flag: str) -> list[str] | None:
     """A comma-separated list; None when the flag was not given. An empty one is an error:
@@ -125,116 +113,6 @@ def stopped(message: str) -> NoReturn:
 
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
-
-
-def _eta_text(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    from vmtax.studies.estimate import duration
-
-    return f"~{duration(max(seconds, 0))} left"
-
-
-class _StepTime(ProgressColumn):
-    """How long the current step has run, so a long one (a 2 GiB prepare under TCG) shows
-    it is moving while the bar stands still."""
-
-    def __init__(self, reporter: "ProgressReporter") -> None:
-        super().__init__()
-        self.reporter = reporter
-
-    def render(self, task: Task) -> Text:
-        seconds = time.monotonic() - self.reporter.step_started
-        return Text(f"({seconds:.0f} s)" if seconds >= 5 else "", style="dim")
-
-
-class ProgressReporter:
-    """Progress on stderr, so stdout stays clean for tables and --json: a bar with the
-    time left at a terminal; elsewhere (a log, CI) one line per finished cell.
-
-    The time left starts as the plan's estimate and moves to the pace measured so far as
-    the run advances (weighted by the share done), so a slow host corrects it early and a
-    slow VM start-up does not dominate it."""
-
-    def __init__(self, estimate: float | None = None, per_cell: int | None = None) -> None:
-        self.step_started = time.monotonic()
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
-                                 _StepTime(self), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
-                                 console=err,
-                                 transient=True, disable=not err.is_terminal)
-        self.task: TaskID | None = None
-        self.estimate = estimate
-        self.per_cell = per_cell          # repetitions of one target × workload configuration
-        self.total = self.done = 0
-        self.started = time.monotonic()
-        self.cell: tuple[str, str] | None = None
-        self.cells: dict[tuple[str, str], int] = {}
-        # Warnings for when measuring starts: once the targets are up, not before an error
-        # that stops the run from starting at all.
-        self.before_first: list[str] = []
-
-    def __enter__(self):
-        self.progress.__enter__()
-        # What a plan first needs built (a guest kernel, the compile tree) shows its own
-        # bar here: a terminal has room for one live display.
-        self.builds = build_progress.shown_in(self.progress)
-        self.builds.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.builds.__exit__(*exc)
-        self.progress.__exit__(*exc)
-
-    def eta(self) -> float | None:
-        """Seconds left: the estimate's share not done, blended into the measured pace."""
-        elapsed = time.monotonic() - self.started
-        share = self.done / self.total if self.total else 0.0
-        measured = elapsed * (1 - share) / share if share else None
-        if self.estimate is None:
-            return measured
-        planned = self.estimate * (1 - share)
-        return planned if measured is None else (1 - share) * planned + share * measured
-
-    def start(self, total: int) -> None:
-        self.total = total
-        self.started = time.monotonic()
-        self.task = self.progress.add_task("starting", total=total, eta=_eta_text(self.eta()))
-
-    def step(self, text: str) -> None:
-        self.step_started = time.monotonic()
-        parts = text.split(" · ")
-        self.cell = (parts[0], parts[1]) if len(parts) == 3 else None
-        if self.cell is not None:
-            for warning in self.before_first:
-                self.warn(warning)
-            self.before_first = []
-        if self.task is not None:
-            # Names come from plans and stores: their control characters are shown escaped.
-            self.progress.update(self.task, description=printable(text))
-            if text.endswith("(adaptive)"):   # a repetition beyond the plan's: grow the bar
-                self.total += 1
-                self.progress.update(self.task, total=self.total)
-                self.advance()
-
-    def advance(self) -> None:
-        self.done += 1
-        if self.task is not None:
-            self.progress.update(self.task, advance=1, eta=_eta_text(self.eta()))
-        if self.cell is None or self.per_cell is None or not self.progress.disable:
-            return
-        self.cells[self.cell] = self.cells.get(self.cell, 0) + 1
-        if self.cells[self.cell] == self.per_cell:
-            from vmtax.studies.estimate import duration
-
-            err.print(f"[{self.done}/{self.total}] {escape(printable(' · '.join(self.cell)))} "
-                      "done, "
-                      f"{duration(time.monotonic() - self.started)} in, "
-                      f"{_eta_text(self.eta())}", highlight=False, soft_wrap=True)
-
-    def warn(self, text: str) -> None:
-        self.progress.console.print("[yellow]warning:[/yellow] "
-                                    + escape(printable(text, newlines=True)))
 
 
 results_option = click.option(
@@ -400,8 +278,8 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
     plan file, the file says what to run (see plans/ for examples).
     """
     from vmtax.results.store import check_run_name
-    from vmtax.studies import plan as plan_mod
-    from vmtax.studies.runner import Runner
+    from vmtax.studies import comparison
+    from vmtax.studies.requests import FleetRequest, RunRequest
 
     if name is not None:
         check_run_name(name)
@@ -412,28 +290,16 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
     else:
         raise VmtaxError(f"--runs takes a whole number from 1 to {MAX_COUNT} or 'auto', got "
                          f"{runs!r}")
-    target_options = {k: list(v) for k, v in target_options.items() if v}
-    target_names, workload_names = _csv(targets, "--targets"), _csv(workloads, "--workloads")
-    if quick and not plan_file:
-        raise VmtaxError("--quick runs a plan file's [quick] form: give the plan file")
-    if resume:
-        store = Store(results)
-        the_plan = plan_mod.Plan.from_dict(store.load_run(resume).plan)
-    elif plan_file:
-        from vmtax.studies import planfile
-        the_plan = planfile.load(plan_file, quick)
-        if collect:
-            the_plan.collect = list(dict.fromkeys([*the_plan.collect,
-                                                   *(_csv(collect, "--collect") or [])]))
-            the_plan.__post_init__()
-    else:
-        classic_targets, classic_workloads = plan_mod.classic_names()
-        the_plan = plan_mod.from_names(
-            target_names or classic_targets, workload_names or classic_workloads,
-            target_options, warmup=warmup, time=time_, **repetitions,
-            interleave=not no_interleave, collect=_csv(collect, "--collect") or [])
-    if name is not None:
-        the_plan.name = name
+    request = RunRequest(
+        plan_file=plan_file, quick=quick, resume=resume,
+        targets=_csv(targets, "--targets"), workloads=_csv(workloads, "--workloads"),
+        target_options={k: list(v) for k, v in target_options.items() if v},
+        warmup=warmup, time=time_, **repetitions, collect=_csv(collect, "--collect") or [],
+        interleave=not no_interleave, name=name,
+        fleet=FleetRequest(fleet_address, _csv(fleet_hosts, "--hosts"), spread)
+        if fleet_address or fleet_hosts or spread else None)
+    store = Store(results) if resume else None
+    the_plan = comparison.plan_of(request, store)
     from vmtax.cli import plan as cli_plan
 
     if dry_run:
@@ -441,68 +307,65 @@ def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warm
         return
     for warning in cli_plan.warnings(the_plan):
         err.print("[yellow]warning:[/yellow] " + escape(warning))
-    if not resume:
-        store = Store(results)   # only once the plan is valid: a typo creates nothing
-    if fleet_address or fleet_hosts or spread:
+    store = store or Store(results)   # only once the plan is valid: a typo creates nothing
+    if request.fleet is not None:
         from vmtax.cli import fleet as cli_fleet
+        from vmtax.cli.progress import ProgressReporter
         with ProgressReporter() as progress:
-            cli_fleet.run_on_fleet(the_plan, store, fleet_address, _csv(fleet_hosts, "--hosts"),
-                                   spread, resume, progress,
+            cli_fleet.run_on_fleet(the_plan, store, request.fleet.address, request.fleet.hosts,
+                                   request.fleet.spread, resume, progress,
                                    lambda s, r: _show(s, r, False, show_all),
                                    _run_json if as_json else None)
         return
-    from vmtax.host import quiet
-    from vmtax.studies import estimate
-    from vmtax.studies.session import guarded_journal
+    model = comparison.run(the_plan, store, resume, _run_progress, recovered,
+                           functools.partial(_run_stopped, results))
+    _render(model, as_json, show_all, store.dir)
 
-    with guarded_journal(recovered) as own:
-        before = quiet.snapshot()
-        reporter = ProgressReporter(estimate.estimate(the_plan).seconds,
-                                    the_plan.warmup + the_plan.runs)
-        reporter.before_first = [f"host not quiet: {p}" for p in quiet.problems(before)]
-        with reporter as progress:
-            runner = Runner(the_plan, store, progress, resume=resume, journal=own)
-            try:
-                run_id = runner.execute()
-                store.set_host_quiet(run_id, before, quiet.snapshot(interval=None))
-            except KeyboardInterrupt:
-                stopped(f"interrupted; what finished is stored in run {runner.run_id} "
-                        "(continue it with: "
-                        f"{hints.command('run', '--resume', runner.run_id, results=results)})"
-                        if runner.run_id else "interrupted before the first run; nothing stored")
-    _show(store, run_id, as_json, show_all)
+
+def _run_progress(estimate: float | None, per_cell: int,
+                  notes: list[str]) -> "ProgressReporter":
+    from vmtax.cli.progress import ProgressReporter
+
+    reporter = ProgressReporter(estimate, per_cell)
+    reporter.before_first = notes
+    return reporter
+
+
+def _run_stopped(results: str | os.PathLike | None, run_id: str | None) -> NoReturn:
+    stopped(f"interrupted; what finished is stored in run {run_id} "
+            f"(continue it with: {hints.command('run', '--resume', run_id, results=results)})"
+            if run_id else "interrupted before the first run; nothing stored")
 
 
 def _run_json(store: Store, run_id: str) -> dict[str, Any]:
     """What `vmtax show RUN --json` prints: the run, its summary and its composite index."""
-    from vmtax.analysis import composite
-    from vmtax.analysis import summary as analysis
+    from vmtax.analysis.model import analyse
 
-    run_rec = store.load_run(run_id)
-    summary = analysis.summarize_run(run_rec)
-    return {"run": {"id": run_rec.id, "status": run_rec.status, "created": run_rec.created,
-                    "finished": run_rec.finished, "host": run_rec.host,
-                    "targets": run_rec.targets, "plan": run_rec.plan},
-            "summary": summary.to_json(), "composite": composite.to_json(summary)}
+    return analyse(store.load_run(run_id)).to_json()
 
 
 def _show(store: Store, run_id: str, as_json: bool, show_all: bool = False) -> None:
+    from vmtax.analysis.model import analyse
+
+    _render(analyse(store.load_run(run_id)), as_json, show_all, store.dir)
+
+
+def _render(model: "RunModel", as_json: bool, show_all: bool,
+            results: str | os.PathLike | None = None) -> None:
+    """A run's model as `vmtax show` prints it: JSON, every metric (--all), or the
+    headline."""
     if as_json:
-        _print_json(_run_json(store, run_id))
+        _print_json(model.to_json())
         return
     from vmtax.report import terminal as tables
 
-    run_rec = store.load_run(run_id)
     if show_all:
-        from vmtax.analysis import summary as analysis
-
-        tables.print_summary(out, run_rec, analysis.summarize_run(run_rec))
+        tables.print_summary(out, model.run, model.summary)
     else:
-        from vmtax.analysis.model import analyse
         from vmtax.host import quiet
 
-        tables.print_headline(out, analyse(run_rec), quiet.during(run_rec.host),
-                              results=store.dir)
+        tables.print_headline(out, model, quiet.during(model.run.host),
+                              results=results)
 
 
 @cli.command()
@@ -672,8 +535,6 @@ def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_j
 @json_option
 def doctor(as_json) -> None:
     """What this host can do for vmtax, and what to do where it can't."""
-    from rich.table import Table
-
     from vmtax.core import collector as collectors
     from vmtax.host import doctor as host_doctor
     from vmtax.host import machine as host
@@ -692,14 +553,9 @@ def doctor(as_json) -> None:
         _print_json({"host": {**host.fingerprint(), "quiet": now},
                      "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
         return
-    table = Table(title="vmtax doctor", show_lines=False)
-    table.add_column("check")
-    table.add_column("", justify="center")
-    table.add_column("detail")
-    for c in checks:
-        table.add_row(escape(c.name), "[green]ok[/green]" if c.ok else "[red]no[/red]",
-                      escape(c.detail))
-    out.print(table)
+    from vmtax.report import doctor_table
+
+    doctor_table.print_checks(out, checks)
 
 
 @cli.command()

@@ -8,37 +8,19 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.main import (ProgressReporter, _csv, _print_json, err, out, recovered,
-                            results_option, stopped)
+from vmtax.cli.main import (_csv, _print_json, err, out, recovered, results_option,
+                            stopped)
+from vmtax.cli.progress import ProgressReporter
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
-from vmtax.report.tune_table import print_summary
+from vmtax.report.tune_table import print_search, print_summary
 from vmtax.results.store import Store
 from vmtax.studies import tune as search_mod
-from vmtax.studies.session import guarded_journal
-
-
-def print_search(search: search_mod.Search) -> None:
-    """What a checked search would try, against what, within what time (--dry-run)."""
-    from vmtax.studies import estimate
-
-    singles, combined = search.minimum_seconds()
-    out.print(f"tune {escape(search.baseline.name)} ({escape(search.baseline.kind)}) on "
-              + escape(", ".join(w.name for w in search.plan.workloads))
-              + (f", with {escape(search.native.name)} for the tax recovered"
-                 if search.native else "")
-              + f": {len(search.knobs)} knob values and an A-vs-A control, "
-              f"budget {estimate.duration(search.budget)} (one comparison of each needs "
-              f"{estimate.duration(singles + combined)})")
-    for knob in search.knobs:
-        out.print(f"  {escape(knob.label)}"
-                  + (f"  [yellow]{escape(knob.safety)}[/yellow]" if knob.safety else ""))
-    for note in search.notes:
-        out.print(f"[dim]note: {escape(note)}[/dim]")
-    out.print("nothing runs (--dry-run)")
 
 
 @click.command("tune")
@@ -82,19 +64,21 @@ def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, re
             _csv(targets, "--targets") or [], _csv(workloads, "--workloads") or [], asked,
             budget or "30m", method=method or "holm", time=time_ or 2)
     if dry_run:
-        print_search(search)
+        print_search(out, search.outline())
         return
     store = Store(results)
 
     def said(stage: str, text: str) -> None:
         err.print(f"tune · {stage}: {escape(text)}")
 
-    try:
-        with guarded_journal(recovered) as own, ProgressReporter() as progress:
-            outcome = search_mod.run(search, store, progress, own, resume, said)
-    except KeyboardInterrupt:
+    def interrupted() -> NoReturn:
         stopped("interrupted; every repetition so far is stored (continue the search with "
                 "the same command and --resume)")
+
+    from vmtax.studies import tune_run
+
+    outcome = tune_run.guarded(search, store, ProgressReporter(), recovered, interrupted,
+                               resume, said)
     if as_json:
         _print_json(outcome.summary.to_json())
     else:

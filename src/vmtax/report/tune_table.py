@@ -28,10 +28,11 @@ def _unadjusted_only(effect: tuning.Effect) -> bool:
 
 def _effect(effect: tuning.Effect) -> str:
     g, verdict = effect.gain, effect.comparison.verdict
+    runs = f" n={effect.comparison.n_a}/{effect.comparison.n_b}"
     if not math.isfinite(g.value):
-        return verdict
+        return verdict + runs
     text = (f"{g.value:+.1%} [{g.low:+.1%}, {g.high:+.1%}] {verdict}"
-            + (UNADJUSTED if _unadjusted_only(effect) else ""))
+            + (UNADJUSTED if _unadjusted_only(effect) else "") + runs)
     style = VERDICT_STYLE.get(verdict)
     return f"[{style}]{escape(text)}[/{style}]" if style else escape(text)
 
@@ -46,9 +47,11 @@ def print_summary(out: Console, summary: tuning.TuneSummary) -> None:
     first = summary.knobs[0].effects if summary.knobs else []
     groups = [e.group for e in first]
     several = len(set(groups)) != len(groups)
+    out.print(f"baseline {escape(summary.baseline_text())}")
     table = Table(title=f"knobs of {summary.baseline} ({summary.kind}): gain over the "
                         f"baseline, {100 * (1 - summary.alpha):g}% CI, verdict after "
-                        f"{summary.method.upper() if summary.method == 'bh' else 'Holm'}",
+                        f"{summary.method.upper() if summary.method == 'bh' else 'Holm'}, "
+                        "n=runs (baseline/knob)",
                   title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("knob=value")
@@ -85,6 +88,22 @@ def print_summary(out: Console, summary: tuning.TuneSummary) -> None:
                 if value is not None))
     for note in summary.notes:
         out.print(f"[dim]note: {escape(note)}[/dim]")
-    out.print("\nrecommended configuration" + (" (the baseline: nothing was confirmed)"
-                                               if not summary.confirmed else "") + ":")
+    out.print("\nrecommended configuration, a plan to run as it is" + (
+        " (the baseline: nothing was confirmed)" if not summary.confirmed else "") + ":")
     out.print(escape(summary.recommended()), soft_wrap=True)
+
+
+def print_search(out: Console, search: tuning.SearchOutline) -> None:
+    """What a checked search would try, against what, within what time (--dry-run)."""
+    out.print(f"tune {escape(search.baseline)} ({escape(search.kind)}) on "
+              + escape(", ".join(search.workloads))
+              + (f", with {escape(search.native)} for the tax recovered"
+                 if search.native else "")
+              + f": {len(search.knobs)} knob values and an A-vs-A control, "
+              f"budget {search.budget} (one comparison of each needs {search.needs})")
+    for label, safety in search.knobs:
+        out.print(f"  {escape(label)}"
+                  + (f"  [yellow]{escape(safety)}[/yellow]" if safety else ""))
+    for note in search.notes:
+        out.print(f"[dim]note: {escape(note)}[/dim]")
+    out.print("nothing runs (--dry-run)")

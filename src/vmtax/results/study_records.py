@@ -3,6 +3,11 @@ study writes its records by these names and the report's figures read them by th
 (density: vmtax.studies.density writes, vmtax.report.plots draws; boot likewise), so a
 renamed metric breaks an import, not a figure in silence."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
 # A density study's records: one per step (phase STEP), its metrics dimensioned by the
 # instance count (INSTANCES), with KSM on or off in the parameters (KSM: "on" | "off").
 DENSITY = "density"
@@ -14,3 +19,39 @@ PSS_TOTAL = "pss total"         # MiB: summed PSS of every instance's host proce
 
 # A boot study's records: one per cold start (phase "measure"), a metric per milestone.
 BOOT = "boot"
+
+
+# The figures' side of the contract: typed records read from a stored run, so a renderer
+# reads no record by name (vmtax.report.study_plots draws them).
+
+@dataclass(frozen=True)
+class DensityPoint:
+    """One metric of one density step: instances running, and the metric's value (MiB)."""
+    target: str
+    ksm: str              # "on" | "off"
+    instances: float
+    value: float
+
+
+@dataclass(frozen=True)
+class BootStart:
+    """One cold start's time to one milestone ("ready", "guest ready", "first answer"…)."""
+    target: str
+    milestone: str
+    seconds: float
+
+
+def density_points(run: Any, metric: str) -> list[DensityPoint]:
+    """The steps' values of metric (USED_DELTA, PSS_TOTAL) in a stored density run
+    (vmtax.results.store.Run), in the order stored."""
+    return [DensityPoint(rep.target, str(rep.params.get(KSM, "off")),
+                         float(m.dimensions[INSTANCES]), m.value)
+            for rep in run.reps if rep.workload == DENSITY and rep.phase == STEP
+            for m in rep.metrics if m.name == metric and INSTANCES in m.dimensions]
+
+
+def boot_starts(run: Any) -> list[BootStart]:
+    """Every milestone of every cold start in a stored boot run, in the order stored."""
+    return [BootStart(rep.target, m.name, m.value)
+            for rep in run.reps if rep.workload == BOOT and rep.phase == "measure"
+            for m in rep.metrics]

@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
@@ -31,6 +30,7 @@ from vmtax.host.journal import Journal
 from vmtax.results.store import Store
 from vmtax.studies import estimate
 from vmtax.studies.plan import Plan, point_labels
+from vmtax.studies.repetitions import Cell, Precision, RepetitionPolicy, Unit
 from vmtax.studies.session import Session, session
 
 
@@ -46,14 +46,6 @@ class QuietReporter:
     def step(self, text: str) -> None: pass
     def advance(self) -> None: pass
     def warn(self, text: str) -> None: pass
-
-
-@dataclass
-class Unit:
-    """One repetition of one workload on one target."""
-    target: str
-    phase: str       # warmup | measure
-    idx: int         # position among this target's repetitions of the workload
 
 
 def schedule(plan: Plan) -> list[Unit]:
@@ -126,13 +118,16 @@ EventSink = Callable[[str, dict[str, Any]], None]
 
 class Runner:
     """Runs one plan into one stored run. Its extension points, for the studies built on
-    it: `events` (an EventSink: the fleet streams every record to its driver) and `skip`
+    it: `events` (an EventSink: the fleet streams every record to its driver), `skip`
     (repetitions stored elsewhere that this run must not repeat, by `rep_key`: the fleet's
-    head has them), beside `resume` (go on with a run of this store)."""
+    head has them) and `repetitions` (a RepetitionPolicy: tune races; default: the plan's
+    `--runs auto` precision rule when it has max_runs), beside `resume` (go on with a run
+    of this store)."""
 
     def __init__(self, plan: Plan, store: Store, reporter: Reporter | None = None,
                  resume: str | None = None, journal: Journal | None = None, *,
-                 events: EventSink | None = None, skip: Iterable[tuple] = ()):
+                 events: EventSink | None = None, skip: Iterable[tuple] = (),
+                 repetitions: RepetitionPolicy | None = None):
         self.plan = plan
         self.store = store
         self.reporter = reporter or QuietReporter()
@@ -140,6 +135,8 @@ class Runner:
         self.journal = journal or Journal()
         self.events = events
         self.skip = set(skip)
+        self.repetitions = repetitions or (
+            Precision(plan, plan.max_runs) if plan.max_runs is not None else None)
         self.targets: dict[str, Target] = {}
         self.broken: dict[str, str] = {}   # target -> why it can no longer run jobs
         # The current cell of a client-server workload: each target's server, or why not.
@@ -153,6 +150,8 @@ class Runner:
         self.warned_collectors: set[str] = set()   # why one could not record, targets aside
         self.cannot_drop: set[str] = set()   # "host" and targets whose caches stay
         self.run_id: str | None = None
+        # The finished run's summary, whose flags were stored (the study's analysis reuses it).
+        self.summary: analysis.RunSummary | None = None
 
     # -- the plan --------------------------------------------------------------------------
     def execute(self) -> str:
@@ -209,6 +208,7 @@ class Runner:
 
     def _store_flags(self) -> None:
         summary = analysis.summarize_run(self.store.load_run(self._stored_run))
+        self.summary = summary
         self.store.set_flags(self._stored_run, [
             (target, row.workload, row.params, row.key, flag)
             for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
@@ -232,6 +232,8 @@ class Runner:
         todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
         for _ in range(len(units) - len(todo)):
             self.reporter.advance()
+        if not todo and self.resume_id is not None and self.repetitions is not None:
+            todo = self.repetitions.resumed(self._cell(workload, [], done, {}))
         if not todo:
             return
         active = [t for t in self.targets if any(u.target == t for u in todo)]
@@ -260,8 +262,8 @@ class Runner:
                         self._measure(unit.target, workload, job, unit.phase, unit.idx,
                                       workload.parse, on_host=on_host)
                 self.reporter.advance()
-            if self.plan.max_runs is not None:
-                self._adapt(workload, active, self.plan.max_runs, done, recording)
+            if self.repetitions is not None:
+                self.repetitions.more(self._cell(workload, active, done, recording))
             for name in measured:
                 self._stop_collectors(name, workload, recording.pop(name, []))
         finally:
@@ -438,38 +440,34 @@ class Runner:
         return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
                          timed_out=done.timed_out)
 
-    def _adapt(self, workload: Workload, active: list[str], max_runs: int, done: set[tuple],
-               recording: dict[str, list[tuple[str, Collector]]]) -> None:
-        """More runs, one round at a time across the targets that still need them (order
-        reversed every round, as in the fixed schedule), until each target's primary metric
-        is precise enough or it has had max_runs attempts. Always terminates."""
-        plan = self.plan
-        run = self.store.load_run(self._stored_run)
-        values: dict[str, list[float]] = {t: [] for t in active}
-        attempts: dict[str, int] = {t: 0 for t in active}
-        for r in run.reps:
+    def _cell(self, workload: Workload, active: list[str], done: set[tuple],
+              recording: dict[str, list[tuple[str, Collector]]]) -> Cell:
+        """The cell of workload for the repetition policy: what is stored of it so far, and
+        its `measure`."""
+        values: dict[str, list[float]] = {t: [] for t in self.targets}
+        attempts: dict[str, int] = dict.fromkeys(self.targets, 0)
+        for r in self.store.load_run(self._stored_run).reps:
             if (r.target in values and r.phase == "measure" and r.workload == workload.name
                     and r.params == workload.params):
                 attempts[r.target] += 1
                 values[r.target] += _primary(workload, r.metrics)
-        rounds = 0
-        while True:
-            need = [t for t in active if t not in self.broken and attempts[t] < max_runs
-                    and (not values[t] or stats.next_action(
-                        values[t], plan.runs, max_runs, plan.ci_target) == "more")]
-            if not need:
-                return
-            for name in need if rounds % 2 else reversed(need):
-                idx = plan.warmup + attempts[name]
-                self.reporter.step(f"{name} · {self.point} · run {idx + 1} (adaptive)")
-                self._drop_caches(name)
-                job, on_host = self._measured_job(name, workload)
-                with self._recorded(name, workload, done, recording):
-                    metrics = self._measure(name, workload, job, "measure", idx,
-                                            workload.parse, on_host=on_host)
-                attempts[name] += 1
-                values[name] += _primary(workload, metrics)
-            rounds += 1
+
+        def measure(name: str, why: str) -> float | None:
+            if name in self.broken:
+                return None
+            idx = self.plan.warmup + attempts[name]
+            self.reporter.step(f"{name} · {self.point} · run {idx + 1} ({why})")
+            self._drop_caches(name)
+            job, on_host = self._measured_job(name, workload)
+            with self._recorded(name, workload, done, recording):
+                metrics = self._measure(name, workload, job, "measure", idx, workload.parse,
+                                        on_host=on_host)
+            attempts[name] += 1
+            value = _primary(workload, metrics)
+            values[name] += value
+            return value[0] if value else None
+
+        return Cell(workload, active, values, attempts, self.broken, measure)
 
     def _drop_caches(self, name: str) -> None:
         """The plan's drop_caches, before a repetition on target name and outside its

@@ -26,24 +26,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
 from vmtax.analysis import tune as tuning
 from vmtax.core import plugin
 from vmtax.core import target as targets
-from vmtax.core.collector import Collector
 from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import composed
-from vmtax.core.workload import Workload
 from vmtax.host import hugepages
-from vmtax.host.journal import Journal
-from vmtax.results.store import Store
 from vmtax.studies import estimate, planfile
 from vmtax.studies.plan import Plan, TargetSpec
-from vmtax.studies.runner import Reporter, Runner, Unit
 from vmtax.studies.toml_lines import Locator, show
 
 MIN_RUNS = 3              # fixed repetitions a side before the racing rule may decide
@@ -126,6 +120,14 @@ class Search:
         return replace(self.plan, targets=specs, baseline=base, max_runs=MAX_RUNS,
                        name=self.run_name("combined"))
 
+    def outline(self) -> tuning.SearchOutline:
+        singles, combined = self.minimum_seconds()
+        return tuning.SearchOutline(
+            self.baseline.name, self.baseline.kind, [w.name for w in self.plan.workloads],
+            self.native.name if self.native else None,
+            [(k.label, k.safety) for k in self.knobs], estimate.duration(self.budget),
+            estimate.duration(singles + combined), list(self.notes))
+
     def minimum_seconds(self) -> tuple[float, float]:
         """(singles, combined) with only the fixed repetitions: what any search costs."""
         singles = estimate.estimate(self.singles_plan()).seconds
@@ -154,7 +156,7 @@ def _built(spec: TargetSpec, changes: dict[str, Any]) -> tuple[dict[str, Any] | 
     return options.model_dump(by_alias=True, mode="json"), None
 
 
-def _host_problem(spec: TargetSpec, changes: dict[str, Any]) -> str | None:
+def host_problem(spec: TargetSpec, changes: dict[str, Any]) -> str | None:
     return _built(spec, changes)[1]
 
 
@@ -355,190 +357,3 @@ def load(path: str, knobs: list[str] | None = None, budget: str | None = None) -
     if errors:
         raise VmtaxError("\n".join(errors))
     return search
-
-
-# --- running it ----------------------------------------------------------------------------
-
-def _cell(workload: Workload) -> tuple[str, str]:
-    return workload.name, json.dumps(workload.params, sort_keys=True)
-
-
-class RacingRunner(Runner):
-    """The runner, whose adaptive repetitions follow the racing rule over `pairs` and stop
-    at the stage's deadline: each cell races for an equal share of what is left once the
-    fixed repetitions of the cells after it are paid for."""
-
-    def __init__(self, plan: Plan, store: Store, pairs: list[tuple[str, str]],
-                 rule: tuning.RaceRule, stage_end: float, reporter: Reporter | None = None,
-                 resume: str | None = None, journal: Journal | None = None):
-        super().__init__(plan, store, reporter, resume=resume, journal=journal)
-        self.pairs = pairs
-        self.rule = rule
-        self.stage_end = stage_end
-        startup = sum(targets.get(t.kind).startup_seconds for t in plan.targets)
-        # Each cell's fixed repetitions, by (workload, parameters), in the order they run.
-        self.fixed = {_cell(spec.make(plan.time)):
-                      estimate.estimate(replace(plan, workloads=[spec])).seconds - startup
-                      for spec in plan.workloads}
-        self.raced: set[tuple[str, str]] = set()
-
-    def _stored_values(self, workload: Workload,
-                       names: list[str]) -> tuple[dict[str, list[float]], dict[str, int]]:
-        """(primary values, measured attempts) stored so far per target, for this cell."""
-        primary = workload.primary_metric()
-        values: dict[str, list[float]] = {t: [] for t in names}
-        attempts = dict.fromkeys(names, 0)
-        if self.run_id is None:
-            return values, attempts
-        for r in self.store.load_run(self.run_id).reps:
-            if (r.target in values and r.phase == "measure" and r.workload == workload.name
-                    and r.params == workload.params):
-                attempts[r.target] += 1
-                values[r.target] += [m.value for m in r.metrics if m.name == primary][:1]
-        return values, attempts
-
-    def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
-        """As the runner does; a resumed cell whose fixed repetitions are all stored but
-        whose race is still open gets one more baseline repetition, so it races on."""
-        if self.resume_id is not None and self.pairs:
-            base = self.pairs[0][0]
-            values, attempts = self._stored_values(workload, list(self.targets))
-            spec = workload.metric_spec(workload.primary_metric())
-            stored = all((u.target, workload.name, json.dumps(workload.params, sort_keys=True),
-                          u.phase, u.idx) in done for u in units)
-            if stored and spec is not None and any(
-                    self.rule.state(values[a], values[b], spec.higher_is_better) == "open"
-                    for a, b in self.pairs if a in values and b in values):
-                units = [*units, Unit(base, "measure", self.plan.warmup + attempts[base])]
-        super()._run_workload(workload, units, done)
-
-    def _adapt(self, workload: Workload, active: list[str], max_runs: int, done: set[tuple],
-               recording: dict[str, list[tuple[str, Collector]]]) -> None:
-        self.raced.add(_cell(workload))
-        later = [cell for cell in self.fixed if cell not in self.raced]
-        left = self.stage_end - time.monotonic() - sum(self.fixed[cell] for cell in later)
-        deadline = time.monotonic() + left / (len(later) + 1)
-        primary = workload.primary_metric()
-        spec = workload.metric_spec(primary)
-        assert spec is not None   # a workload's primary metric is in its manifest
-        # All the cell's targets: a resumed cell may have left only some to run.
-        values, attempts = self._stored_values(workload, list(self.targets))
-
-        def measure(name: str) -> float | None:
-            if name in self.broken:
-                return None
-            idx = self.plan.warmup + attempts[name]
-            attempts[name] += 1
-            self.reporter.step(f"{name} · {self.point} · run {idx + 1} (racing)")
-            self._drop_caches(name)
-            job, on_host = self._measured_job(name, workload)
-            with self._recorded(name, workload, done, recording):
-                metrics = self._measure(name, workload, job, "measure", idx, workload.parse,
-                                        on_host=on_host)
-            return next((m.value for m in metrics if m.name == primary), None)
-
-        pairs = [p for p in self.pairs if p[0] in values and p[1] in values]
-        tuning.race(values, pairs, spec.higher_is_better, self.rule, measure, max_runs,
-                    lambda: time.monotonic() < deadline)
-
-
-@dataclass
-class Outcome:
-    singles: str                    # run ids
-    combined: str | None
-    summary: tuning.TuneSummary
-
-
-def _stored(store: Store, name: str) -> tuple[str, str] | None:
-    """(id, status) of the latest run of that name, or None."""
-    try:
-        run_id = store.resolve(name)
-    except VmtaxError:
-        return None
-    status = next((r["status"] for r in store.list_runs() if r["id"] == run_id), "failed")
-    return run_id, status
-
-
-def _stage(search: Search, store: Store, plan: Plan, pairs: list[tuple[str, str]],
-           stage_end: float, reporter: Reporter | None, journal: Journal | None,
-           resume: bool) -> str:
-    stored = _stored(store, plan.name or "") if resume else None
-    if stored is not None and stored[1] == "done":
-        return stored[0]
-    rule = tuning.RaceRule(alpha=search.alpha, tests=max(1, len(pairs)) * len(plan.workloads),
-                           min_runs=min(plan.runs, MIN_RUNS))
-    runner = RacingRunner(plan, store, pairs, rule, stage_end, reporter,
-                          resume=stored[0] if stored else None, journal=journal)
-    return runner.execute()
-
-
-def tuned_options(search: Search, winners: list[Knob]) -> tuple[dict[str, Any], list[str]]:
-    """The winners' values together, best first; a value the others make impossible on
-    this host (Options.problems) is left out, and said."""
-    tuned: dict[str, Any] = {}
-    notes = []
-    for knob in winners:
-        if knob.option in tuned:
-            continue
-        problem = _host_problem(search.baseline, {**tuned, knob.option: knob.value})
-        if problem is None:
-            tuned[knob.option] = knob.value
-        else:
-            notes.append(f"{knob.label} left out of the combination: {problem}")
-    return tuned, notes
-
-
-def run(search: Search, store: Store, reporter: Reporter | None = None,
-        journal: Journal | None = None, resume: bool = False,
-        on_stage: Callable[[str, str], None] | None = None) -> Outcome:
-    """The whole search; returns the runs and their verdicts. on_stage(stage, text) hears
-    what each stage is about to do."""
-    if resume and _stored(store, search.run_name("singles")) is None:
-        raise VmtaxError(f"--resume: no stored search to continue (no run named "
-                         f"{search.run_name('singles')}); run it without --resume")
-    started = time.monotonic()
-    end = started + search.budget - STOP_MARGIN
-    _, combined_minimum = search.minimum_seconds()
-    singles_plan = search.singles_plan()
-    base = search.baseline.name
-    pairs = [(base, t.name) for t in singles_plan.targets if t.name != base]
-    if on_stage:
-        until = time.time() + (end - started - combined_minimum)
-        done_by = time.time() + search.budget
-        values = f"{len(search.knobs)} knob value{'s' if len(search.knobs) > 1 else ''}"
-        on_stage("singles", f"{values} and the control against "
-                 f"{base}: racing until {time.strftime('%H:%M:%S', time.localtime(until))}, "
-                 f"the whole search done by {time.strftime('%H:%M:%S', time.localtime(done_by))}")
-    singles = _stage(search, store, singles_plan, pairs, end - combined_minimum, reporter,
-                     journal, resume)
-    first = tuning.summarize(store.load_run(singles), alpha=search.alpha,
-                             method=search.method)
-    winners = [Knob(k.option, k.value, k.safety) for k in first.winners() if k.option]
-    tuned, notes = tuned_options(search, winners)
-    first.notes += search.notes + notes
-    if not tuned:
-        first.notes.append("no knob value won on any workload: nothing to combine, the "
-                           "baseline stays as it is")
-        return Outcome(singles, None, first)
-    if time.monotonic() + combined_minimum > end and not (
-            resume and _stored(store, search.run_name("combined"))):
-        first.notes.append(
-            "the budget ran out before the winners could be confirmed together (~"
-            f"{estimate.duration(combined_minimum)} more): their verdicts above stand alone; "
-            "a larger --budget confirms them")
-        return Outcome(singles, None, first)
-    best = winners[0]
-    alone = tuned == {best.option: best.value}   # the combination is the best single
-    combined_plan = search.combined_plan(tuned, None if alone else best)
-    tuned_name = tuning.tuned_name(base)
-    pairs = [(base, tuned_name)]
-    if not alone:
-        pairs.append((tuning.knob_name(base, best.option, best.value), tuned_name))
-    if on_stage:
-        on_stage("combined", f"{', '.join(tuning.knob_label(k, v) for k, v in tuned.items())} "
-                 f"together against {base}" + (f" and {best.label}" if len(pairs) > 1 else ""))
-    combined = _stage(search, store, combined_plan, pairs, end, reporter, journal, resume)
-    summary = tuning.summarize(store.load_run(singles), store.load_run(combined),
-                               alpha=search.alpha, method=search.method)
-    summary.notes += search.notes + notes
-    return Outcome(singles, combined, summary)

@@ -1,0 +1,134 @@
+"""The progress of a study on stderr (vmtax.studies.runner.Reporter): a bar with the time
+left at a terminal, one line per finished cell elsewhere."""
+
+from __future__ import annotations
+
+import time
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from vmtax.cli.consoles import err
+from vmtax.core.text import printable
+from vmtax.core.text import markup as escape  # control characters too
+from vmtax.host import build_progress
+
+
+def _eta_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    from vmtax.studies.estimate import duration
+
+    return f"~{duration(max(seconds, 0))} left"
+
+
+class _StepTime(ProgressColumn):
+    """How long the current step has run, so a long one (a 2 GiB prepare under TCG) shows
+    it is moving while the bar stands still."""
+
+    def __init__(self, reporter: "ProgressReporter") -> None:
+        super().__init__()
+        self.reporter = reporter
+
+    def render(self, task: Task) -> Text:
+        seconds = time.monotonic() - self.reporter.step_started
+        return Text(f"({seconds:.0f} s)" if seconds >= 5 else "", style="dim")
+
+
+class ProgressReporter:
+    """Progress on stderr, so stdout stays clean for tables and --json: a bar with the
+    time left at a terminal; elsewhere (a log, CI) one line per finished cell.
+
+    The time left starts as the plan's estimate and moves to the pace measured so far as
+    the run advances (weighted by the share done), so a slow host corrects it early and a
+    slow VM start-up does not dominate it."""
+
+    def __init__(self, estimate: float | None = None, per_cell: int | None = None) -> None:
+        self.step_started = time.monotonic()
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                                 _StepTime(self), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
+                                 console=err,
+                                 transient=True, disable=not err.is_terminal)
+        self.task: TaskID | None = None
+        self.estimate = estimate
+        self.per_cell = per_cell          # repetitions of one target × workload configuration
+        self.total = self.done = 0
+        self.started = time.monotonic()
+        self.cell: tuple[str, str] | None = None
+        self.cells: dict[tuple[str, str], int] = {}
+        # Warnings for when measuring starts: once the targets are up, not before an error
+        # that stops the run from starting at all.
+        self.before_first: list[str] = []
+
+    def __enter__(self):
+        self.progress.__enter__()
+        # What a plan first needs built (a guest kernel, the compile tree) shows its own
+        # bar here: a terminal has room for one live display.
+        self.builds = build_progress.shown_in(self.progress)
+        self.builds.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.builds.__exit__(*exc)
+        self.progress.__exit__(*exc)
+
+    def eta(self) -> float | None:
+        """Seconds left: the estimate's share not done, blended into the measured pace."""
+        elapsed = time.monotonic() - self.started
+        share = self.done / self.total if self.total else 0.0
+        measured = elapsed * (1 - share) / share if share else None
+        if self.estimate is None:
+            return measured
+        planned = self.estimate * (1 - share)
+        return planned if measured is None else (1 - share) * planned + share * measured
+
+    def start(self, total: int) -> None:
+        self.total = total
+        self.started = time.monotonic()
+        self.task = self.progress.add_task("starting", total=total, eta=_eta_text(self.eta()))
+
+    def step(self, text: str) -> None:
+        self.step_started = time.monotonic()
+        parts = text.split(" · ")
+        self.cell = (parts[0], parts[1]) if len(parts) == 3 else None
+        if self.cell is not None:
+            for warning in self.before_first:
+                self.warn(warning)
+            self.before_first = []
+        if self.task is not None:
+            # Names come from plans and stores: their control characters are shown escaped.
+            self.progress.update(self.task, description=printable(text))
+            if text.endswith("(adaptive)"):   # a repetition beyond the plan's: grow the bar
+                self.total += 1
+                self.progress.update(self.task, total=self.total)
+                self.advance()
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, eta=_eta_text(self.eta()))
+        if self.cell is None or self.per_cell is None or not self.progress.disable:
+            return
+        self.cells[self.cell] = self.cells.get(self.cell, 0) + 1
+        if self.cells[self.cell] == self.per_cell:
+            from vmtax.studies.estimate import duration
+
+            err.print(f"[{self.done}/{self.total}] {escape(printable(' · '.join(self.cell)))} "
+                      "done, "
+                      f"{duration(time.monotonic() - self.started)} in, "
+                      f"{_eta_text(self.eta())}", highlight=False, soft_wrap=True)
+
+    def warn(self, text: str) -> None:
+        self.progress.console.print("[yellow]warning:[/yellow] "
+                                    + escape(printable(text, newlines=True)))
