@@ -232,6 +232,24 @@ def test_the_hosts_available_memory_stops_it(host):
     assert [s.instances for s in outcome.steps] == [1] and outcome.stopped == "memory"
 
 
+def test_a_step_needs_room_for_its_instances_before_ksm_merges_them(host, monkeypatch):
+    """Settled, each instance adds 100 MiB (KSM merged the rest), but holds 1500 MiB RSS
+    as it starts: a step of 5 would leave the host less than its reserve meanwhile."""
+    monkeypatch.setattr(density, "memory_of",
+                        lambda pids: (1500 * 1024 * len(host_instances), 100 * 1024))
+    host_instances: list = []
+    target = FakeTarget(host)
+    original = target.make_instance
+
+    def make_instance(*args, **kwargs):
+        host_instances.append(original(*args, **kwargs))
+        return host_instances[-1]
+    target.make_instance = make_instance
+    outcome = density.study(target, "net", settings(max=50, singles=2, batch=5), False, None)
+    assert [s.instances for s in outcome.steps] == [1, 2] and outcome.stopped == "memory"
+    assert all(i.stopped for i in target.made)
+
+
 def test_a_failed_start_ends_it_with_what_started_measured(host):
     target = FakeTarget(host, fail_at=3)
     outcome = density.study(target, "net", settings(max=20, singles=2, batch=4), False, None)

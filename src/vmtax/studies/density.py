@@ -30,6 +30,7 @@ the cheaper fit in the memory of one of the dearer.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -278,6 +279,13 @@ class Step:
     ksm: dict[str, int] = field(default_factory=dict)
     ksm_settled: bool | None = None
     boot_seconds: list[float] = field(default_factory=list)   # this step's instances
+    # KSM's merge curve while this step waited for it: (seconds since the study started,
+    # pages_sharing) per reading.
+    ksm_curve: list[list[float]] = field(default_factory=list)
+    # Over the settle wait, the instances idling: the host's CPUs busy (% of all of them,
+    # other processes included) and the instances' own CPU (cores' worth, summed).
+    host_busy: float | None = None
+    instances_cpu: float | None = None
 
 
 @dataclass
@@ -308,9 +316,13 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
     lease = (ksm.enable(journal, settings.pages_to_scan, settings.sleep_millisecs)
              if with_ksm else None)
     job = serve_job()
+    begun = time.monotonic()
     try:
         with InstanceFactory(target, network) as factory:
             per_instance = 0.0   # KiB, the latest step's cost per added instance
+            # KiB, what a new instance holds before KSM merges any of it (RSS counts merged
+            # pages whole): what the host must have free while a step starts.
+            unmerged = 0.0
             last_used = 0.0
             for size in settings.sizes():
                 info = hugepages.meminfo()
@@ -318,7 +330,7 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
                 if last_used + need > budget:
                     outcome.stopped = "budget"
                     break
-                if info["MemAvailable"] - need < HOST_RESERVE / 1024:
+                if info["MemAvailable"] - max(need, unmerged * size) < HOST_RESERVE / 1024:
                     outcome.stopped = "memory"
                     break
                 say(f"{target.name} (KSM {'on' if with_ksm else 'off'}): starting {size} "
@@ -334,12 +346,13 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
                 added = factory.instances[count:]
                 if added:
                     step = _measure(factory.instances, added, before, settings, with_ksm,
-                                    start_seconds)
+                                    start_seconds, begun)
                     # The next step's cost, estimated high: the dearest step so far, and
                     # never below the PSS of one (used memory can hide it on a busy host).
                     per_instance = max(per_instance,
                                        (step.used_delta * 1024 - last_used) / len(added),
                                        step.pss * 1024 / step.instances)
+                    unmerged = max(unmerged, step.rss * 1024 / step.instances)
                     last_used = step.used_delta * 1024
                     outcome.steps.append(step)
                     on_step(step)
@@ -353,17 +366,26 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
 
 
 def _measure(instances: list[Instance], added: list[Instance], before: dict[str, int],
-             settings: Settings, with_ksm: bool, start_seconds: float) -> Step:
+             settings: Settings, with_ksm: bool, start_seconds: float, begun: float) -> Step:
+    from vmtax.helpers.serving_client import busy_share, host_busy
     counters: dict[str, int] = {}
     ksm_settled = None
+    curve: list[list[float]] = []
     if with_ksm:
+        offset = time.monotonic() - begun
         merged = ksm.wait_merged(timeout=settings.ksm_timeout)
         counters, ksm_settled = merged.counters, merged.settled
+        curve = [[round(offset + t, 2), pages] for t, pages in merged.curve]
+    pids = [pid for i in instances for pid in i.host_pids()]
+    busy, ticks, cpu_start = host_busy(), sum(map(proc.cpu_ticks, pids)), time.monotonic()
     settled, waited, info = settle(settings.settle_threshold, settings.settle_window,
                                    settings.settle_timeout)
+    elapsed, busy_share_pct = time.monotonic() - cpu_start, busy_share(busy, host_busy())
+    own_cpu = ((sum(map(proc.cpu_ticks, pids)) - ticks) / os.sysconf("SC_CLK_TCK") / elapsed
+               if elapsed > 0 else None)
     if not with_ksm:
         counters = ksm.counters()
-    rss, pss = memory_of([pid for i in instances for pid in i.host_pids()])
+    rss, pss = memory_of(pids)
     answers = probe_http(instances, settings.http_timeout)
     return Step(
         instances=len(instances), added=len(added), start_seconds=round(start_seconds, 3),
@@ -373,7 +395,9 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
         answering=sum(1 for v in answers.values() if v is not None), settled=settled,
         settle_seconds=round(waited, 2), available=_mib(info["MemAvailable"]),
         ksm=counters, ksm_settled=ksm_settled,
-        boot_seconds=[round(i.boot_seconds, 4) for i in added if i.boot_seconds is not None])
+        boot_seconds=[round(i.boot_seconds, 4) for i in added if i.boot_seconds is not None],
+        ksm_curve=curve, host_busy=round(busy_share_pct, 1),
+        instances_cpu=None if own_cpu is None else round(own_cpu, 3))
 
 
 # --- what it comes to --------------------------------------------------------------------
@@ -455,6 +479,9 @@ def step_metrics(step: Step) -> list[Metric]:
                Metric("start time", step.start_seconds, "s", False, dims),
                _mb("available", step.available, dims)]
     metrics += [_mb(f"{k} delta", v, dims) for k, v in step.kernel_delta.items()]
+    if step.host_busy is not None and step.instances_cpu is not None:
+        metrics += [Metric("host cpu busy", step.host_busy, "%", False, dims),
+                    Metric("instances cpu", step.instances_cpu, "cores", False, dims)]
     metrics += [Metric(f"ksm {k}", float(v), "pages", k == "pages_sharing", dims)
                 for k, v in step.ksm.items()]
     return metrics
