@@ -1,6 +1,9 @@
 """The density study's arithmetic and input: steps, settling, memory per instance, ratios,
 the plan file (live: tests/test_density_live.py)."""
 
+import dataclasses
+import json
+
 import pytest
 
 from vmtax.cli import density as cli_density
@@ -121,6 +124,17 @@ def test_steps_round_trip_through_the_store_format():
     assert stored == original
     keys = {m.key for m in density.step_metrics(original)}
     assert "used delta[instances=5]" in keys and "answering[instances=5]" in keys
+    # The merge curve and the idle instances' CPU go with it, and come back as lists.
+    measured = dataclasses.replace(original, ksm_curve=[[0.5, 10], [1.5, 900]],
+                                   host_busy=42.0, instances_cpu=0.16)
+    assert density.Step(**json.loads(density.json_step(measured))) == measured
+    keys = {m.key for m in density.step_metrics(measured)}
+    assert {"host cpu busy[instances=5]", "instances cpu[instances=5]"} <= keys
+    # A step stored before they were measured still loads, without them.
+    old = json.loads(density.json_step(original))
+    for key in ("ksm_curve", "host_busy", "instances_cpu"):
+        del old[key]
+    assert density.Step(**old) == original
 
 
 def test_the_site_is_written_by_the_instance_itself():
