@@ -239,6 +239,24 @@ def test_the_budget_stops_before_a_step_would_exceed_it(host):
     assert density.summarize(outcome).raw == 100
 
 
+def test_one_noisy_single_start_does_not_end_it_early(host):
+    """Another process takes 400 MiB while the first instance starts: the budget is then
+    judged by what the instances hold on average, not by that one start (which would
+    have ended it at 7 instances)."""
+    target = FakeTarget(host)
+    original = target.make_instance
+
+    def make_instance(index, *args, **kwargs):
+        host[0] += 400 if index == 0 else 0
+        return original(index, *args, **kwargs)
+    target.make_instance = make_instance
+    outcome = density.study(target, "net", settings(max=50, singles=1, batch=2,
+                                                   budget="2G"), False, None)
+    # 15 instances hold 1900 MiB, 127 each: two more would pass 2 GiB.
+    assert [s.instances for s in outcome.steps] == [1, *range(3, 16, 2)]
+    assert outcome.stopped == "budget"
+
+
 def test_the_hosts_available_memory_stops_it(host):
     host[0] = 2900     # 1196 MiB available: less than a step and the host's reserve
     outcome = density.study(FakeTarget(host), "net", settings(max=50, singles=1, batch=5),

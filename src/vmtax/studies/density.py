@@ -347,11 +347,16 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
                 if added:
                     step = _measure(factory.instances, added, before, settings, with_ksm,
                                     start_seconds, begun)
-                    # The next step's cost, estimated high: the dearest step so far, and
-                    # never below the PSS of one (used memory can hide it on a busy host).
-                    per_instance = max(per_instance,
-                                       (step.used_delta * 1024 - last_used) / len(added),
-                                       step.pss * 1024 / step.instances)
+                    # The next step's cost per instance, estimated high: what each holds
+                    # so far, what each of the last batch added, and never below the PSS
+                    # of one (used memory can hide it on a busy host). Not a single start's
+                    # used memory: on a shared host other processes' churn in those seconds
+                    # can be many times one instance (measured: 447 MiB for one 56 MiB
+                    # guest) and would end the study at a fraction of its budget.
+                    per_instance = max(step.used_delta * 1024 / step.instances,
+                                       step.pss * 1024 / step.instances,
+                                       ((step.used_delta * 1024 - last_used) / len(added)
+                                        if len(added) > 1 else 0.0))
                     unmerged = max(unmerged, step.rss * 1024 / step.instances)
                     last_used = step.used_delta * 1024
                     outcome.steps.append(step)
