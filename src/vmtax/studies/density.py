@@ -90,7 +90,9 @@ exec nginx -p $d/ -e stderr -c $d/nginx.conf
 def serve_job(port: int = PORT) -> Job:
     """The job every instance runs for its lifetime: nginx serving a static site."""
     script = SERVE_SCRIPT.replace("PORT", str(port)).replace("MARKER", MARKER)
-    return Job(["/bin/sh", "-c", script], timeout=60)
+    # Generous: with 200 TCG guests on 2 busy CPUs, one measured 75 s to start this
+    # script (the step, and with it the study, ends at a start that fails).
+    return Job(["/bin/sh", "-c", script], timeout=180)
 
 
 # --- the targets: kinds that start instances of their own -----------------------------
