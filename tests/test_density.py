@@ -315,3 +315,17 @@ def test_figures_from_a_stored_density_and_boot_run():
     empty = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
                 version="0", targets={}, reps=[])
     assert plots.run_charts(empty, {}) == []
+
+
+def test_cpu_ticks_count_a_process_own_cpu_time():
+    import os
+    import time
+
+    from vmtax.host import proc
+    before = proc.cpu_ticks(os.getpid())
+    start = time.process_time()
+    while time.process_time() - start < 0.3:   # CPU time, however busy the host is
+        pass
+    # 0.3 s of CPU at USER_HZ (100 here): about 30 ticks; never fewer than half of that.
+    assert proc.cpu_ticks(os.getpid()) - before >= 0.15 * os.sysconf("SC_CLK_TCK")
+    assert proc.cpu_ticks(2 ** 22 + 1) == 0    # above pid_max: no such process
