@@ -257,6 +257,24 @@ def test_one_noisy_single_start_does_not_end_it_early(host):
     assert outcome.stopped == "budget"
 
 
+def test_a_noisy_first_step_is_judged_by_the_rss_of_one(host, monkeypatch):
+    """900 MiB taken by another process as the first instance starts; each instance holds
+    150 MiB RSS: the next step is estimated at 150 each, not 1000."""
+    target = FakeTarget(host)
+    original = target.make_instance
+    monkeypatch.setattr(density, "memory_of", lambda pids: (150 * 1024 * len(target.made),
+                                                            100 * 1024 * len(target.made)))
+
+    def make_instance(index, *args, **kwargs):
+        host[0] += 900 if index == 0 else 0
+        return original(index, *args, **kwargs)
+    target.make_instance = make_instance
+    outcome = density.study(target, "net", settings(max=50, singles=1, batch=5,
+                                                   budget="2G"), False, None)
+    # 1: 1000 MiB used (+750 for 5 more fits in 2 GiB); 6: 1500 (+750 would not).
+    assert [s.instances for s in outcome.steps] == [1, 6] and outcome.stopped == "budget"
+
+
 def test_the_hosts_available_memory_stops_it(host):
     host[0] = 2900     # 1196 MiB available: less than a step and the host's reserve
     outcome = density.study(FakeTarget(host), "net", settings(max=50, singles=1, batch=5),

@@ -355,10 +355,14 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
                     # used memory: on a shared host other processes' churn in those seconds
                     # can be many times one instance (measured: 447 MiB for one 56 MiB
                     # guest) and would end the study at a fraction of its budget.
-                    per_instance = max(step.used_delta * 1024 / step.instances,
-                                       step.pss * 1024 / step.instances,
-                                       ((step.used_delta * 1024 - last_used) / len(added)
-                                        if len(added) > 1 else 0.0))
+                    # Never above the RSS of one, where measured: another run starting
+                    # beside the first container made it look 551 MiB (RSS 5.6).
+                    from_used = max(step.used_delta * 1024 / step.instances,
+                                    ((step.used_delta * 1024 - last_used) / len(added)
+                                     if len(added) > 1 else 0.0))
+                    rss_one = step.rss * 1024 / step.instances if step.rss > 0 else from_used
+                    per_instance = max(step.pss * 1024 / step.instances,
+                                       min(from_used, rss_one))
                     unmerged = max(unmerged, step.rss * 1024 / step.instances)
                     last_used = step.used_delta * 1024
                     outcome.steps.append(step)
