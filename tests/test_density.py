@@ -1,6 +1,9 @@
 """The density study's arithmetic and input: steps, settling, memory per instance, ratios,
 the plan file (live: tests/test_density_live.py)."""
 
+import dataclasses
+import json
+
 import pytest
 
 from vmtax.cli import density as cli_density
@@ -121,6 +124,17 @@ def test_steps_round_trip_through_the_store_format():
     assert stored == original
     keys = {m.key for m in density.step_metrics(original)}
     assert "used delta[instances=5]" in keys and "answering[instances=5]" in keys
+    # The merge curve and the idle instances' CPU go with it, and come back as lists.
+    measured = dataclasses.replace(original, ksm_curve=[[0.5, 10], [1.5, 900]],
+                                   host_busy=42.0, instances_cpu=0.16)
+    assert density.Step(**json.loads(density.json_step(measured))) == measured
+    keys = {m.key for m in density.step_metrics(measured)}
+    assert {"host cpu busy[instances=5]", "instances cpu[instances=5]"} <= keys
+    # A step stored before they were measured still loads, without them.
+    old = json.loads(density.json_step(original))
+    for key in ("ksm_curve", "host_busy", "instances_cpu"):
+        del old[key]
+    assert density.Step(**old) == original
 
 
 def test_the_site_is_written_by_the_instance_itself():
@@ -225,11 +239,65 @@ def test_the_budget_stops_before_a_step_would_exceed_it(host):
     assert density.summarize(outcome).raw == 100
 
 
+def test_one_noisy_single_start_does_not_end_it_early(host):
+    """Another process takes 400 MiB while the first instance starts: the budget is then
+    judged by what the instances hold on average, not by that one start (which would
+    have ended it at 7 instances)."""
+    target = FakeTarget(host)
+    original = target.make_instance
+
+    def make_instance(index, *args, **kwargs):
+        host[0] += 400 if index == 0 else 0
+        return original(index, *args, **kwargs)
+    target.make_instance = make_instance
+    outcome = density.study(target, "net", settings(max=50, singles=1, batch=2,
+                                                   budget="2G"), False, None)
+    # 15 instances hold 1900 MiB, 127 each: two more would pass 2 GiB.
+    assert [s.instances for s in outcome.steps] == [1, *range(3, 16, 2)]
+    assert outcome.stopped == "budget"
+
+
+def test_a_noisy_first_step_is_judged_by_the_rss_of_one(host, monkeypatch):
+    """900 MiB taken by another process as the first instance starts; each instance holds
+    150 MiB RSS: the next step is estimated at 150 each, not 1000."""
+    target = FakeTarget(host)
+    original = target.make_instance
+    monkeypatch.setattr(density, "memory_of", lambda pids: (150 * 1024 * len(target.made),
+                                                            100 * 1024 * len(target.made)))
+
+    def make_instance(index, *args, **kwargs):
+        host[0] += 900 if index == 0 else 0
+        return original(index, *args, **kwargs)
+    target.make_instance = make_instance
+    outcome = density.study(target, "net", settings(max=50, singles=1, batch=5,
+                                                   budget="2G"), False, None)
+    # 1: 1000 MiB used (+750 for 5 more fits in 2 GiB); 6: 1500 (+750 would not).
+    assert [s.instances for s in outcome.steps] == [1, 6] and outcome.stopped == "budget"
+
+
 def test_the_hosts_available_memory_stops_it(host):
     host[0] = 2900     # 1196 MiB available: less than a step and the host's reserve
     outcome = density.study(FakeTarget(host), "net", settings(max=50, singles=1, batch=5),
                             False, None)
     assert [s.instances for s in outcome.steps] == [1] and outcome.stopped == "memory"
+
+
+def test_a_step_needs_room_for_its_instances_before_ksm_merges_them(host, monkeypatch):
+    """Settled, each instance adds 100 MiB (KSM merged the rest), but holds 1500 MiB RSS
+    as it starts: a step of 5 would leave the host less than its reserve meanwhile."""
+    monkeypatch.setattr(density, "memory_of",
+                        lambda pids: (1500 * 1024 * len(host_instances), 100 * 1024))
+    host_instances: list = []
+    target = FakeTarget(host)
+    original = target.make_instance
+
+    def make_instance(*args, **kwargs):
+        host_instances.append(original(*args, **kwargs))
+        return host_instances[-1]
+    target.make_instance = make_instance
+    outcome = density.study(target, "net", settings(max=50, singles=2, batch=5), False, None)
+    assert [s.instances for s in outcome.steps] == [1, 2] and outcome.stopped == "memory"
+    assert all(i.stopped for i in target.made)
 
 
 def test_a_failed_start_ends_it_with_what_started_measured(host):
@@ -273,3 +341,17 @@ def test_figures_from_a_stored_density_and_boot_run():
     empty = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
                 version="0", targets={}, reps=[])
     assert plots.run_charts(empty, {}) == []
+
+
+def test_cpu_ticks_count_a_process_own_cpu_time():
+    import os
+    import time
+
+    from vmtax.host import proc
+    before = proc.cpu_ticks(os.getpid())
+    start = time.process_time()
+    while time.process_time() - start < 0.3:   # CPU time, however busy the host is
+        pass
+    # 0.3 s of CPU at USER_HZ (100 here): about 30 ticks; never fewer than half of that.
+    assert proc.cpu_ticks(os.getpid()) - before >= 0.15 * os.sysconf("SC_CLK_TCK")
+    assert proc.cpu_ticks(2 ** 22 + 1) == 0    # above pid_max: no such process

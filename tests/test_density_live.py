@@ -92,8 +92,8 @@ def test_a_dozen_containers_with_ksm_off_and_on(tmp_path):
 def test_tcg_guests_with_ksm_on(tmp_path):
     before = ksm.settings()
     plan = ("max = 4\nsingles = 1\nbatch = 3\nparallel = 3\nksm = [true]\n" + SETTLE
-            + '[targets.tcg]\nkind = "vm"\naccel = "tcg"\nvcpus = 1\nmemory = "256M"\n'
-              'disk_size = "64M"\n')
+            + '[targets.tcg]\nkind = "vm"\naccel = "tcg"\nvcpus = 1\nmemory = "56M"\n'
+              'disk_size = "64M"\nkernel = "minimal"\ntb_size = 16\n')   # vm's small_options
     result, net = density(tmp_path, plan)
     check(result, "tcg", 4, [True])
     [summary] = result["summaries"]
@@ -102,6 +102,11 @@ def test_tcg_guests_with_ksm_on(tmp_path):
     assert leftovers(tmp_path, net) == {"netns": [], "links": [], "processes": []}
     assert ksm.settings() == before
     assert result["notes"] == []   # QEMU marks guest RAM mergeable: nothing to explain
+    # Each step kept KSM's merge curve, on the study's clock, and the idle guests' CPU.
+    for s in result["outcomes"][0]["steps"]:
+        times = [t for t, _ in s["ksm_curve"]]
+        assert times and times == sorted(times), s["ksm_curve"]
+        assert s["instances_cpu"] is not None and 0 <= s["host_busy"] <= 100
     # The stored run reads back as the run printed it (`density show`, also across runs).
     shown = subprocess.run(
         [sys.executable, "-m", "vmtax", "density", "show", result["run"], "--json",

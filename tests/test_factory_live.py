@@ -17,7 +17,7 @@ from vmtax.core.errors import TargetError
 from vmtax.core.target import TargetContext
 from vmtax.host import proc
 from vmtax.host.journal import Journal
-from vmtax.host.network import Network
+from vmtax.host.network import PREFIX, Network
 from vmtax.studies.factory import InstanceFactory
 
 pytestmark = pytest.mark.live
@@ -89,7 +89,7 @@ def test_eight_guests_and_eight_containers_each_at_its_own_address(tmp_path):
             # Each guest runs jobs of its own, and sees the address it was given.
             for vm in vms:
                 shown = vm.run(vm_job(["ip", "-4", "-o", "addr", "show", "eth0"]))
-                assert f"inet {vm.address}/24" in shown.stdout
+                assert f"inet {vm.address}/{PREFIX}" in shown.stdout
             print(f"8 guests booted in {boot:.1f} s (4 at a time); boot seconds "
                   f"{sorted(round(v.boot_seconds, 1) for v in vms)}")
         assert all(not i.alive() for i in everyone)
@@ -121,7 +121,7 @@ SCRIPT = textwrap.dedent("""
     from vmtax.core import target as targets
     from vmtax.studies.factory import InstanceFactory
     from vmtax.host.journal import Journal
-    from vmtax.host.network import Network
+    from vmtax.host.network import PREFIX, Network
     from vmtax.core.target import TargetContext
 
     base = Path(sys.argv[1])

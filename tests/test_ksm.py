@@ -81,6 +81,10 @@ def test_merging_settles_after_two_full_scans_with_stable_sharing(tmp_path):
     settled = ksm.wait_merged(0.02, 5.0, 60.0, sysfs, clock=lambda: now[0], sleep=sleep)
     assert settled.settled and settled.counters["pages_sharing"] == 3000
     assert 10 <= settled.seconds <= 15   # sharing stops growing at 6 s, then a window
+    # The merge curve: every reading, in order, from none merged to where it settled.
+    times = [t for t, _ in settled.curve]
+    assert times == sorted(times) and settled.curve[0] == (0.0, 0)
+    assert settled.curve[-1] == (round(settled.seconds, 2), 3000)
 
 
 def test_merging_that_never_settles_times_out(tmp_path):

@@ -93,7 +93,7 @@ def test_create_makes_namespace_loopback_and_bridge_in_that_order(j):
         ["ip", "-n", name, "link", "set", "lo", "up"],
         ["ip", "-n", name, "link", "add", br, "address", network.mac_address(net.id, 1),
          "type", "bridge", "forward_delay", "0", "stp_state", "0"],
-        ["ip", "-n", name, "addr", "add", f"{gw}/24", "dev", br],
+        ["ip", "-n", name, "addr", "add", f"{gw}/{network.PREFIX}", "dev", br],
         ["ip", "-n", name, "link", "set", br, "up"],
     ]
     assert [e["argv"] for e in j.entries.values()] == [
@@ -125,23 +125,24 @@ def test_every_device_is_journaled_before_it_is_made(j, tmp_path):
 
 
 def test_subnet_comes_from_the_id_and_skips_those_of_other_vmtax_networks():
+    # The /22s of 10.213.0.0/16 but its first and last: 62 candidates, 1..62.
     assert network.choose_subnet("000000", []) == 1
-    assert network.choose_subnet("0000ff", []) == 2      # 255 % 254 = 1 -> candidates[1]
+    assert network.choose_subnet("0000ff", []) == 8      # 255 % 62 = 7 -> candidates[7]
     n = network.choose_subnet("abcdef", [])
     assert network.choose_subnet("abcdef", []) == n      # stable for one id
-    assert network.choose_subnet("abcdef", [n]) == n + 1 if n < 254 else 1
-    assert network.choose_subnet("0000fd", [254]) == 1   # wraps around
+    assert network.choose_subnet("abcdef", [n]) == n + 1 if n < 62 else 1
+    assert network.choose_subnet("00003d", [62]) == 1    # wraps around
     with pytest.raises(VmtaxError, match="in use"):
-        network.choose_subnet("000000", range(256))
-    assert str(network.subnet(7)) == "10.213.7.0/24"
-    assert network.subnet_index("10.213.7.9") == 7
+        network.choose_subnet("000000", range(64))
+    assert str(network.subnet(7)) == "10.213.28.0/22"
+    assert network.subnet_index("10.213.28.9") == network.subnet_index("10.213.31.200") == 7
     assert network.subnet_index("10.214.7.9") is None
 
 
 def test_used_subnets_looks_only_at_other_vmtax_namespaces(j):
     net, ip = make(j, namespaces={
-        "vmtax-aaaaaa": ["10.213.5.1", "127.0.0.1"],
-        "vmtax-bbbbbb": ["10.213.9.1", "10.99.0.1"],
+        "vmtax-aaaaaa": ["10.213.20.1", "127.0.0.1"],
+        "vmtax-bbbbbb": ["10.213.36.1", "10.99.0.1"],
         "other": ["10.213.77.1"],                      # not vmtax's: its subnet is free
         "vmtax-gone00": None,                          # listed, then removed
     })
@@ -152,9 +153,9 @@ def test_used_subnets_looks_only_at_other_vmtax_namespaces(j):
 
 def test_create_avoids_a_subnet_in_use(j, monkeypatch):
     monkeypatch.setattr(network.secrets, "token_hex", lambda n: "000004")  # -> subnet 5
-    net, ip = make(j, namespaces={"vmtax-aaaaaa": ["10.213.5.1"]})
+    net, ip = make(j, namespaces={"vmtax-aaaaaa": ["10.213.20.1"]})   # subnet 5
     net.create()
-    assert net.n == 6 and net.gateway == "10.213.6.1"
+    assert net.n == 6 and net.gateway == "10.213.24.1"
 
 
 def test_attach_tap_builds_the_device_and_qemu_argv(j):
@@ -168,8 +169,8 @@ def test_attach_tap_builds_the_device_and_qemu_argv(j):
         ["ip", "-n", net.name, "link", "set", tap.name, "master", net.bridge, "up"]]
     prefix = net.subnet.network_address
     assert tap.address == str(prefix + 2) and tap.gateway == str(prefix + 1)
-    assert tap.cidr == f"{tap.address}/24" and tap.netmask == "255.255.255.0"
-    assert tap.kernel_ip == f"ip={tap.address}::{tap.gateway}:255.255.255.0::eth0:off"
+    assert tap.cidr == f"{tap.address}/22" and tap.netmask == "255.255.252.0"
+    assert tap.kernel_ip == f"ip={tap.address}::{tap.gateway}:255.255.252.0::eth0:off"
     assert tap.qemu_args("mmio") == [
         "-netdev", f"tap,id=net0,ifname={tap.name},script=no,downscript=no,vhost=off",
         "-device", f"virtio-net-device,netdev=net0,mac={tap.mac}"]
@@ -214,10 +215,12 @@ def test_nothing_is_made_in_the_root_namespace(j):
 def test_macs_are_unique_locally_administered_unicast(j, monkeypatch):
     net, _ = make(j)
     net.create()
-    eps = [net.attach_tap() if i % 2 else net.attach_veth(PID + i) for i in range(253)]
+    # 1,021 instances a network (a /22): density studies of 500 containers and more.
+    eps = [net.attach_tap() if i % 2 else net.attach_veth(PID + i) for i in range(1021)]
     macs = [e.mac for e in eps] + [network.mac_address(net.id, 1)]
-    assert len(set(macs)) == 254
-    assert len({e.address for e in eps}) == 253 and len({e.name for e in eps}) == 253
+    assert len(set(macs)) == 1022
+    assert len({e.address for e in eps}) == 1021 and len({e.name for e in eps}) == 1021
+    assert max(len(e.name) for e in eps) <= 15   # IFNAMSIZ
     for mac in macs:
         first = int(mac.split(":")[0], 16)
         assert first & 0x02 and not first & 0x01

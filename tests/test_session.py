@@ -103,7 +103,8 @@ def test_density_and_boot_read_kinds_through_their_facts():
     assert density.default_kind() == "container"   # the quickest to start
     specs = density.instance_specs(["vm:tcg", "container:runc"])
     assert specs["vm:tcg"] == TargetSpec("vm:tcg", "vm", {
-        "vcpus": 1, "memory": "256M", "disk_size": "64M", "accel": "tcg"})
+        "vcpus": 1, "memory": "56M", "disk_size": "64M", "kernel": "minimal", "tb_size": 16,
+        "accel": "tcg"})
     assert specs["container:runc"] == TargetSpec("container:runc", "container",
                                                  {"runtime": "runc"})
     assert density.stored_plan("boot", specs, runs=3)["targets"][0] == {

@@ -97,7 +97,10 @@ def _step_line(name: str, with_ksm: bool, step: density.Step) -> str:
     return (f"{name} (KSM {'on' if with_ksm else 'off'}): {step.instances} instances, "
             f"used +{step.used_delta:.0f} MiB, PSS {step.pss / step.instances:.1f} "
             f"MiB/instance, {step.answering}/{step.instances} answer HTTP"
-            + ("" if step.settled else ", memory not settled") + ksm)
+            + ("" if step.settled else ", memory not settled") + ksm
+            + (f"; idle, host CPUs {step.host_busy:.0f}% busy, the instances "
+               f"{step.instances_cpu * 100:.0f}% of one core"
+               if step.host_busy is not None and step.instances_cpu is not None else ""))
 
 
 def ksm_note(summaries: list[density.Summary], kinds: dict[str, str],

@@ -20,7 +20,7 @@ import fcntl
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -141,6 +141,8 @@ class Settled:
     settled: bool
     seconds: float
     counters: dict[str, int]
+    # The merge curve while waiting: (seconds since the call, pages_sharing) per reading.
+    curve: list[tuple[float, int]] = field(default_factory=list)
 
 
 def _scanned(sysfs: Path) -> int | None:
@@ -164,15 +166,16 @@ def wait_merged(threshold: float = 0.02, window: float = 5.0, timeout: float = 1
     while True:
         now, sharing, scanned = clock(), read("pages_sharing", sysfs), _scanned(sysfs)
         history.append((now, sharing, scanned))
+        curve = [(round(t - start, 2), pages) for t, pages, _ in history]
         old = [h for h in history if h[0] <= now - window]
         if old:
             _, base, base_scanned = old[-1]
             idle = scanned is not None and scanned == base_scanned
             if ((idle or read("full_scans", sysfs) >= scans + 2)
                     and abs(sharing - base) <= threshold * max(base, sharing, 1)):
-                return Settled(True, now - start, counters(sysfs))
+                return Settled(True, now - start, counters(sysfs), curve)
         if now - start >= timeout:
-            return Settled(False, now - start, counters(sysfs))
+            return Settled(False, now - start, counters(sysfs), curve)
         sleep(min(1.0, window / 4))
 
 

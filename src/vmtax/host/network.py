@@ -5,10 +5,14 @@ Layout of one network (id: 6 hex digits, `vmtax-<id>` the namespace):
 
     namespace vmtax-<id>          (nothing of it is in the host's root namespace)
       lo                          up
-      vt<id>br   bridge           10.213.<n>.1/24, the instances' gateway; MAC 02:76:<id>:01
+      vt<id>br   bridge           the subnet's first address, the instances' gateway;
+                                  MAC 02:<id>:00:01
       vt<id>t<h> tap, on bridge   a QEMU guest's NIC (QEMU opens it from inside the namespace)
       vt<id>v<h> veth, on bridge  its peer is eth0 in a container's network namespace
-    instance h                    10.213.<n>.<h>/24 (h = 2..254), MAC 02:76:<id>:<h>
+    instance h                    the subnet's h-th address (h = 2..1022), MAC 02:<id>:<h, 2 octets>
+
+The subnet is the n-th /22 of 10.213.0.0/16: 1,021 instances a network, which density
+studies of containers need (500 and more; a /24 ended them at 253).
 
 The subnet `n` is derived from the id and skips the subnets of the other vmtax networks in
 existence (found in their namespaces under a host-wide lock on /run/netns). The networks are
@@ -60,14 +64,14 @@ from vmtax.core.errors import VmtaxError
 from vmtax.host import proc
 from vmtax.host.journal import Journal
 
-# Private addresses vmtax hands out: one /24 of this pool per network.
+# Private addresses vmtax hands out: one /22 of this pool per network.
 POOL = ipaddress.ip_network("10.213.0.0/16")
-PREFIX = 24
+PREFIX = 22
 GATEWAY_HOST = 1                    # the bridge's address in every subnet
-FIRST_HOST, LAST_HOST = 2, 254      # instances' addresses
+FIRST_HOST, LAST_HOST = 2, 2 ** (32 - PREFIX) - 2      # instances' addresses
 NETNS_DIR = Path("/run/netns")
-DEVICE_PREFIX = "vt"                # vt<id>br, vt<id>t<h>, vt<id>v<h>: at most 12 characters
-MAC_PREFIX = "02:76"                # locally administered, unicast
+DEVICE_PREFIX = "vt"                # vt<id>br, vt<id>t<h>, vt<id>v<h>: at most 13 characters
+MAC_PREFIX = "02"                   # locally administered, unicast
 NETDEV = "net0"
 IP_TIMEOUT = 30.0
 
@@ -117,11 +121,11 @@ def mac_address(net_id: str, host: int) -> str:
     """The MAC of host h of network net_id: locally administered, unicast, unique among the
     networks in existence (their ids differ) and within one (h differs)."""
     octets = [net_id[i:i + 2] for i in range(0, 6, 2)]
-    return ":".join([MAC_PREFIX, *octets, f"{host:02x}"])
+    return ":".join([MAC_PREFIX, *octets, f"{host >> 8:02x}", f"{host & 0xFF:02x}"])
 
 
 def subnet(n: int) -> ipaddress.IPv4Network:
-    """The pool's n-th /24."""
+    """The pool's n-th subnet (/PREFIX)."""
     return ipaddress.IPv4Network((int(POOL.network_address) + (n << (32 - PREFIX)), PREFIX))
 
 
@@ -137,7 +141,7 @@ def choose_subnet(net_id: str, used: Iterable[int]) -> int:
     """The third octet for network net_id: derived from its id, skipping those in use."""
     used = set(used)
     count = 2 ** (PREFIX - POOL.prefixlen)
-    candidates = range(1, count - 1)            # not .0.x or .255.x: no surprises
+    candidates = range(1, count - 1)            # not the pool's first or last: no surprises
     start = int(net_id, 16) % len(candidates)
     for i in range(len(candidates)):
         n = candidates[(start + i) % len(candidates)]
@@ -394,7 +398,8 @@ class Network:
     # -- endpoints --
 
     def _next_host(self) -> int:
-        taken = {int(ipaddress.ip_address(e.address)) & 0xFF for e in self.endpoints}
+        base = int(self.subnet.network_address)
+        taken = {int(ipaddress.ip_address(e.address)) - base for e in self.endpoints}
         span = LAST_HOST - FIRST_HOST + 1
         # Round robin: an address just given back is not reused at once (stale ARP caches).
         for i in range(span):

@@ -130,6 +130,16 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of pid so far, in clock ticks (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 def running(pid: int, start: int | None) -> bool:
     """Is the process that started at `start` (process_start_time) still running? A pid
     reused by another process, or a zombie, is not."""

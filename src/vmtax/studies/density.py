@@ -90,7 +90,9 @@ exec nginx -p $d/ -e stderr -c $d/nginx.conf
 def serve_job(port: int = PORT) -> Job:
     """The job every instance runs for its lifetime: nginx serving a static site."""
     script = SERVE_SCRIPT.replace("PORT", str(port)).replace("MARKER", MARKER)
-    return Job(["/bin/sh", "-c", script], timeout=60)
+    # Generous: with 200 TCG guests on 2 busy CPUs, one measured 75 s to start this
+    # script (the step, and with it the study, ends at a start that fails).
+    return Job(["/bin/sh", "-c", script], timeout=180)
 
 
 # --- the targets: kinds that start instances of their own -----------------------------
@@ -279,6 +281,13 @@ class Step:
     ksm: dict[str, int] = field(default_factory=dict)
     ksm_settled: bool | None = None
     boot_seconds: list[float] = field(default_factory=list)   # this step's instances
+    # KSM's merge curve while this step waited for it: (seconds since the study started,
+    # pages_sharing) per reading.
+    ksm_curve: list[list[float]] = field(default_factory=list)
+    # Over the settle wait, the instances idling: the host's CPUs busy (% of all of them,
+    # other processes included) and the instances' own CPU (cores' worth, summed).
+    host_busy: float | None = None
+    instances_cpu: float | None = None
 
 
 @dataclass
@@ -309,9 +318,13 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
     lease = (ksm.enable(journal, settings.pages_to_scan, settings.sleep_millisecs)
              if with_ksm else None)
     job = serve_job()
+    begun = time.monotonic()
     try:
         with InstanceFactory(target, network) as factory:
             per_instance = 0.0   # KiB, the latest step's cost per added instance
+            # KiB, what a new instance holds before KSM merges any of it (RSS counts merged
+            # pages whole): what the host must have free while a step starts.
+            unmerged = 0.0
             last_used = 0.0
             for size in settings.sizes():
                 info = hugepages.meminfo()
@@ -319,7 +332,7 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
                 if last_used + need > budget:
                     outcome.stopped = "budget"
                     break
-                if info["MemAvailable"] - need < HOST_RESERVE / 1024:
+                if info["MemAvailable"] - max(need, unmerged * size) < HOST_RESERVE / 1024:
                     outcome.stopped = "memory"
                     break
                 say(f"{target.name} (KSM {'on' if with_ksm else 'off'}): starting {size} "
@@ -335,12 +348,22 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
                 added = factory.instances[count:]
                 if added:
                     step = _measure(factory.instances, added, before, settings, with_ksm,
-                                    start_seconds)
-                    # The next step's cost, estimated high: the dearest step so far, and
-                    # never below the PSS of one (used memory can hide it on a busy host).
-                    per_instance = max(per_instance,
-                                       (step.used_delta * 1024 - last_used) / len(added),
-                                       step.pss * 1024 / step.instances)
+                                    start_seconds, begun)
+                    # The next step's cost per instance, estimated high: what each holds
+                    # so far, what each of the last batch added, and never below the PSS
+                    # of one (used memory can hide it on a busy host). Not a single start's
+                    # used memory: on a shared host other processes' churn in those seconds
+                    # can be many times one instance (measured: 447 MiB for one 56 MiB
+                    # guest) and would end the study at a fraction of its budget.
+                    # Never above the RSS of one, where measured: another run starting
+                    # beside the first container made it look 551 MiB (RSS 5.6).
+                    from_used = max(step.used_delta * 1024 / step.instances,
+                                    ((step.used_delta * 1024 - last_used) / len(added)
+                                     if len(added) > 1 else 0.0))
+                    rss_one = step.rss * 1024 / step.instances if step.rss > 0 else from_used
+                    per_instance = max(step.pss * 1024 / step.instances,
+                                       min(from_used, rss_one))
+                    unmerged = max(unmerged, step.rss * 1024 / step.instances)
                     last_used = step.used_delta * 1024
                     outcome.steps.append(step)
                     on_step(step)
@@ -354,17 +377,26 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
 
 
 def _measure(instances: list[Instance], added: list[Instance], before: dict[str, int],
-             settings: Settings, with_ksm: bool, start_seconds: float) -> Step:
+             settings: Settings, with_ksm: bool, start_seconds: float, begun: float) -> Step:
+    from vmtax.helpers.serving_client import busy_share, host_busy
     counters: dict[str, int] = {}
     ksm_settled = None
+    curve: list[list[float]] = []
     if with_ksm:
+        offset = time.monotonic() - begun
         merged = ksm.wait_merged(timeout=settings.ksm_timeout)
         counters, ksm_settled = merged.counters, merged.settled
+        curve = [[round(offset + t, 2), pages] for t, pages in merged.curve]
+    pids = [pid for i in instances for pid in i.host_pids()]
+    busy, ticks, cpu_start = host_busy(), sum(map(proc.cpu_ticks, pids)), time.monotonic()
     settled, waited, info = settle(settings.settle_threshold, settings.settle_window,
                                    settings.settle_timeout)
+    elapsed, busy_share_pct = time.monotonic() - cpu_start, busy_share(busy, host_busy())
+    own_cpu = ((sum(map(proc.cpu_ticks, pids)) - ticks) / os.sysconf("SC_CLK_TCK") / elapsed
+               if elapsed > 0 else None)
     if not with_ksm:
         counters = ksm.counters()
-    rss, pss = memory_of([pid for i in instances for pid in i.host_pids()])
+    rss, pss = memory_of(pids)
     answers = probe_http(instances, settings.http_timeout)
     return Step(
         instances=len(instances), added=len(added), start_seconds=round(start_seconds, 3),
@@ -374,7 +406,9 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
         answering=sum(1 for v in answers.values() if v is not None), settled=settled,
         settle_seconds=round(waited, 2), available=_mib(info["MemAvailable"]),
         ksm=counters, ksm_settled=ksm_settled,
-        boot_seconds=[round(i.boot_seconds, 4) for i in added if i.boot_seconds is not None])
+        boot_seconds=[round(i.boot_seconds, 4) for i in added if i.boot_seconds is not None],
+        ksm_curve=curve, host_busy=round(busy_share_pct, 1),
+        instances_cpu=None if own_cpu is None else round(own_cpu, 3))
 
 
 # --- what it comes to --------------------------------------------------------------------
@@ -456,6 +490,9 @@ def step_metrics(step: Step) -> list[Metric]:
                Metric("start time", step.start_seconds, "s", False, dims),
                _mb("available", step.available, dims)]
     metrics += [_mb(f"{k} delta", v, dims) for k, v in step.kernel_delta.items()]
+    if step.host_busy is not None and step.instances_cpu is not None:
+        metrics += [Metric("host cpu busy", step.host_busy, "%", False, dims),
+                    Metric("instances cpu", step.instances_cpu, "cores", False, dims)]
     metrics += [Metric(f"ksm {k}", float(v), "pages", k == "pages_sharing", dims)
                 for k, v in step.ksm.items()]
     return metrics
