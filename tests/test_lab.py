@@ -197,3 +197,24 @@ def test_a_lab_that_hangs_while_booting_is_caught_by_the_watchdog(tmp_path, monk
     booted = subprocess.Popen(["sleep", "0.8"])
     assert study._watch(booted, tmp_path, seen.append) is True
     assert b"".join(seen) == b"hello\n"
+
+
+def test_vhost_in_a_plan_passes_the_hosts_check_when_the_labs_kernel_has_vhost_net(tmp_path):
+    """Found by the lab: `vmtax lab run` refused vhost = true because THIS host has no
+    /dev/vhost-net, though the lab's kernel loads vhost_net and makes one."""
+    from vmtax.targets.vm import VmOptions
+
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "modules.dep").write_text(
+        "kernel/drivers/net/tun.ko:\nkernel/drivers/vhost/vhost_net.ko: "
+        "kernel/drivers/net/tun.ko kernel/drivers/vhost/vhost.ko\n")
+    planned = lab.devices(_kernel(tmp_path))
+    assert planned == {"/dev/vhost-net", "/dev/net/tun"}
+    opts = VmOptions(accel="kvm", network="bridge", vhost=True)
+    if not os.path.exists("/dev/vhost-net"):
+        assert "vhost" in dict(opts.problems())
+    with machine.planning_lab(planned):
+        assert "vhost" not in dict(opts.problems())
+    assert not machine.has_device("/dev/vhost-net") or os.path.exists("/dev/vhost-net")
+    (tmp_path / "modules" / "modules.dep").write_text("kernel/drivers/net/tun.ko:\n")
+    assert lab.devices(_kernel(tmp_path)) == {"/dev/net/tun"}

@@ -46,7 +46,7 @@ from vmtax.host.machine import LAB_ENV, LAB_LABEL
 
 __all__ = ["LAB_ENV", "LAB_LABEL"]
 
-FORMAT = "3"    # bump when the lab's kernel directory or initramfs layout changes
+FORMAT = "4"    # bump when the lab's kernel directory or initramfs layout changes
 # The lab's CPU: QEMU's TCG emulates AMD-V; it has no VMX (Intel) emulation at all.
 CPU = "max,+svm,+npt"
 # Loaded by the initramfs: enough to mount the host's root over 9p under an overlay.
@@ -60,6 +60,8 @@ UPPER_BYTES_PER_INODE = 64 << 10
 # Loaded in the lab before the command: KVM itself, then what vm targets may ask for.
 KVM_MODULE = "kvm_amd"
 OPTIONAL_MODULES = ("vhost_net", "tun", "bridge", "veth")
+# The devices some of them make, which vmtax's targets check for.
+MODULE_DEVICES = {"vhost_net": "/dev/vhost-net", "tun": "/dev/net/tun"}
 HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
@@ -81,14 +83,19 @@ class LabKernel:
     initramfs: Path
 
 
+# Each step says so on the console (with the kernel's time): a lab that hangs while booting
+# shows where.
 _INIT = """#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+say() {{ echo "lab: $(cut -d' ' -f1 /proc/uptime) s: $*"; }}
+say init
 for ko in $(cat /lab/modules.list); do
   insmod /lab/modules/$ko || echo "lab: insmod $ko failed"
 done
+say modules loaded
 mkdir -p /host /t /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 {host} /host || echo "lab: no 9p root"
 mount -t ext4 /dev/vda /t || echo "lab: no upper disk"
@@ -96,6 +103,7 @@ mkdir -p /t/upper /t/work
 mount -t overlay overlay -o lowerdir=/host,upperdir=/t/upper,workdir=/t/work /newroot
 mkdir -p /newroot{share}
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 {lab} /newroot{share}
+say root mounted, chroot
 umount /proc /sys
 mount --move /dev /newroot/dev
 exec chroot /newroot "$(cat /newroot{share}/{python})" -m vmtax.guest.lab {share}/{job}
@@ -160,6 +168,13 @@ def lab_kernel(cache: Path) -> LabKernel:
                      dest / "initramfs.cpio")
 
 
+def devices(kernel: LabKernel) -> frozenset[str]:
+    """The devices the lab will have from its kernel's modules (MODULE_DEVICES)."""
+    dep = (kernel.modules_tree / "modules.dep").read_text()
+    have = {Path(line.split(":", 1)[0]).name.split(".ko", 1)[0] for line in dep.splitlines()}
+    return frozenset(dev for module, dev in MODULE_DEVICES.items() if module in have)
+
+
 def svm_problem(qemu: str) -> str | None:
     """Why this QEMU's TCG cannot emulate AMD-V (None: it can): QEMU itself is asked to
     start a paused machine with the lab's CPU and `enforce`, then to quit."""
@@ -197,7 +212,10 @@ def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path,
     published by atomic renames (vmtax.guest.kernel_cache), which hold over 9p, though
     their build locks do not reach the host's builders there."""
     tsc_khz = host_tsc_khz()
-    append = ["console=ttyS0", "loglevel=4", "panic=-1", *BOOT_SPEEDUPS, "rdinit=/init"]
+    # Every kernel message, from the first, in console.log (a lab once hung while booting
+    # with nothing there at loglevel=4): a few hundred lines, under 0.2 s on TCG's serial.
+    append = ["console=ttyS0", "earlyprintk=serial,ttyS0", "loglevel=7", "panic=-1",
+              *BOOT_SPEEDUPS, "rdinit=/init"]
     if tsc_khz:
         append.append(f"tsc_early_khz={tsc_khz}")
     return [qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
