@@ -487,3 +487,34 @@ def test_a_program_goes_into_the_guest_in_chunks_that_fit_one_virsh_argument(tmp
     with pytest.raises(VmtaxError, match="1 of 65536 bytes written"):
         domain._write("/x", program)
     assert sent == ["guest-file-open", "guest-file-write", "guest-file-close"]
+
+
+def test_a_file_open_in_the_guest_is_journaled_and_a_killed_vmtaxs_undo_closes_it(
+        tmp_path, monkeypatch):
+    """Found on a user's domain: vmtax killed -9 while copying its programs left qemu-ga
+    holding an open handle to a deleted file (its blocks stayed in use on the guest's disk).
+    The handle is in the journal while it is open; the journal's undo (the guardian's, or
+    `vmtax cleanup`'s) closes it."""
+    calls = fake_virsh(tmp_path, monkeypatch, {})
+    journal = Journal(tmp_path / "run")
+    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh("qemu:///system"), journal,
+                            "/var/tmp")
+    held: list[dict] = []
+
+    def agent(command, timeout=30.0, **arguments):
+        if command == "guest-file-write":
+            held.extend(journal.entries.values())
+            raise SystemExit("killed")   # nothing after this runs in a vmtax killed -9
+        return 9 if command == "guest-file-open" else {}
+    domain.agent = agent   # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        domain._write("/var/tmp/.vmtax-1/bundle.tgz", b"x" * 10)
+    assert [(e["type"], e["handle"]) for e in held] == [("libvirt-guest-file", 9)]
+    # Closed by its owner: forgotten. Left (as by kill -9): the undo closes it.
+    assert journal.entries == {}
+    token = libvirt.journal_guest_file(journal, "qemu:///system", "g", 9)
+    journal.undo(token)
+    closed = [json.loads(json.loads(line)[-1]) for line in calls.read_text().splitlines()]
+    assert closed == [{"execute": "guest-file-close", "arguments": {"handle": 9}}]
+    assert json.loads(calls.read_text().splitlines()[0])[:5] == [
+        "--quiet", "-c", "qemu:///system", "qemu-agent-command", "g"]

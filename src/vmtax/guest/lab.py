@@ -23,6 +23,7 @@ tax, never hardware's figures.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import shutil
@@ -62,6 +63,7 @@ KVM_MODULE = "kvm_amd"
 OPTIONAL_MODULES = ("vhost_net", "tun", "bridge", "veth")
 # The devices some of them make, which vmtax's targets check for.
 MODULE_DEVICES = {"vhost_net": "/dev/vhost-net", "tun": "/dev/net/tun"}
+KVM_DEVICES = ("/dev/kvm", "/dev/vhost-net")
 HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
@@ -284,7 +286,20 @@ def _prepare(job: dict) -> str | None:
     done = subprocess.run(["modprobe", KVM_MODULE], capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists("/dev/kvm"):
         return f"modprobe {KVM_MODULE} failed: {done.stderr.strip() or 'no /dev/kvm'}"
+    _udev_modes()
     return None
+
+
+def _udev_modes() -> None:
+    """What a Debian host's udev does and the lab (no udev) must: KVM's devices for the
+    group kvm. Without it, libvirt's QEMU (user libvirt-qemu) cannot open /dev/kvm, and
+    libvirt refuses every KVM domain: "Emulator … does not support virt type 'kvm'"."""
+    with contextlib.suppress(KeyError):
+        gid = grp.getgrnam("kvm").gr_gid
+        for device in KVM_DEVICES:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(device, 0, gid)
+                os.chmod(device, 0o660)
 
 
 def _run(argv: list[str], cwd: str, env: dict[str, str], out, tty: bool) -> int:

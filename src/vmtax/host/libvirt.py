@@ -210,20 +210,41 @@ def journal_guest_dir(journal: Journal, uri: str, domain: str, path: str) -> int
                        domain=domain, path=path)
 
 
+def journal_guest_file(journal: Journal, uri: str, domain: str, handle: int) -> int:
+    """Record a file the guest agent holds open for vmtax (guest-file-open's handle); its
+    undo closes it. Killed mid-copy, vmtax would otherwise leave qemu-ga holding a deleted
+    file's blocks on the guest's disk until qemu-ga restarts."""
+    return journal.add(type="libvirt-guest-file", undo=undone_by(close_guest_file), uri=uri,
+                       domain=domain, handle=handle)
+
+
+def close_guest_file(journal: Journal, entry: dict[str, Any]) -> None:
+    """Undo of journal_guest_file: guest-file-close of the handle."""
+    uri, domain, handle = entry.get("uri"), entry.get("domain"), entry.get("handle")
+    if not (isinstance(uri, str) and isinstance(domain, str) and type(handle) is int):
+        return
+    _guest_agent(uri, domain, {"execute": "guest-file-close", "arguments": {"handle": handle}})
+
+
+def _guest_agent(uri: str, domain: str, command: dict[str, Any]) -> None:
+    """One guest agent command of an undo: best effort, within 30 s."""
+    if shutil.which("virsh") is None:
+        return
+    try:
+        subprocess.run(["virsh", "--quiet", "-c", uri, "qemu-agent-command", domain,
+                        json.dumps(command)], capture_output=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def remove_guest_dir(journal: Journal, entry: dict[str, Any]) -> None:
     """Undo of journal_guest_dir: rm -rf the directory vmtax made in the guest."""
     uri, domain, path = entry.get("uri"), entry.get("domain"), entry.get("path")
     if not (isinstance(uri, str) and isinstance(domain, str) and isinstance(path, str)
             and re.fullmatch(r"/[^\s\"']*/\.vmtax-[0-9a-f]{12}", path)):
         return   # only a scratch directory vmtax names
-    if shutil.which("virsh") is None:
-        return
-    command = {"execute": "guest-exec", "arguments": {"path": "rm", "arg": ["-rf", "--", path]}}
-    try:
-        subprocess.run(["virsh", "--quiet", "-c", uri, "qemu-agent-command", domain,
-                        json.dumps(command)], capture_output=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
+    _guest_agent(uri, domain, {"execute": "guest-exec",
+                               "arguments": {"path": "rm", "arg": ["-rf", "--", path]}})
 
 
 # --- a NAT network of vmtax's own ----------------------------------------------------------

@@ -393,6 +393,7 @@ class ExistingDomain:
 
     def _write(self, path: str, data: bytes) -> None:
         handle = self.agent("guest-file-open", path=path, mode="w")
+        token = libvirt.journal_guest_file(self.journal, self.virsh.uri, self.domain, handle)
         try:
             for at in range(0, len(data), FILE_CHUNK):
                 chunk = data[at:at + FILE_CHUNK]
@@ -403,6 +404,7 @@ class ExistingDomain:
                                      "bytes written")
         finally:
             self.agent("guest-file-close", handle=handle)
+            self.journal.forget(token)
 
     def _qemu_pid(self) -> int | None:
         try:
