@@ -518,3 +518,58 @@ def test_a_file_open_in_the_guest_is_journaled_and_a_killed_vmtaxs_undo_closes_i
     assert closed == [{"execute": "guest-file-close", "arguments": {"handle": 9}}]
     assert json.loads(calls.read_text().splitlines()[0])[:5] == [
         "--quiet", "-c", "qemu:///system", "qemu-agent-command", "g"]
+
+
+# A user's running q35 domain with 2 MiB pages, as `virsh dumpxml` gives it in one boot;
+# the next boot differs in BOOT's fields only.
+RUNNING = """<domain type='kvm' id='{id}'>
+  <name>db</name>
+  <memory unit='KiB'>2097152</memory>
+  <currentMemory unit='KiB'>2097152</currentMemory>
+  <memoryBacking><hugepages><page size='2048' unit='KiB'/></hugepages></memoryBacking>
+  <vcpu placement='static'>4</vcpu>
+  <os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>
+  <cpu mode='host-passthrough' check='none' migratable='on'/>
+  <devices>
+    <interface type='network'><target dev='vnet{id}'/></interface>
+    <serial type='pty'><source path='/dev/pts/{pty}'/></serial>
+    <console type='pty' tty='/dev/pts/{pty}'><source path='/dev/pts/{pty}'/></console>
+    <channel type='unix'>
+      <source mode='bind'
+              path='/var/lib/libvirt/qemu/channel/target/domain-{id}-db/org.qemu.ga.0'/>
+      <target type='virtio' name='org.qemu.ga.0' state='{state}'/>
+    </channel>
+    <graphics type='vnc' port='{port}' autoport='yes' listen='127.0.0.1'/>
+  </devices>
+  <seclabel type='dynamic' model='selinux' relabel='yes'>
+    <label>system_u:system_r:svirt_t:s0:c{id},c{pty}</label>
+    <imagelabel>system_u:object_r:svirt_image_t:s0:c{id},c{pty}</imagelabel>
+  </seclabel>
+</domain>
+"""
+
+
+def test_an_existing_domains_fingerprint_sums_it_up_and_ignores_what_each_boot_changes(
+        tmp_path):
+    one = RUNNING.format(id=3, pty=2, state="connected", port=5900)
+    two = RUNNING.format(id=17, pty=5, state="disconnected", port=5901)
+    assert one != two and libvirt.stable_xml(one) == libvirt.stable_xml(two)
+    assert "domain-N-db" in libvirt.stable_xml(one) and "id=" not in libvirt.stable_xml(one)
+    # The domain's QEMU maps 1024 pages of 2 MiB from hugetlbfs: all granted.
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "smaps_rollup").write_text(
+        "Rss:              102400 kB\nShared_Hugetlb:         0 kB\n"
+        "Private_Hugetlb:  2097152 kB\nSwap:                  0 kB\n")
+    summary = libvirt.domain_summary(one, 77, proc_root=tmp_path)
+    assert summary["summary"] == ("pc-q35-7.2 · kvm · cpu host-passthrough · 4 vCPUs · "
+                                  "2048 MiB · 2 MiB huge pages: 1024 of 1024 granted")
+    assert (summary["machine"], summary["vcpus"], summary["memory_bytes"]) == (
+        "pc-q35-7.2", 4, 2 << 30)
+    assert summary["host_hugepages"] == {"size": "2M", "granted": 1024}
+    # Not granted (a pool too small: QEMU fell back, or the pid is unknown) says so.
+    (tmp_path / "77" / "smaps_rollup").write_text("Private_Hugetlb:  0 kB\n")
+    assert "0 of 1024 granted" in libvirt.domain_summary(one, 77, tmp_path)["summary"]
+    assert "granted unknown" in libvirt.domain_summary(one, None, tmp_path)["summary"]
+    plain = one.replace("<memoryBacking><hugepages><page size='2048' unit='KiB'/>"
+                        "</hugepages></memoryBacking>", "")
+    assert libvirt.domain_summary(plain, 77, tmp_path)["summary"].endswith("no huge pages")
