@@ -573,3 +573,33 @@ def test_an_existing_domains_fingerprint_sums_it_up_and_ignores_what_each_boot_c
     plain = one.replace("<memoryBacking><hugepages><page size='2048' unit='KiB'/>"
                         "</hugepages></memoryBacking>", "")
     assert libvirt.domain_summary(plain, 77, tmp_path)["summary"].endswith("no huge pages")
+
+
+def test_fileios_prepare_in_a_users_guest_is_refused_in_one_line_without_room(tmp_path):
+    """The scratch directory is made under the guest's workdir (/var/tmp): fileio's prepare
+    needs its 2 GiB free there, checked before it starts writing."""
+    from vmtax.core.types import JobResult
+    from vmtax.workloads.sysbench import Fileio, FileioOptions
+
+    prepare = Fileio(FileioOptions()).prepare_jobs()[0]
+    assert prepare.scratch_bytes == 2 << 30 and prepare.in_scratch
+    domain = ExistingDomain("libvirt:db", "db", libvirt.Virsh(), Journal(tmp_path / "run"),
+                            "/var/tmp")
+    domain.scratch = "/var/tmp/.vmtax-0a1b2c3d4e5f"
+    ran: list[list[str]] = []
+    free_kib = 1 << 20
+
+    def exec_(argv, cwd, timeout, env=None):
+        ran.append(argv)
+        if argv[0] == "df":
+            return JobResult(0, "Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                             f"/dev/vda1 8000000 6000000 {free_kib} 80% /\n", "", 0.1)
+        return JobResult(0, "", "", 0.1)
+    domain.exec = exec_   # type: ignore[method-assign]
+    done = domain.run(prepare)
+    assert not done.ok and ran == [["df", "-Pk", "--", domain.scratch]]
+    assert done.stderr == ("libvirt:db: 2.0 GiB must be free in workdir = '/var/tmp' in the "
+                           "guest of 'db', which has 1.0 GiB; free some, or give workdir a "
+                           "directory with room")
+    free_kib = 3 << 20
+    assert domain.run(prepare).ok and ran[-1][0] != "df"

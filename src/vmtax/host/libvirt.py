@@ -35,7 +35,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from vmtax.core.errors import VmtaxError
-from vmtax.host import daemon, proc
+from vmtax.host import daemon, machine, proc
 from vmtax.host.daemon import Daemon
 from vmtax.host.journal import Journal, undone_by
 from vmtax.host.proc import running
@@ -67,9 +67,10 @@ def one_line(text: str) -> str:
 class Virsh:
     """virsh on one connection URI; every call has a deadline."""
 
-    def __init__(self, uri: str = DEFAULT_URI, timeout: float = CALL_TIMEOUT):
+    def __init__(self, uri: str = DEFAULT_URI, timeout: float | None = None):
         self.uri = uri
-        self.timeout = timeout
+        # In a lab (vmtax lab) libvirtd probes QEMU and starts domains under TCG.
+        self.timeout = timeout or machine.lab_scaled(CALL_TIMEOUT)
 
     def argv(self, *args: str) -> list[str]:
         return ["virsh", "--quiet", "-c", self.uri, *args]
@@ -93,7 +94,8 @@ class Virsh:
 
     def connect(self, who: str = "libvirt", timeout: float = 20.0) -> str:
         """virsh's version lines; VmtaxError naming the URI when it refuses or hangs."""
-        return self.must("version", what=f"{who}: uri = {self.uri!r}", timeout=timeout)
+        return self.must("version", what=f"{who}: uri = {self.uri!r}",
+                         timeout=machine.lab_scaled(timeout))
 
 
 def kvm_masked() -> bool:
@@ -143,7 +145,8 @@ def ensure_daemon(journal: Journal, uri: str, work_dir: Path,
         journal.add(type="libvirt-firewall-chain", undo=undone_by(remove_chains),
                     dnsmasq_dir=not DNSMASQ_DIR.exists(),
                     tables=sorted(set(IPTABLES_TABLES) - nft_tables()))
-    return daemon.ensure(journal, libvirtd(work_dir, hugetlbfs), work_dir / "logs")
+    return daemon.ensure(journal, libvirtd(work_dir, hugetlbfs), work_dir / "logs",
+                         timeout=machine.lab_scaled(60.0))
 
 
 def startable() -> str | None:
