@@ -603,3 +603,35 @@ def test_fileios_prepare_in_a_users_guest_is_refused_in_one_line_without_room(tm
                            "directory with room")
     free_kib = 3 << 20
     assert domain.run(prepare).ok and ran[-1][0] != "df"
+
+
+def test_a_libvirtd_without_hugetlbfs_is_named_in_the_refusal_and_by_doctor(tmp_path,
+                                                                            monkeypatch):
+    """A libvirtd the user started before any hugetlbfs mount never sees vmtax's: every
+    domain with <hugepages> fails. libvirt's refusal and doctor say what to do."""
+    opts = libvirt_target.LibvirtOptions(hugepages="2M", memory="256M")
+    guest = LibvirtInstance("libvirt", "vmtax-libvirt-1", opts, lambda *a: None,
+                            lambda *a: None, libvirt.Virsh(), Journal(tmp_path / "run"))
+    done = SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
+        "error: Failed to create domain from /x/domain.xml\nerror: internal error: hugetlbfs "
+        "filesystem is not mounted or disabled by administrator config\n"))
+    message = guest._refusal(done)
+    assert "\n" not in message and "(hugepages = '2M')" in message
+    assert message.endswith("a libvirtd finds hugetlbfs mounts only when it starts: mount one "
+                            "for 2M pages before starting it (mount -t hugetlbfs -o "
+                            "pagesize=2M hugetlbfs /dev/hugepages), then restart it, or stop "
+                            "it and vmtax starts its own")
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\n")
+    assert not libvirt.hugetlbfs_mounted(mounts)
+    mounts.write_text("proc /proc proc rw 0 0\nhugetlbfs /dev/hugepages hugetlbfs rw 0 0\n")
+    assert libvirt.hugetlbfs_mounted(mounts)
+    # doctor, with a libvirtd of the user's answering and no hugetlbfs mounted
+    monkeypatch.setattr(libvirt, "startable", lambda: None)
+    monkeypatch.setattr(libvirt_target.daemon, "answers", lambda path, timeout=2.0: True)
+    monkeypatch.setattr(libvirt, "hugetlbfs_mounted", lambda: False)
+    check = doctor._target_check(libvirt_target.LibvirtTarget)
+    assert check.ok and "no hugetlbfs is mounted, so hugepages domains fail" in check.detail
+    assert "mount -t hugetlbfs" in check.detail and "\n" not in check.detail
+    monkeypatch.setattr(libvirt, "hugetlbfs_mounted", lambda: True)
+    assert "hugetlbfs" not in doctor._target_check(libvirt_target.LibvirtTarget).detail

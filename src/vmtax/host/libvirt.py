@@ -98,6 +98,21 @@ class Virsh:
                          timeout=machine.lab_scaled(timeout))
 
 
+def hugetlbfs_mounted(mounts: Path = Path("/proc/mounts")) -> bool:
+    try:
+        return any(line.split()[2:3] == ["hugetlbfs"] for line in mounts.read_text().splitlines())
+    except OSError:
+        return False
+
+
+def hugetlbfs_hint(size: str = "2M") -> str:
+    """What a libvirtd started without a hugetlbfs mount needs: it looks for them only when
+    it starts, so one made after (vmtax's own) is never used."""
+    return (f"a libvirtd finds hugetlbfs mounts only when it starts: mount one for {size} pages "
+            f"before starting it (mount -t hugetlbfs -o pagesize={size} hugetlbfs "
+            "/dev/hugepages), then restart it, or stop it and vmtax starts its own")
+
+
 def kvm_masked() -> bool:
     """Does a libvirtd vmtax starts need /dev/kvm masked (it exists, but runs no guest)?"""
     if not os.path.exists("/dev/kvm"):

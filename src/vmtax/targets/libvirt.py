@@ -224,8 +224,11 @@ class LibvirtTarget(GuestTarget):
         domains = ("domains of type kvm" if status.usable
                    else f"domains of type qemu (TCG): {status.reason}")
         if daemon.answers(libvirt.LIBVIRTD.socket):
+            pages = ("" if libvirt.hugetlbfs_mounted() else
+                     "; no hugetlbfs is mounted, so hugepages domains fail: "
+                     + libvirt.hugetlbfs_hint())
             return True, (f"libvirtd answers on {libvirt.LIBVIRTD.socket} (used, left "
-                          f"running); {domains}")
+                          f"running); {domains}{pages}")
         masked = " with /dev/kvm masked" if libvirt.kvm_masked() else ""
         return True, (f"no libvirtd runs: vmtax starts one{masked} (and virtlogd) when a "
                       f"libvirt target needs it, and stops it after; {domains}")

@@ -160,7 +160,9 @@ class LibvirtInstance(AgentGuest):
         options = refused_options(message)
         named = (" (" + ", ".join(f"{o} = {getattr(self.opts, o, None)!r}" for o in options)
                  + ")") if options else ""
-        return f"{self.name}: libvirt refused the domain{named}: {message}"
+        hint = ("; " + libvirt.hugetlbfs_hint(self.opts.hugepages)
+                if "hugepages" in options and re.search("hugetlbfs", message, re.I) else "")
+        return f"{self.name}: libvirt refused the domain{named}: {message}{hint}"
 
     def _make_disk(self, disk: Path) -> None:
         make_scratch_disk(disk, self.opts.disk_size)
