@@ -64,6 +64,8 @@ OPTIONAL_MODULES = ("vhost_net", "tun", "bridge", "veth")
 # The devices some of them make, which vmtax's targets check for.
 MODULE_DEVICES = {"vhost_net": "/dev/vhost-net", "tun": "/dev/net/tun"}
 KVM_DEVICES = ("/dev/kvm", "/dev/vhost-net")
+LIBVIRT_CAPABILITIES = "libvirt-qemu-capabilities"
+LIBVIRT_CAPABILITIES_DIR = "/var/cache/libvirt/qemu/capabilities"
 HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
@@ -278,6 +280,14 @@ def _prepare(job: dict) -> str | None:
         _mount(fstype, source, target, options)
     _mount("9p", CACHE_TAG, job["env"]["VMTAX_CACHE"],
            "trans=virtio,version=9p2000.L,msize=512000")
+    # libvirtd's QEMU capabilities, probed in a lab: kept in vmtax's cache for the next
+    # lab (the host's own are stale here, KVM being usable: probing both QEMU binaries
+    # again took libvirtd 3.6 min under TCG, before its first answer).
+    capabilities = Path(job["env"]["VMTAX_CACHE"]) / "lab" / LIBVIRT_CAPABILITIES
+    capabilities.mkdir(parents=True, exist_ok=True)
+    os.makedirs(LIBVIRT_CAPABILITIES_DIR, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(capabilities), LIBVIRT_CAPABILITIES_DIR],
+                   check=False)
     modules = Path("/lib/modules") / job["version"]
     modules.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", job["modules"], str(modules)], check=False)

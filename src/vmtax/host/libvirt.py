@@ -92,7 +92,9 @@ class Virsh:
             raise VmtaxError(f"{what}: {one_line(done.stderr or done.stdout)}")
         return done.stdout
 
-    def connect(self, who: str = "libvirt", timeout: float = 20.0) -> str:
+    # A libvirtd's first answer waits for its QEMU capabilities: probed anew, that took
+    # 3.6 min in a lab (lab_scaled: 5 min there).
+    def connect(self, who: str = "libvirt", timeout: float = 60.0) -> str:
         """virsh's version lines; VmtaxError naming the URI when it refuses or hangs."""
         return self.must("version", what=f"{who}: uri = {self.uri!r}",
                          timeout=machine.lab_scaled(timeout))
