@@ -202,14 +202,18 @@ def test_libvirts_refusals_name_the_options_they_are_about(message, options):
     assert refused_options(message) == options
 
 
-def test_a_refusal_is_one_line_with_libvirts_message_and_the_option(tmp_path):
-    opts = libvirt_target.LibvirtOptions(machine="nonexistent")
+def _refusal(tmp_path, opts, said: str) -> str:
+    """What vmtax says when libvirt refuses a domain of opts, saying said."""
     guest = LibvirtInstance("libvirt", "vmtax-libvirt-1", opts, lambda *a: None,
                             lambda *a: None, libvirt.Virsh(), Journal(tmp_path / "run"))
-    done = SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
-        "error: Failed to create domain from /x/domain.xml\nerror: unsupported configuration: "
-        "Emulator '/usr/bin/qemu-system-x86_64' does not support machine type 'nonexistent'\n"))
-    message = guest._refusal(done)
+    return guest._refusal(SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
+        f"error: Failed to create domain from /x/domain.xml\nerror: {said}\n")))
+
+
+def test_a_refusal_is_one_line_with_libvirts_message_and_the_option(tmp_path):
+    message = _refusal(tmp_path, libvirt_target.LibvirtOptions(machine="nonexistent"),
+                       "unsupported configuration: Emulator '/usr/bin/qemu-system-x86_64' "
+                       "does not support machine type 'nonexistent'")
     assert "\n" not in message
     assert message.startswith("libvirt: libvirt refused the domain (machine = 'nonexistent'): "
                               "Failed to create domain")
@@ -609,13 +613,9 @@ def test_a_libvirtd_without_hugetlbfs_is_named_in_the_refusal_and_by_doctor(tmp_
                                                                             monkeypatch):
     """A libvirtd the user started before any hugetlbfs mount never sees vmtax's: every
     domain with <hugepages> fails. libvirt's refusal and doctor say what to do."""
-    opts = libvirt_target.LibvirtOptions(hugepages="2M", memory="256M")
-    guest = LibvirtInstance("libvirt", "vmtax-libvirt-1", opts, lambda *a: None,
-                            lambda *a: None, libvirt.Virsh(), Journal(tmp_path / "run"))
-    done = SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
-        "error: Failed to create domain from /x/domain.xml\nerror: internal error: hugetlbfs "
-        "filesystem is not mounted or disabled by administrator config\n"))
-    message = guest._refusal(done)
+    message = _refusal(tmp_path, libvirt_target.LibvirtOptions(hugepages="2M", memory="256M"),
+                       "internal error: hugetlbfs filesystem is not mounted or disabled by "
+                       "administrator config")
     assert "\n" not in message and "(hugepages = '2M')" in message
     assert message.endswith("a libvirtd finds hugetlbfs mounts only when it starts: mount one "
                             "for 2M pages before starting it (mount -t hugetlbfs -o "
