@@ -173,7 +173,12 @@ def test_boot_a_kvm_guest_in_the_lab(tmp_path):
                  cwd=tmp_path, timeout=LAB_TIMEOUT)
     print(done.stdout[-3000:], done.stderr[-2000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert LAB_LABEL in done.stdout or LAB_LABEL in done.stderr
+    started = json.loads(done.stdout[done.stdout.index("{"):])["targets"]["vm:kvm@minimal"]
+    assert started["ready"]["n"] == 1 and 0 < started["guest ready"]["p50"] < started[
+        "ready"]["p50"] <= started["first http"]["p50"]
+    db = sqlite3.connect(tmp_path / "results" / "vmtax.sqlite")
+    assert [json.loads(host)["lab"] for host, in db.execute("SELECT host FROM runs")] == [
+        LAB_LABEL]
 
 
 def _lab_qemus(share_parent: Path) -> set[int]:

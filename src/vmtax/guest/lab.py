@@ -66,6 +66,7 @@ MODULE_DEVICES = {"vhost_net": "/dev/vhost-net", "tun": "/dev/net/tun"}
 KVM_DEVICES = ("/dev/kvm", "/dev/vhost-net")
 LIBVIRT_CAPABILITIES = "libvirt-qemu-capabilities"
 LIBVIRT_CAPABILITIES_DIR = "/var/cache/libvirt/qemu/capabilities"
+LIBVIRT_QEMU_CONF = "/etc/libvirt/qemu.conf"
 HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
@@ -288,6 +289,7 @@ def _prepare(job: dict) -> str | None:
     os.makedirs(LIBVIRT_CAPABILITIES_DIR, exist_ok=True)
     subprocess.run(["mount", "--bind", str(capabilities), LIBVIRT_CAPABILITIES_DIR],
                    check=False)
+    _libvirt_without_namespaces()
     modules = Path("/lib/modules") / job["version"]
     modules.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", job["modules"], str(modules)], check=False)
@@ -298,6 +300,15 @@ def _prepare(job: dict) -> str | None:
         return f"modprobe {KVM_MODULE} failed: {done.stderr.strip() or 'no /dev/kvm'}"
     _udev_modes()
     return None
+
+
+def _libvirt_without_namespaces() -> None:
+    """The lab's libvirtd gives each QEMU the lab's own /dev (its qemu.conf: the lab's copy,
+    on the overlay; the host's is never written). With its default, a private /dev per QEMU
+    populated by libvirt, QEMU found neither /dev/null nor /dev/kvm in the lab: "Could not
+    access KVM kernel module"."""
+    with contextlib.suppress(OSError), open(LIBVIRT_QEMU_CONF, "a") as conf:
+        conf.write("\n# vmtax lab: no private /dev per QEMU\nnamespaces = []\n")
 
 
 def _udev_modes() -> None:
