@@ -130,8 +130,9 @@ def test_a_labs_runs_come_into_the_hosts_store_once_as_ordinary_runs(tmp_path):
 
 def _run(host: dict) -> Run:
     return Run(id="20261127-000000-abcd", created=0.0, finished=1.0, status="done", plan={},
-               host=host, version="x", targets={"vm:kvm": {"kind": "vm",
-                                                           "fingerprint": {"accel": "kvm"}}},
+               host=host, version="x", targets={
+                   "vm:kvm": {"kind": "vm", "fingerprint": {"accel": "kvm"}},
+                   "lv": {"kind": "libvirt", "fingerprint": {"domain_type": "kvm"}}},
                reps=[])
 
 
@@ -140,6 +141,9 @@ def test_a_labs_kvm_is_labelled_nested_in_the_table_and_title():
     assert terminal.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
     assert machine.LAB_LABEL in terminal._title(in_lab)
     assert terminal.target_label(on_host, "vm:kvm") == "vm:kvm"
+    # Found by the lab: a libvirt domain of type kvm was not marked nested.
+    assert terminal.target_label(in_lab, "lv") == "lv (nested KVM)"
+    assert terminal.target_label(on_host, "lv") == "lv"
     assert "lab" not in terminal._title(on_host)
 
 

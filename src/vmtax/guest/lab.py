@@ -290,6 +290,9 @@ def _prepare(job: dict) -> str | None:
     subprocess.run(["mount", "--bind", str(capabilities), LIBVIRT_CAPABILITIES_DIR],
                    check=False)
     _libvirt_without_namespaces()
+    # The lab has no network but its loopback, which nothing else brings up: native's
+    # iperf3 (client and server on 127.0.0.1) found "Network is unreachable".
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
     modules = Path("/lib/modules") / job["version"]
     modules.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", job["modules"], str(modules)], check=False)
