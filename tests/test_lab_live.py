@@ -78,7 +78,7 @@ def lab_run(tmp_path_factory):
     (work / "plan.toml").write_text(PLAN)
     started = time.monotonic()
     done = vmtax("lab", "--results", str(work / "results"), "run", "plan.toml",
-                 cwd=work, timeout=LAB_TIMEOUT)
+                 cwd=work, timeout=LAB_TIMEOUT, env={"COLUMNS": "200"})
     print(f"lab run: {time.monotonic() - started:.0f} s\n{done.stdout}\n{done.stderr}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return work, done
@@ -100,7 +100,7 @@ def test_the_labs_run_is_in_the_hosts_store_labelled_nested(lab_run):
     assert targets["kvm"]["cpu"] == "host"
     words = " ".join(done.stdout.split())    # the title wraps in 80 columns
     assert LAB_LABEL in words and "(nested KVM)" in words
-    shown = vmtax("show", "last", "--results", str(work / "results"))
+    shown = vmtax("show", "last", "--results", str(work / "results"), env={"COLUMNS": "200"})
     assert LAB_LABEL in " ".join(shown.stdout.split()) and "(nested KVM)" in shown.stdout
 
 
@@ -126,7 +126,8 @@ def test_real_exits_per_reason_and_their_diff(lab_run):
     reasons = json.loads(shown.stdout)
     print(shown.stdout[:2000])
     assert reasons
-    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--results", results)
+    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--workload", "cpu",
+                 "--results", results)
     assert diff.returncode == 0, diff.stderr
     print(diff.stdout)
     assert "pp" in diff.stdout

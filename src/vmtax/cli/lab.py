@@ -87,6 +87,8 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, disk: str, qemu: st
     if sys.stdout.isatty():
         size = os.get_terminal_size()
         env.update(COLUMNS=str(size.columns), LINES=str(size.lines))
+    elif "COLUMNS" in os.environ:   # piped: the width asked for, as vmtax itself takes it
+        env["COLUMNS"] = os.environ["COLUMNS"]
 
     def echo(data: bytes) -> None:
         out.write(data)
