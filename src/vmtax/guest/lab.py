@@ -1,10 +1,11 @@
 """The lab: one TCG guest with emulated AMD-V (QEMU's SVM + NPT) that is a KVM host, in
 which vmtax runs on the host's own files (`vmtax lab`).
 
-Design: the host's root, read-only over 9p, under an overlay whose upper layer is a tmpfs
-in the lab's memory, is the lab's root. So the lab runs the very vmtax, venv, QEMU, perf
-and caches of the host without copying a byte, nothing it writes reaches the host's files,
-and a lab ends without leaving anything but what it was asked to hand back. A second,
+Design: the host's root, read-only over 9p, under an overlay whose upper layer is an ext4
+disk (a sparse file in the lab's share, gone with it), is the lab's root. So the lab runs
+the very vmtax, venv, QEMU, perf and caches of the host without copying a byte, nothing it
+writes reaches the host's files, and a lab ends without leaving anything but what it was
+asked to hand back. A second,
 writable 9p share (a journaled directory of the host's) carries the job in and the exit
 status and the results database out. The kernel is Debian's guest kernel (vmtax's cache):
 it has kvm_amd; its whole module tree sits beside it in the cache and is bound to

@@ -3,10 +3,10 @@ it with its output on this terminal, and bring the runs it stored into the host'
 
 The lab's QEMU and its share (the job in; exit status, timings and the results database
 out) are journaled before they exist, so Ctrl-C, kill -9 of vmtax (its guardian) or a
-crash leave neither behind. Results come back when the command ends: the lab's database
-lives in the lab's memory, as SQLite over 9p would without working locks, and they are
-copied into the host's store as ordinary runs (Store.import_runs), with their host facts
-saying they were made in the lab.
+crash leave neither behind. Results come back when the command ends, or is stopped: the
+lab's database lives in the share (one writer, the lab's vmtax) and its runs are copied
+into the host's store as ordinary runs (Store.import_runs), with their host facts saying
+they were made in the lab.
 """
 
 from __future__ import annotations
