@@ -130,8 +130,9 @@ def test_a_labs_runs_come_into_the_hosts_store_once_as_ordinary_runs(tmp_path):
 
 def _run(host: dict) -> Run:
     return Run(id="20261127-000000-abcd", created=0.0, finished=1.0, status="done", plan={},
-               host=host, version="x", targets={"vm:kvm": {"kind": "vm",
-                                                           "fingerprint": {"accel": "kvm"}}},
+               host=host, version="x", targets={
+                   "vm:kvm": {"kind": "vm", "fingerprint": {"accel": "kvm"}},
+                   "lv": {"kind": "libvirt", "fingerprint": {"domain_type": "kvm"}}},
                reps=[])
 
 
@@ -140,6 +141,9 @@ def test_a_labs_kvm_is_labelled_nested_in_the_table_and_title():
     assert terminal.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
     assert machine.LAB_LABEL in terminal._title(in_lab)
     assert terminal.target_label(on_host, "vm:kvm") == "vm:kvm"
+    # Found by the lab: a libvirt domain of type kvm was not marked nested.
+    assert terminal.target_label(in_lab, "lv") == "lv (nested KVM)"
+    assert terminal.target_label(on_host, "lv") == "lv"
     assert "lab" not in terminal._title(on_host)
 
 
@@ -197,3 +201,24 @@ def test_a_lab_that_hangs_while_booting_is_caught_by_the_watchdog(tmp_path, monk
     booted = subprocess.Popen(["sleep", "0.8"])
     assert study._watch(booted, tmp_path, seen.append) is True
     assert b"".join(seen) == b"hello\n"
+
+
+def test_vhost_in_a_plan_passes_the_hosts_check_when_the_labs_kernel_has_vhost_net(tmp_path):
+    """Found by the lab: `vmtax lab run` refused vhost = true because THIS host has no
+    /dev/vhost-net, though the lab's kernel loads vhost_net and makes one."""
+    from vmtax.targets.vm import VmOptions
+
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "modules.dep").write_text(
+        "kernel/drivers/net/tun.ko:\nkernel/drivers/vhost/vhost_net.ko: "
+        "kernel/drivers/net/tun.ko kernel/drivers/vhost/vhost.ko\n")
+    planned = lab.devices(_kernel(tmp_path))
+    assert planned == {"/dev/vhost-net", "/dev/net/tun"}
+    opts = VmOptions(accel="kvm", network="bridge", vhost=True)
+    if not os.path.exists("/dev/vhost-net"):
+        assert "vhost" in dict(opts.problems())
+    with machine.planning_lab(planned):
+        assert "vhost" not in dict(opts.problems())
+    assert not machine.has_device("/dev/vhost-net") or os.path.exists("/dev/vhost-net")
+    (tmp_path / "modules" / "modules.dep").write_text("kernel/drivers/net/tun.ko:\n")
+    assert lab.devices(_kernel(tmp_path)) == {"/dev/net/tun"}

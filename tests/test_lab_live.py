@@ -1,9 +1,11 @@
 """vmtax lab, live: a real KVM nested in a TCG guest with emulated AMD-V runs vmtax's KVM
 paths (vm:kvm with cpu = host, VM exits per reason and their diff, host huge pages behind
-guest RAM, pinned vCPUs, `boot --target vm:kvm`), and a kill -9 of vmtax leaves nothing.
+guest RAM, pinned vCPUs, another QEMU binary, vhost-net carrying iperf3's traffic, libvirt
+with domain type kvm, `boot --target vm:kvm`), and a kill -9 of vmtax leaves nothing.
 
-The lab is slow (TCG under TCG): one lab per plan, booted once for the module, and one plan
-that exercises several KVM paths at once, with the shortest repetitions."""
+The lab is slow (TCG under TCG): one lab for the whole plan, whose targets each carry as
+many KVM paths as they can at once, with the shortest repetitions; one for `boot`; one
+killed while it boots."""
 
 import json
 import os
@@ -22,9 +24,12 @@ pytestmark = [pytest.mark.live,
               pytest.mark.skipif(kvm.probe().usable,
                                  reason="this host's KVM runs guests itself: no lab needed")]
 
-# kvm: the baseline guest; kvm-tuned: its RAM on host 2 MiB pages and its two vCPUs pinned
-# to the lab's two CPUs; kvm-microvm-build: another QEMU binary. Minimal kernel: an L2 boots
-# in seconds, not a minute.
+# kvm: the baseline guest; kvm-tuned: its RAM on the lab's 2 MiB pages, its two vCPUs pinned
+# to the lab's two CPUs, another QEMU binary (E1's A/B of QEMU builds: Debian's KVM-only
+# microvm build, which no guest on a host without a working KVM could ever use) and
+# vhost-net behind its NIC; libvirt-kvm: a domain of type kvm from a libvirtd in the lab.
+# Minimal kernel: an L2 boots in seconds, not a minute. iperf3 (client on the lab's side)
+# puts traffic through each guest's NIC: vhost-net's data path really runs.
 PLAN = """
 runs = 1
 warmup = 0
@@ -48,18 +53,21 @@ kernel = "minimal"
 memory = "256M"
 hugepages = "2M"
 pin = [0, 1]
+qemu = "qemu-system-x86_64-microvm"
+vhost = true
 
-# E1's A/B of QEMU builds: Debian's KVM-only microvm build, which no guest on a host
-# without a working KVM could ever use.
-[targets.kvm-microvm-build]
-kind = "vm"
+[targets.libvirt-kvm]
+kind = "libvirt"
 accel = "kvm"
 kernel = "minimal"
 memory = "256M"
-qemu = "qemu-system-x86_64-microvm"
+vcpus = 1
 
 [[workloads]]
 name = "cpu"
+
+[[workloads]]
+name = "iperf3"
 """
 LAB_TIMEOUT = 1500
 
@@ -70,7 +78,7 @@ def lab_run(tmp_path_factory):
     (work / "plan.toml").write_text(PLAN)
     started = time.monotonic()
     done = vmtax("lab", "--results", str(work / "results"), "run", "plan.toml",
-                 cwd=work, timeout=LAB_TIMEOUT)
+                 cwd=work, timeout=LAB_TIMEOUT, env={"COLUMNS": "200"})
     print(f"lab run: {time.monotonic() - started:.0f} s\n{done.stdout}\n{done.stderr}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return work, done
@@ -92,13 +100,13 @@ def test_the_labs_run_is_in_the_hosts_store_labelled_nested(lab_run):
     assert targets["kvm"]["cpu"] == "host"
     words = " ".join(done.stdout.split())    # the title wraps in 80 columns
     assert LAB_LABEL in words and "(nested KVM)" in words
-    shown = vmtax("show", "last", "--results", str(work / "results"))
+    shown = vmtax("show", "last", "--results", str(work / "results"), env={"COLUMNS": "200"})
     assert LAB_LABEL in " ".join(shown.stdout.split()) and "(nested KVM)" in shown.stdout
 
 
 def test_another_qemu_binary_under_kvm(lab_run):
     _, targets = _stored(lab_run[0])
-    other = targets["kvm-microvm-build"]
+    other = targets["kvm-tuned"]
     assert other["qemu"] == "/usr/bin/qemu-system-x86_64-microvm" and other["accel"] == "kvm"
     assert other["qemu"] != targets["kvm"]["qemu"]
 
@@ -118,10 +126,60 @@ def test_real_exits_per_reason_and_their_diff(lab_run):
     reasons = json.loads(shown.stdout)
     print(shown.stdout[:2000])
     assert reasons
-    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--results", results)
+    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--workload", "cpu",
+                 "--results", results)
     assert diff.returncode == 0, diff.stderr
     print(diff.stdout)
     assert "pp" in diff.stdout
+
+
+def _cells(work: Path) -> dict[tuple[str, str], list[dict]]:
+    """Each (target, workload)'s measured repetitions: their status and metrics."""
+    db = sqlite3.connect(work / "results" / "vmtax.sqlite")
+    db.row_factory = sqlite3.Row
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for rep in db.execute("SELECT * FROM reps WHERE phase = 'measure'"):
+        metrics = {m["name"]: m["value"] for m in db.execute(
+            "SELECT name, value FROM metrics WHERE rep_id = ?", (rep["id"],))}
+        cells.setdefault((rep["target"], rep["workload"]), []).append(
+            {"status": rep["status"], "metrics": metrics})
+    return cells
+
+
+def test_vhost_net_carries_a_kvm_guests_traffic(lab_run):
+    work, _ = lab_run
+    _, targets = _stored(work)
+    assert targets["kvm-tuned"]["vhost"] is True and targets["kvm-tuned"]["network"] == "bridge"
+    assert targets["kvm"]["vhost"] is False
+    reps = _cells(work)[("kvm-tuned", "iperf3")]
+    print(reps)
+    assert reps and all(r["status"] == "ok" for r in reps)
+    assert all(max(r["metrics"].values()) > 0 for r in reps)
+
+
+def test_libvirt_runs_a_kvm_domain(lab_run):
+    work, _ = lab_run
+    _, targets = _stored(work)
+    domain = targets["libvirt-kvm"]
+    assert domain["domain_type"] == "kvm" and domain["cpu"] == "host-passthrough"
+    assert "<domain type='kvm'" in domain["domain_xml"] or 'type="kvm"' in domain["domain_xml"]
+    for workload in ("cpu", "iperf3"):
+        reps = _cells(work)[("libvirt-kvm", workload)]
+        assert reps and all(r["status"] == "ok" for r in reps), reps
+
+
+def test_boot_a_kvm_guest_in_the_lab(tmp_path):
+    done = vmtax("lab", "--results", str(tmp_path / "results"), "boot", "--target", "vm:kvm",
+                 "--count", "1", "--warmup", "0", "--kernel", "minimal", "--json",
+                 cwd=tmp_path, timeout=LAB_TIMEOUT)
+    print(done.stdout[-3000:], done.stderr[-2000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    started = json.loads(done.stdout[done.stdout.index("{"):])["targets"]["vm:kvm@minimal"]
+    assert started["ready"]["n"] == 1 and 0 < started["guest ready"]["p50"] < started[
+        "ready"]["p50"] <= started["first http"]["p50"]
+    db = sqlite3.connect(tmp_path / "results" / "vmtax.sqlite")
+    assert [json.loads(host)["lab"] for host, in db.execute("SELECT host FROM runs")] == [
+        LAB_LABEL]
 
 
 def _lab_qemus(share_parent: Path) -> set[int]:

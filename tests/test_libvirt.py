@@ -202,14 +202,18 @@ def test_libvirts_refusals_name_the_options_they_are_about(message, options):
     assert refused_options(message) == options
 
 
-def test_a_refusal_is_one_line_with_libvirts_message_and_the_option(tmp_path):
-    opts = libvirt_target.LibvirtOptions(machine="nonexistent")
+def _refusal(tmp_path, opts, said: str) -> str:
+    """What vmtax says when libvirt refuses a domain of opts, saying said."""
     guest = LibvirtInstance("libvirt", "vmtax-libvirt-1", opts, lambda *a: None,
                             lambda *a: None, libvirt.Virsh(), Journal(tmp_path / "run"))
-    done = SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
-        "error: Failed to create domain from /x/domain.xml\nerror: unsupported configuration: "
-        "Emulator '/usr/bin/qemu-system-x86_64' does not support machine type 'nonexistent'\n"))
-    message = guest._refusal(done)
+    return guest._refusal(SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
+        f"error: Failed to create domain from /x/domain.xml\nerror: {said}\n")))
+
+
+def test_a_refusal_is_one_line_with_libvirts_message_and_the_option(tmp_path):
+    message = _refusal(tmp_path, libvirt_target.LibvirtOptions(machine="nonexistent"),
+                       "unsupported configuration: Emulator '/usr/bin/qemu-system-x86_64' "
+                       "does not support machine type 'nonexistent'")
     assert "\n" not in message
     assert message.startswith("libvirt: libvirt refused the domain (machine = 'nonexistent'): "
                               "Failed to create domain")
@@ -487,3 +491,147 @@ def test_a_program_goes_into_the_guest_in_chunks_that_fit_one_virsh_argument(tmp
     with pytest.raises(VmtaxError, match="1 of 65536 bytes written"):
         domain._write("/x", program)
     assert sent == ["guest-file-open", "guest-file-write", "guest-file-close"]
+
+
+def test_a_file_open_in_the_guest_is_journaled_and_a_killed_vmtaxs_undo_closes_it(
+        tmp_path, monkeypatch):
+    """Found on a user's domain: vmtax killed -9 while copying its programs left qemu-ga
+    holding an open handle to a deleted file (its blocks stayed in use on the guest's disk).
+    The handle is in the journal while it is open; the journal's undo (the guardian's, or
+    `vmtax cleanup`'s) closes it."""
+    calls = fake_virsh(tmp_path, monkeypatch, {})
+    journal = Journal(tmp_path / "run")
+    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh("qemu:///system"), journal,
+                            "/var/tmp")
+    held: list[dict] = []
+
+    def agent(command, timeout=30.0, **arguments):
+        if command == "guest-file-write":
+            held.extend(journal.entries.values())
+            raise SystemExit("killed")   # nothing after this runs in a vmtax killed -9
+        return 9 if command == "guest-file-open" else {}
+    domain.agent = agent   # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        domain._write("/var/tmp/.vmtax-1/bundle.tgz", b"x" * 10)
+    assert [(e["type"], e["handle"]) for e in held] == [("libvirt-guest-file", 9)]
+    # Closed by its owner: forgotten. Left (as by kill -9): the undo closes it.
+    assert journal.entries == {}
+    token = libvirt.journal_guest_file(journal, "qemu:///system", "g", 9)
+    journal.undo(token)
+    closed = [json.loads(json.loads(line)[-1]) for line in calls.read_text().splitlines()]
+    assert closed == [{"execute": "guest-file-close", "arguments": {"handle": 9}}]
+    assert json.loads(calls.read_text().splitlines()[0])[:5] == [
+        "--quiet", "-c", "qemu:///system", "qemu-agent-command", "g"]
+
+
+# A user's running q35 domain with 2 MiB pages, as `virsh dumpxml` gives it in one boot;
+# the next boot differs in BOOT's fields only.
+RUNNING = """<domain type='kvm' id='{id}'>
+  <name>db</name>
+  <memory unit='KiB'>2097152</memory>
+  <currentMemory unit='KiB'>2097152</currentMemory>
+  <memoryBacking><hugepages><page size='2048' unit='KiB'/></hugepages></memoryBacking>
+  <vcpu placement='static'>4</vcpu>
+  <os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>
+  <cpu mode='host-passthrough' check='none' migratable='on'/>
+  <devices>
+    <interface type='network'><target dev='vnet{id}'/></interface>
+    <serial type='pty'><source path='/dev/pts/{pty}'/></serial>
+    <console type='pty' tty='/dev/pts/{pty}'><source path='/dev/pts/{pty}'/></console>
+    <channel type='unix'>
+      <source mode='bind'
+              path='/var/lib/libvirt/qemu/channel/target/domain-{id}-db/org.qemu.ga.0'/>
+      <target type='virtio' name='org.qemu.ga.0' state='{state}'/>
+    </channel>
+    <graphics type='vnc' port='{port}' autoport='yes' listen='127.0.0.1'/>
+  </devices>
+  <seclabel type='dynamic' model='selinux' relabel='yes'>
+    <label>system_u:system_r:svirt_t:s0:c{id},c{pty}</label>
+    <imagelabel>system_u:object_r:svirt_image_t:s0:c{id},c{pty}</imagelabel>
+  </seclabel>
+</domain>
+"""
+
+
+def test_an_existing_domains_fingerprint_sums_it_up_and_ignores_what_each_boot_changes(
+        tmp_path):
+    one = RUNNING.format(id=3, pty=2, state="connected", port=5900)
+    two = RUNNING.format(id=17, pty=5, state="disconnected", port=5901)
+    assert one != two and libvirt.stable_xml(one) == libvirt.stable_xml(two)
+    assert "domain-N-db" in libvirt.stable_xml(one) and "id=" not in libvirt.stable_xml(one)
+    # The domain's QEMU maps 1024 pages of 2 MiB from hugetlbfs: all granted.
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "smaps_rollup").write_text(
+        "Rss:              102400 kB\nShared_Hugetlb:         0 kB\n"
+        "Private_Hugetlb:  2097152 kB\nSwap:                  0 kB\n")
+    summary = libvirt.domain_summary(one, 77, proc_root=tmp_path)
+    assert summary["summary"] == ("pc-q35-7.2 · kvm · cpu host-passthrough · 4 vCPUs · "
+                                  "2048 MiB · 2 MiB huge pages: 1024 of 1024 granted")
+    assert (summary["machine"], summary["vcpus"], summary["memory_bytes"]) == (
+        "pc-q35-7.2", 4, 2 << 30)
+    assert summary["host_hugepages"] == {"size": "2M", "granted": 1024}
+    # Not granted (a pool too small: QEMU fell back, or the pid is unknown) says so.
+    (tmp_path / "77" / "smaps_rollup").write_text("Private_Hugetlb:  0 kB\n")
+    assert "0 of 1024 granted" in libvirt.domain_summary(one, 77, tmp_path)["summary"]
+    assert "granted unknown" in libvirt.domain_summary(one, None, tmp_path)["summary"]
+    plain = one.replace("<memoryBacking><hugepages><page size='2048' unit='KiB'/>"
+                        "</hugepages></memoryBacking>", "")
+    assert libvirt.domain_summary(plain, 77, tmp_path)["summary"].endswith("no huge pages")
+
+
+def test_fileios_prepare_in_a_users_guest_is_refused_in_one_line_without_room(tmp_path):
+    """The scratch directory is made under the guest's workdir (/var/tmp): fileio's prepare
+    needs its 2 GiB free there, checked before it starts writing."""
+    from vmtax.core.types import JobResult
+    from vmtax.workloads.sysbench import Fileio, FileioOptions
+
+    prepare = Fileio(FileioOptions()).prepare_jobs()[0]
+    assert prepare.scratch_bytes == 2 << 30 and prepare.in_scratch
+    domain = ExistingDomain("libvirt:db", "db", libvirt.Virsh(), Journal(tmp_path / "run"),
+                            "/var/tmp")
+    domain.scratch = "/var/tmp/.vmtax-0a1b2c3d4e5f"
+    ran: list[list[str]] = []
+    free_kib = 1 << 20
+
+    def exec_(argv, cwd, timeout, env=None):
+        ran.append(argv)
+        if argv[0] == "df":
+            return JobResult(0, "Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                             f"/dev/vda1 8000000 6000000 {free_kib} 80% /\n", "", 0.1)
+        return JobResult(0, "", "", 0.1)
+    domain.exec = exec_   # type: ignore[method-assign]
+    done = domain.run(prepare)
+    assert not done.ok and ran == [["df", "-Pk", "--", domain.scratch]]
+    assert done.stderr == ("libvirt:db: 2.0 GiB must be free in workdir = '/var/tmp' in the "
+                           "guest of 'db', which has 1.0 GiB; free some, or give workdir a "
+                           "directory with room")
+    free_kib = 3 << 20
+    assert domain.run(prepare).ok and ran[-1][0] != "df"
+
+
+def test_a_libvirtd_without_hugetlbfs_is_named_in_the_refusal_and_by_doctor(tmp_path,
+                                                                            monkeypatch):
+    """A libvirtd the user started before any hugetlbfs mount never sees vmtax's: every
+    domain with <hugepages> fails. libvirt's refusal and doctor say what to do."""
+    message = _refusal(tmp_path, libvirt_target.LibvirtOptions(hugepages="2M", memory="256M"),
+                       "internal error: hugetlbfs filesystem is not mounted or disabled by "
+                       "administrator config")
+    assert "\n" not in message and "(hugepages = '2M')" in message
+    assert message.endswith("a libvirtd finds hugetlbfs mounts only when it starts: mount one "
+                            "for 2M pages before starting it (mount -t hugetlbfs -o "
+                            "pagesize=2M hugetlbfs /dev/hugepages), then restart it, or stop "
+                            "it and vmtax starts its own")
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\n")
+    assert not libvirt.hugetlbfs_mounted(mounts)
+    mounts.write_text("proc /proc proc rw 0 0\nhugetlbfs /dev/hugepages hugetlbfs rw 0 0\n")
+    assert libvirt.hugetlbfs_mounted(mounts)
+    # doctor, with a libvirtd of the user's answering and no hugetlbfs mounted
+    monkeypatch.setattr(libvirt, "startable", lambda: None)
+    monkeypatch.setattr(libvirt_target.daemon, "answers", lambda path, timeout=2.0: True)
+    monkeypatch.setattr(libvirt, "hugetlbfs_mounted", lambda: False)
+    check = doctor._target_check(libvirt_target.LibvirtTarget)
+    assert check.ok and "no hugetlbfs is mounted, so hugepages domains fail" in check.detail
+    assert "mount -t hugetlbfs" in check.detail and "\n" not in check.detail
+    monkeypatch.setattr(libvirt, "hugetlbfs_mounted", lambda: True)
+    assert "hugetlbfs" not in doctor._target_check(libvirt_target.LibvirtTarget).detail

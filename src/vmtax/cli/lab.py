@@ -22,8 +22,10 @@ from pathlib import Path
 import click
 
 from vmtax.cli.density import err, results_option
+from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
-from vmtax.host import guardian, journal, proc
+from vmtax.guest import lab
+from vmtax.host import guardian, journal, machine, proc
 from vmtax.studies import lab as lab_study
 
 # Commands that make no sense in a throwaway lab: they manage this host or the lab itself.
@@ -45,8 +47,10 @@ def _check_args(ctx: click.Context, command: str, args: list[str]) -> None:
     assert cmd is not None
     if command == "run" and "--dry-run" not in args:
         # The whole plan, checked as `run` checks it (targets, workloads, plan file), on the
-        # host and in a second: the lab takes a minute to boot.
-        with contextlib.redirect_stdout(io.StringIO()):
+        # host and in a second: the lab takes a minute to boot. Devices the lab's kernel
+        # gives it (/dev/vhost-net) count as there.
+        planned = lab.devices(lab.lab_kernel(paths.cache_dir()))
+        with contextlib.redirect_stdout(io.StringIO()), machine.planning_lab(planned):
             cmd.main([*args, "--dry-run"], prog_name=f"{root.info_name} {command}",
                      standalone_mode=False)
         return
@@ -83,6 +87,8 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, disk: str, qemu: st
     if sys.stdout.isatty():
         size = os.get_terminal_size()
         env.update(COLUMNS=str(size.columns), LINES=str(size.lines))
+    elif "COLUMNS" in os.environ:   # piped: the width asked for, as vmtax itself takes it
+        env["COLUMNS"] = os.environ["COLUMNS"]
 
     def echo(data: bytes) -> None:
         out.write(data)

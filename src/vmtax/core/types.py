@@ -26,6 +26,9 @@ class Job:
     # the job gets them through env or a file, never in argv, and the store keeps "***"
     # wherever one still appears (its argv, output or error).
     secrets: tuple[str, ...] = ()
+    # Bytes the job writes in the scratch directory (fileio's files): a target whose scratch
+    # space is not its own (a user's guest's workdir) checks they are free first.
+    scratch_bytes: int = 0
 
 
 @dataclass

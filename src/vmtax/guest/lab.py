@@ -1,10 +1,11 @@
 """The lab: one TCG guest with emulated AMD-V (QEMU's SVM + NPT) that is a KVM host, in
 which vmtax runs on the host's own files (`vmtax lab`).
 
-Design: the host's root, read-only over 9p, under an overlay whose upper layer is a tmpfs
-in the lab's memory, is the lab's root. So the lab runs the very vmtax, venv, QEMU, perf
-and caches of the host without copying a byte, nothing it writes reaches the host's files,
-and a lab ends without leaving anything but what it was asked to hand back. A second,
+Design: the host's root, read-only over 9p, under an overlay whose upper layer is an ext4
+disk (a sparse file in the lab's share, gone with it), is the lab's root. So the lab runs
+the very vmtax, venv, QEMU, perf and caches of the host without copying a byte, nothing it
+writes reaches the host's files, and a lab ends without leaving anything but what it was
+asked to hand back. A second,
 writable 9p share (a journaled directory of the host's) carries the job in and the exit
 status and the results database out. The kernel is Debian's guest kernel (vmtax's cache):
 it has kvm_amd; its whole module tree sits beside it in the cache and is bound to
@@ -23,6 +24,7 @@ tax, never hardware's figures.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import shutil
@@ -46,7 +48,7 @@ from vmtax.host.machine import LAB_ENV, LAB_LABEL
 
 __all__ = ["LAB_ENV", "LAB_LABEL"]
 
-FORMAT = "3"    # bump when the lab's kernel directory or initramfs layout changes
+FORMAT = "4"    # bump when the lab's kernel directory or initramfs layout changes
 # The lab's CPU: QEMU's TCG emulates AMD-V; it has no VMX (Intel) emulation at all.
 CPU = "max,+svm,+npt"
 # Loaded by the initramfs: enough to mount the host's root over 9p under an overlay.
@@ -60,6 +62,12 @@ UPPER_BYTES_PER_INODE = 64 << 10
 # Loaded in the lab before the command: KVM itself, then what vm targets may ask for.
 KVM_MODULE = "kvm_amd"
 OPTIONAL_MODULES = ("vhost_net", "tun", "bridge", "veth")
+# The devices some of them make, which vmtax's targets check for.
+MODULE_DEVICES = {"vhost_net": "/dev/vhost-net", "tun": "/dev/net/tun"}
+KVM_DEVICES = ("/dev/kvm", "/dev/vhost-net")
+LIBVIRT_CAPABILITIES = "libvirt-qemu-capabilities"
+LIBVIRT_CAPABILITIES_DIR = "/var/cache/libvirt/qemu/capabilities"
+LIBVIRT_QEMU_CONF = "/etc/libvirt/qemu.conf"
 HOST_TAG, LAB_TAG, CACHE_TAG = "host", "lab", "cache"
 # Where the lab's writable share is mounted, inside the lab.
 SHARE = "/vmtax-lab"
@@ -81,14 +89,19 @@ class LabKernel:
     initramfs: Path
 
 
+# Each step says so on the console (with the kernel's time): a lab that hangs while booting
+# shows where.
 _INIT = """#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+say() {{ echo "lab: $(cut -d' ' -f1 /proc/uptime) s: $*"; }}
+say init
 for ko in $(cat /lab/modules.list); do
   insmod /lab/modules/$ko || echo "lab: insmod $ko failed"
 done
+say modules loaded
 mkdir -p /host /t /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 {host} /host || echo "lab: no 9p root"
 mount -t ext4 /dev/vda /t || echo "lab: no upper disk"
@@ -96,6 +109,7 @@ mkdir -p /t/upper /t/work
 mount -t overlay overlay -o lowerdir=/host,upperdir=/t/upper,workdir=/t/work /newroot
 mkdir -p /newroot{share}
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 {lab} /newroot{share}
+say root mounted, chroot
 umount /proc /sys
 mount --move /dev /newroot/dev
 exec chroot /newroot "$(cat /newroot{share}/{python})" -m vmtax.guest.lab {share}/{job}
@@ -160,6 +174,13 @@ def lab_kernel(cache: Path) -> LabKernel:
                      dest / "initramfs.cpio")
 
 
+def devices(kernel: LabKernel) -> frozenset[str]:
+    """The devices the lab will have from its kernel's modules (MODULE_DEVICES)."""
+    dep = (kernel.modules_tree / "modules.dep").read_text()
+    have = {Path(line.split(":", 1)[0]).name.split(".ko", 1)[0] for line in dep.splitlines()}
+    return frozenset(dev for module, dev in MODULE_DEVICES.items() if module in have)
+
+
 def svm_problem(qemu: str) -> str | None:
     """Why this QEMU's TCG cannot emulate AMD-V (None: it can): QEMU itself is asked to
     start a paused machine with the lab's CPU and `enforce`, then to quit."""
@@ -197,7 +218,10 @@ def lab_argv(qemu: str, kernel: LabKernel, vcpus: int, memory: int, share: Path,
     published by atomic renames (vmtax.guest.kernel_cache), which hold over 9p, though
     their build locks do not reach the host's builders there."""
     tsc_khz = host_tsc_khz()
-    append = ["console=ttyS0", "loglevel=4", "panic=-1", *BOOT_SPEEDUPS, "rdinit=/init"]
+    # Every kernel message, from the first, in console.log (a lab once hung while booting
+    # with nothing there at loglevel=4): a few hundred lines, under 0.2 s on TCG's serial.
+    append = ["console=ttyS0", "earlyprintk=serial,ttyS0", "loglevel=7", "panic=-1",
+              *BOOT_SPEEDUPS, "rdinit=/init"]
     if tsc_khz:
         append.append(f"tsc_early_khz={tsc_khz}")
     return [qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -258,6 +282,18 @@ def _prepare(job: dict) -> str | None:
         _mount(fstype, source, target, options)
     _mount("9p", CACHE_TAG, job["env"]["VMTAX_CACHE"],
            "trans=virtio,version=9p2000.L,msize=512000")
+    # libvirtd's QEMU capabilities, probed in a lab: kept in vmtax's cache for the next
+    # lab (the host's own are stale here, KVM being usable: probing both QEMU binaries
+    # again took libvirtd 3.6 min under TCG, before its first answer).
+    capabilities = Path(job["env"]["VMTAX_CACHE"]) / "lab" / LIBVIRT_CAPABILITIES
+    capabilities.mkdir(parents=True, exist_ok=True)
+    os.makedirs(LIBVIRT_CAPABILITIES_DIR, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(capabilities), LIBVIRT_CAPABILITIES_DIR],
+                   check=False)
+    _libvirt_without_namespaces()
+    # The lab has no network but its loopback, which nothing else brings up: native's
+    # iperf3 (client and server on 127.0.0.1) found "Network is unreachable".
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
     modules = Path("/lib/modules") / job["version"]
     modules.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", job["modules"], str(modules)], check=False)
@@ -266,7 +302,29 @@ def _prepare(job: dict) -> str | None:
     done = subprocess.run(["modprobe", KVM_MODULE], capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists("/dev/kvm"):
         return f"modprobe {KVM_MODULE} failed: {done.stderr.strip() or 'no /dev/kvm'}"
+    _udev_modes()
     return None
+
+
+def _libvirt_without_namespaces() -> None:
+    """The lab's libvirtd gives each QEMU the lab's own /dev (its qemu.conf: the lab's copy,
+    on the overlay; the host's is never written). With its default, a private /dev per QEMU
+    populated by libvirt, QEMU found neither /dev/null nor /dev/kvm in the lab: "Could not
+    access KVM kernel module"."""
+    with contextlib.suppress(OSError), open(LIBVIRT_QEMU_CONF, "a") as conf:
+        conf.write("\n# vmtax lab: no private /dev per QEMU\nnamespaces = []\n")
+
+
+def _udev_modes() -> None:
+    """What a Debian host's udev does and the lab (no udev) must: KVM's devices for the
+    group kvm. Without it, libvirt's QEMU (user libvirt-qemu) cannot open /dev/kvm, and
+    libvirt refuses every KVM domain: "Emulator … does not support virt type 'kvm'"."""
+    with contextlib.suppress(KeyError):
+        gid = grp.getgrnam("kvm").gr_gid
+        for device in KVM_DEVICES:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(device, 0, gid)
+                os.chmod(device, 0o660)
 
 
 def _run(argv: list[str], cwd: str, env: dict[str, str], out, tty: bool) -> int:

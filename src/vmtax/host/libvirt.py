@@ -32,9 +32,10 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from vmtax.core.errors import VmtaxError
-from vmtax.host import daemon, proc
+from vmtax.host import daemon, machine, proc
 from vmtax.host.daemon import Daemon
 from vmtax.host.journal import Journal, undone_by
 from vmtax.host.proc import running
@@ -66,9 +67,10 @@ def one_line(text: str) -> str:
 class Virsh:
     """virsh on one connection URI; every call has a deadline."""
 
-    def __init__(self, uri: str = DEFAULT_URI, timeout: float = CALL_TIMEOUT):
+    def __init__(self, uri: str = DEFAULT_URI, timeout: float | None = None):
         self.uri = uri
-        self.timeout = timeout
+        # In a lab (vmtax lab) libvirtd probes QEMU and starts domains under TCG.
+        self.timeout = timeout or machine.lab_scaled(CALL_TIMEOUT)
 
     def argv(self, *args: str) -> list[str]:
         return ["virsh", "--quiet", "-c", self.uri, *args]
@@ -90,9 +92,27 @@ class Virsh:
             raise VmtaxError(f"{what}: {one_line(done.stderr or done.stdout)}")
         return done.stdout
 
-    def connect(self, who: str = "libvirt", timeout: float = 20.0) -> str:
+    # A libvirtd's first answer waits for its QEMU capabilities: probed anew, that took
+    # 3.6 min in a lab (lab_scaled: 5 min there).
+    def connect(self, who: str = "libvirt", timeout: float = 60.0) -> str:
         """virsh's version lines; VmtaxError naming the URI when it refuses or hangs."""
-        return self.must("version", what=f"{who}: uri = {self.uri!r}", timeout=timeout)
+        return self.must("version", what=f"{who}: uri = {self.uri!r}",
+                         timeout=machine.lab_scaled(timeout))
+
+
+def hugetlbfs_mounted(mounts: Path = Path("/proc/mounts")) -> bool:
+    try:
+        return any(line.split()[2:3] == ["hugetlbfs"] for line in mounts.read_text().splitlines())
+    except OSError:
+        return False
+
+
+def hugetlbfs_hint(size: str = "2M") -> str:
+    """What a libvirtd started without a hugetlbfs mount needs: it looks for them only when
+    it starts, so one made after (vmtax's own) is never used."""
+    return (f"a libvirtd finds hugetlbfs mounts only when it starts: mount one for {size} pages "
+            f"before starting it (mount -t hugetlbfs -o pagesize={size} hugetlbfs "
+            "/dev/hugepages), then restart it, or stop it and vmtax starts its own")
 
 
 def kvm_masked() -> bool:
@@ -142,7 +162,8 @@ def ensure_daemon(journal: Journal, uri: str, work_dir: Path,
         journal.add(type="libvirt-firewall-chain", undo=undone_by(remove_chains),
                     dnsmasq_dir=not DNSMASQ_DIR.exists(),
                     tables=sorted(set(IPTABLES_TABLES) - nft_tables()))
-    return daemon.ensure(journal, libvirtd(work_dir, hugetlbfs), work_dir / "logs")
+    return daemon.ensure(journal, libvirtd(work_dir, hugetlbfs), work_dir / "logs",
+                         timeout=machine.lab_scaled(60.0))
 
 
 def startable() -> str | None:
@@ -210,20 +231,126 @@ def journal_guest_dir(journal: Journal, uri: str, domain: str, path: str) -> int
                        domain=domain, path=path)
 
 
+# --- a domain of the user's, as it runs ------------------------------------------------------
+
+# What changes in a running domain's XML from one boot to the next, and what it becomes: a
+# fingerprint keeps the definition, not the boot.
+_PER_BOOT = (
+    (re.compile(r"(<domain\b[^>]*?)\s+id='\d+'"), r"\1"),
+    (re.compile(r"/dev/pts/\d+"), "/dev/pts/N"),
+    (re.compile(r"\bdomain-\d+-"), "domain-N-"),            # channel and monitor sockets
+    (re.compile(r"(<target dev=')vnet\d+'"), r"\1vnetN'"),   # the domain's tap devices
+    (re.compile(r"(<target type='virtio' name='[^']*') state='\w+'"), r"\1"),
+    (re.compile(r"(<graphics\b[^>]*?\b(?:port|websocket)=')\d+'(?=[^>]*autoport='yes')"),
+     r"\1N'"),
+    (re.compile(r"(<seclabel type='dynamic'.*?</seclabel>)", re.S),
+     lambda m: re.sub(r"<(label|imagelabel)>[^<]*</", r"<\1>dynamic</", m[1])),
+)
+
+
+def stable_xml(xml: str) -> str:
+    """A running domain's XML without what each boot changes (its id, pty and socket paths,
+    tap names, agent state, autoport ports, dynamic security labels)."""
+    for pattern, replacement in _PER_BOOT:
+        xml = pattern.sub(replacement, xml)   # type: ignore[arg-type]
+    return xml
+
+
+_UNITS = {"b": 1, "bytes": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20,
+          "mib": 1 << 20, "mb": 1000 ** 2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
+
+
+def _bytes(element: Any, default_unit: str = "kib") -> int | None:
+    if element is None or not (element.text or "").strip().isdigit():
+        return None
+    return int(element.text) * _UNITS.get(element.get("unit", default_unit).lower(), 1 << 10)
+
+
+def hugetlb_bytes(pid: int | None, proc_root: Path = Path("/proc")) -> int | None:
+    """Bytes of huge pages mapped by a process (its smaps_rollup); None if unknown."""
+    if pid is None:
+        return None
+    try:
+        text = (proc_root / str(pid) / "smaps_rollup").read_text()
+    except OSError:
+        return None
+    found = re.findall(r"^(?:Shared|Private)_Hugetlb:\s+(\d+) kB", text, re.M)
+    return sum(int(kb) << 10 for kb in found) if found else None
+
+
+def domain_summary(xml: str, pid: int | None,
+                   proc_root: Path = Path("/proc")) -> dict[str, Any]:
+    """What matters of a running domain, from its XML and its QEMU: machine type, CPU mode,
+    vCPUs, memory, huge pages and how many its QEMU was actually granted (None unknown: a
+    remote URI's domain), with a one-line "summary"."""
+    try:
+        root = ElementTree.fromstring(xml)
+    except ElementTree.ParseError:
+        return {"summary": None}
+    vcpu = root.find("vcpu")
+    vcpus = int(vcpu.get("current") or vcpu.text or 0) if vcpu is not None else None
+    memory = _bytes(root.find("currentMemory")) or _bytes(root.find("memory"))
+    os_type = root.find("os/type")
+    machine = os_type.get("machine") if os_type is not None else None
+    cpu = root.find("cpu")
+    cpu_mode = (cpu.get("mode") or (cpu.findtext("model") or None)) if cpu is not None else None
+    hugepages = root.find("memoryBacking/hugepages")
+    page: int | None = None
+    granted: int | None = None
+    if hugepages is not None:
+        page = _bytes(hugepages.find("page"), "kib") or 2 << 20   # none named: the default
+        mapped = hugetlb_bytes(pid, proc_root)
+        granted = mapped // page if mapped is not None else None
+    parts = [machine or "machine ?", f"{root.get('type')}", f"cpu {cpu_mode or 'default'}",
+             f"{vcpus} vCPUs", f"{(memory or 0) >> 20} MiB"]
+    if page is None:
+        parts.append("no huge pages")
+    else:
+        wanted = (memory or 0) // page
+        parts.append(f"{page >> 20} MiB huge pages: "
+                     + (f"{granted} of {wanted} granted" if granted is not None
+                        else f"{wanted} asked, granted unknown"))
+    return {"machine": machine, "cpu": cpu_mode, "vcpus": vcpus, "memory_bytes": memory,
+            "host_hugepages": {"size": f"{page >> 20}M" if page and page < 1 << 30
+                               else "1G" if page else None, "granted": granted},
+            "summary": " · ".join(parts)}
+
+
+def journal_guest_file(journal: Journal, uri: str, domain: str, handle: int) -> int:
+    """Record a file the guest agent holds open for vmtax (guest-file-open's handle); its
+    undo closes it. Killed mid-copy, vmtax would otherwise leave qemu-ga holding a deleted
+    file's blocks on the guest's disk until qemu-ga restarts."""
+    return journal.add(type="libvirt-guest-file", undo=undone_by(close_guest_file), uri=uri,
+                       domain=domain, handle=handle)
+
+
+def close_guest_file(journal: Journal, entry: dict[str, Any]) -> None:
+    """Undo of journal_guest_file: guest-file-close of the handle."""
+    uri, domain, handle = entry.get("uri"), entry.get("domain"), entry.get("handle")
+    if not (isinstance(uri, str) and isinstance(domain, str) and type(handle) is int):
+        return
+    _guest_agent(uri, domain, {"execute": "guest-file-close", "arguments": {"handle": handle}})
+
+
+def _guest_agent(uri: str, domain: str, command: dict[str, Any]) -> None:
+    """One guest agent command of an undo: best effort, within 30 s."""
+    if shutil.which("virsh") is None:
+        return
+    try:
+        subprocess.run(["virsh", "--quiet", "-c", uri, "qemu-agent-command", domain,
+                        json.dumps(command)], capture_output=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def remove_guest_dir(journal: Journal, entry: dict[str, Any]) -> None:
     """Undo of journal_guest_dir: rm -rf the directory vmtax made in the guest."""
     uri, domain, path = entry.get("uri"), entry.get("domain"), entry.get("path")
     if not (isinstance(uri, str) and isinstance(domain, str) and isinstance(path, str)
             and re.fullmatch(r"/[^\s\"']*/\.vmtax-[0-9a-f]{12}", path)):
         return   # only a scratch directory vmtax names
-    if shutil.which("virsh") is None:
-        return
-    command = {"execute": "guest-exec", "arguments": {"path": "rm", "arg": ["-rf", "--", path]}}
-    try:
-        subprocess.run(["virsh", "--quiet", "-c", uri, "qemu-agent-command", domain,
-                        json.dumps(command)], capture_output=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
+    _guest_agent(uri, domain, {"execute": "guest-exec",
+                               "arguments": {"path": "rm", "arg": ["-rf", "--", path]}})
 
 
 # --- a NAT network of vmtax's own ----------------------------------------------------------

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import shutil
 import socket
+from collections.abc import Iterator
 
 from vmtax import __version__
 from vmtax.host.proc import run
@@ -73,6 +75,26 @@ LAB_SLOWDOWN = 5
 def lab_scaled(seconds: float) -> float:
     """A timeout chosen for a host, here: in a lab, LAB_SLOWDOWN times longer."""
     return seconds * LAB_SLOWDOWN if lab() else seconds
+
+
+# Devices a lab being planned will have (its kernel loads their modules) though this host
+# has not: while `vmtax lab` checks a command's arguments here, they pass as in the lab.
+_lab_devices: frozenset[str] = frozenset()
+
+
+@contextlib.contextmanager
+def planning_lab(devices: frozenset[str]) -> Iterator[None]:
+    global _lab_devices
+    before, _lab_devices = _lab_devices, devices
+    try:
+        yield
+    finally:
+        _lab_devices = before
+
+
+def has_device(path: str) -> bool:
+    """The device exists here, or in the lab whose command is being checked."""
+    return os.path.exists(path) or path in _lab_devices
 
 
 def _clocksource() -> str | None:

@@ -90,7 +90,8 @@ def target_label(run: Run, name: str) -> str:
     # An ssh target: what the plan calls the machine, beside the hypervisor found there.
     detail = fp.get("accel") or fp.get("runtime") or ", ".join(dict.fromkeys(
         v for v in (fp.get("label"), fp.get("hypervisor")) if v and v not in name))
-    if detail == "kvm" and run.host.get("lab"):   # vmtax lab: never hardware's KVM
+    # vmtax lab: never hardware's KVM (a vm's accel, a libvirt domain's type)
+    if run.host.get("lab") and "kvm" in (detail, fp.get("domain_type")):
         detail = "nested KVM"
     return f"{name} ({detail})" if detail and detail not in name else name
 

@@ -3,16 +3,18 @@ it with its output on this terminal, and bring the runs it stored into the host'
 
 The lab's QEMU and its share (the job in; exit status, timings and the results database
 out) are journaled before they exist, so Ctrl-C, kill -9 of vmtax (its guardian) or a
-crash leave neither behind. Results come back when the command ends: the lab's database
-lives in the lab's memory, as SQLite over 9p would without working locks, and they are
-copied into the host's store as ordinary runs (Store.import_runs), with their host facts
-saying they were made in the lab.
+crash leave neither behind. Results come back when the command ends, or is stopped: the
+lab's database lives in the share (one writer, the lab's vmtax) and its runs are copied
+into the host's store as ordinary runs (Store.import_runs), with their host facts saying
+they were made in the lab.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import subprocess
@@ -89,6 +91,15 @@ def _console_tail(share: Path) -> str:
     return "\n".join(lines[-CONSOLE_TAIL:])
 
 
+def _keep_console(share: Path, results: Path) -> Path:
+    """A hung boot's console, kept beside the results (the next boot overwrites it)."""
+    kept = results / f"lab-hung-console-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    results.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        shutil.copyfile(share / "console.log", kept)
+    return kept
+
+
 def _watch(qemu_proc: subprocess.Popen, share: Path, echo: Callable[[bytes], None]) -> bool:
     """Echo the lab's output until its QEMU exits: True; False when its vmtax has not
     started within BOOT_TIMEOUT (QEMU still running)."""
@@ -160,8 +171,10 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
                 raise VmtaxError(f"lab: did not boot within {BOOT_TIMEOUT:g} s, "
                                  f"{BOOT_TRIES} times; its console's last lines:\n"
                                  + _console_tail(share))
-            say(f"lab: no sign of its vmtax within {BOOT_TIMEOUT:g} s (hung while booting); "
-                "booting it again")
+            kept = _keep_console(share, results)
+            last = _console_tail(share).splitlines()[-1:] or ["(its console is empty)"]
+            say(f"lab: no sign of its vmtax within {BOOT_TIMEOUT:g} s (hung while booting; "
+                f"its console's last line: {last[0]}; all of it: {kept}); booting it again")
             (share / lab.UPPER).unlink()
             make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
         outcome.seconds["lab"] = round(time.monotonic() - started, 2)

@@ -224,8 +224,11 @@ class LibvirtTarget(GuestTarget):
         domains = ("domains of type kvm" if status.usable
                    else f"domains of type qemu (TCG): {status.reason}")
         if daemon.answers(libvirt.LIBVIRTD.socket):
+            pages = ("" if libvirt.hugetlbfs_mounted() else
+                     "; no hugetlbfs is mounted, so hugepages domains fail: "
+                     + libvirt.hugetlbfs_hint())
             return True, (f"libvirtd answers on {libvirt.LIBVIRTD.socket} (used, left "
-                          f"running); {domains}")
+                          f"running); {domains}{pages}")
         masked = " with /dev/kvm masked" if libvirt.kvm_masked() else ""
         return True, (f"no libvirtd runs: vmtax starts one{masked} (and virtlogd) when a "
                       f"libvirt target needs it, and stops it after; {domains}")
@@ -463,13 +466,16 @@ class LibvirtTarget(GuestTarget):
         }
 
     def _existing_fingerprint(self, domain: str) -> dict[str, Any]:
-        """A domain of the user's: its definition as libvirt gave it, the hypervisor, and
-        its QEMU's pid (what host-side collectors attach to)."""
+        """A domain of the user's: what matters of it in one line and as fields (machine,
+        vCPUs, memory, huge pages and how many were granted, as a transient domain's
+        fingerprint has them), its definition as libvirt gave it less what changes each boot,
+        the hypervisor, and its QEMU's pid (what host-side collectors attach to)."""
         existing = self.existing
         xml = existing.xml if existing else None
         found = re.search(r"<domain type='([^']+)'", xml or "")
         bundle = existing and (existing.ssh.bundle if existing.ssh else existing.bundle)
-        return {"kind": self.kind, "uri": self.opts.uri, "domain": domain,
+        summary = libvirt.domain_summary(xml, existing.pid if existing else None) if xml else {}
+        return {"kind": self.kind, "uri": self.opts.uri, "domain": domain, **summary,
                 "transport": existing.transport if existing else None,
                 "ssh_host": self.opts.host,
                 # The host's programs shipped into the guest, as the ssh target records them.
@@ -478,4 +484,4 @@ class LibvirtTarget(GuestTarget):
                 "hypervisor": found[1] if found else None,
                 "hypervisor_version": self._hypervisor,
                 "qemu_pid": existing.pid if existing else None,
-                "domain_xml": xml}
+                "domain_xml": libvirt.stable_xml(xml) if xml else None}

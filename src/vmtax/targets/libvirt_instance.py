@@ -160,7 +160,9 @@ class LibvirtInstance(AgentGuest):
         options = refused_options(message)
         named = (" (" + ", ".join(f"{o} = {getattr(self.opts, o, None)!r}" for o in options)
                  + ")") if options else ""
-        return f"{self.name}: libvirt refused the domain{named}: {message}"
+        hint = ("; " + libvirt.hugetlbfs_hint(self.opts.hugepages)
+                if "hugepages" in options and re.search("hugetlbfs", message, re.I) else "")
+        return f"{self.name}: libvirt refused the domain{named}: {message}{hint}"
 
     def _make_disk(self, disk: Path) -> None:
         make_scratch_disk(disk, self.opts.disk_size)
@@ -393,6 +395,7 @@ class ExistingDomain:
 
     def _write(self, path: str, data: bytes) -> None:
         handle = self.agent("guest-file-open", path=path, mode="w")
+        token = libvirt.journal_guest_file(self.journal, self.virsh.uri, self.domain, handle)
         try:
             for at in range(0, len(data), FILE_CHUNK):
                 chunk = data[at:at + FILE_CHUNK]
@@ -403,6 +406,7 @@ class ExistingDomain:
                                      "bytes written")
         finally:
             self.agent("guest-file-close", handle=handle)
+            self.journal.forget(token)
 
     def _qemu_pid(self) -> int | None:
         try:
@@ -447,6 +451,9 @@ class ExistingDomain:
     def run(self, job: Job) -> JobResult:
         if self.scratch is None:
             raise TargetError(f"{self.name}: not prepared")
+        short = self._short_of_space(job)
+        if short:
+            return JobResult(None, "", short, 0.0)
         if self.ssh is not None:
             return self.ssh.run(job)
         try:
@@ -455,6 +462,23 @@ class ExistingDomain:
                              job.env)
         except VmtaxError as exc:   # the agent went away mid-job
             return JobResult(None, "", str(exc), 0.0)
+
+    def _short_of_space(self, job: Job) -> str | None:
+        """Why the guest's workdir cannot take what the job writes there (None: it can)."""
+        if not job.scratch_bytes or not job.in_scratch:
+            return None
+        df = Job(["df", "-Pk", "--", str(self.scratch)], timeout=30)
+        done = self.ssh.run(df) if self.ssh is not None else self.exec(df.argv, "/", 30)
+        lines = done.stdout.strip().splitlines()
+        fields = lines[-1].split() if done.ok and len(lines) > 1 else []
+        if len(fields) < 4 or not fields[3].isdigit():
+            return None   # no df to ask: the job finds out itself
+        free = int(fields[3]) << 10
+        if free >= job.scratch_bytes:
+            return None
+        return (f"{self.name}: {job.scratch_bytes / (1 << 30):.1f} GiB must be free in "
+                f"workdir = {self.workdir!r} in the guest of {self.domain!r}, which has "
+                f"{free / (1 << 30):.1f} GiB; free some, or give workdir a directory with room")
 
     # -- state --
 

@@ -43,7 +43,7 @@ from vmtax.guest.qemu import (
     qemu_properties,
     resolve_accel,
 )
-from vmtax.host import hugepages, trees
+from vmtax.host import hugepages, machine, trees
 from vmtax.targets.guest_target import GuestTarget
 from vmtax.targets.vm_instance import VmInstance
 
@@ -156,7 +156,7 @@ class VmOptions(plugin.Options):
 
     def _tuning_problems(self) -> list[tuple[str, str]]:
         problems = []
-        if self.vhost and not os.path.exists("/dev/vhost-net"):
+        if self.vhost and not machine.has_device("/dev/vhost-net"):
             problems.append(("vhost", "false: this host has no /dev/vhost-net (modprobe "
                                       "vhost_net)"))
         if self.vhost and self.network not in ("bridge", "auto"):
@@ -193,7 +193,7 @@ def bridge_possible() -> str | None:
     """Why this process cannot put a guest on a tap of its own network (None: it can)."""
     if os.geteuid() != 0:
         return "making network namespaces and tap devices needs root"
-    if not os.path.exists("/dev/net/tun"):
+    if not machine.has_device("/dev/net/tun"):
         return "/dev/net/tun is missing"
     return None
 

@@ -228,10 +228,14 @@ class VmInstance(AgentGuest):
 
     def _check_guest_hugepages(self) -> None:
         """What the guest kernel really reserved (it grants fewer when memory is short)."""
-        result = self.run(Job(["cat", "/proc/meminfo"], timeout=30))
+        # A lab's guest answered `cat` later than 30 s at host load ~100.
+        result = self.run(Job(["cat", "/proc/meminfo"], timeout=machine.lab_scaled(30)))
         found = re.search(r"^HugePages_Total:\s+(\d+)$", result.stdout, re.MULTILINE)
         if not result.ok or not found:
-            raise TargetError(f"{self.name}: no HugePages_Total in the guest's /proc/meminfo")
+            why = ("timed out" if result.timed_out else
+                   (result.stderr.strip() or f"exit status {result.exit_code}")[-200:])
+            raise TargetError(f"{self.name}: no HugePages_Total in the guest's /proc/meminfo"
+                              + ("" if result.ok else f" (cat: {why})"))
         self.guest_hugepages_granted = int(found[1])
         wanted = self.opts.guest_hugepages
         if self.guest_hugepages_granted < wanted:

@@ -389,7 +389,9 @@ class Fileio(_Sysbench):
 
     def prepare_jobs(self) -> list[Job]:
         # Writing the files is bounded by the disk, not by --time: allow 1 MiB/s.
-        return [self._files_job("prepare", self._size_mib + 60)]
+        job = self._files_job("prepare", self._size_mib + 60)
+        job.scratch_bytes = int(self._size_mib * 2**20)
+        return [job]
 
     def _run_options(self) -> dict[str, Any]:
         return {k: v for k, v in self.params.items() if k != "prepare-threads"}
