@@ -31,6 +31,8 @@ OTHER_MEANING = {
     ("guest/libvirt_xml.py", "cpu"): "an element of libvirt's domain XML",
     ("guest/libvirt_xml.py", "memory"): "an element of libvirt's domain XML",
     ("host/libvirt.py", "unshare"): "util-linux's unshare(1), libvirtd's mount namespace",
+    ("host/libvirt.py", "cpu"): "an element of libvirt's domain XML (domain_summary)",
+    ("host/libvirt.py", "memory"): "an element of libvirt's domain XML (domain_summary)",
 }
 
 
