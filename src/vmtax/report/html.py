@@ -97,7 +97,9 @@ class RunReport:
     explained: dict[str | None, list[str]] = field(default_factory=dict)
 
 
-def build(model: RunModel, host: str | None = None) -> RunReport:
+def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunReport:
+    """charts=False: the report without its figures, which cost most of its time (publish's
+    pages of runs that no change point or newest run singles out)."""
     from vmtax.host import quiet
 
     run, summary = model.run, model.summary
@@ -108,7 +110,8 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
                      charts=(_paired(plots.charts(summary, labels))
-                             + plots.run_charts(run, labels)),   # E4: density, start-up
+                             + plots.run_charts(run, labels)     # E4: density, start-up
+                             if charts else []),
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
                      flags_line=report.flags_line(model.headline, quiet.during(run.host)),
