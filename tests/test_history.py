@@ -325,22 +325,3 @@ def test_publish_again_draws_the_figures_of_a_run_a_new_change_point_singles_out
     store.close()
     assert vmtax("publish", "nightly", str(site), *args).returncode == 0
     assert "<h3>Figures</h3>" in (site / "runs" / f"{ids[4]}.html").read_text()
-
-
-def test_publish_in_processes_writes_the_pages_it_writes_alone(tmp_path, monkeypatch):
-    from vmtax.report import publish
-
-    ids = series_of(tmp_path / "results", runs=10, worse_from=5, factor=0.5)
-    store = Store(tmp_path / "results", readonly=True)
-    trend = judged(tmp_path / "results")
-    alone = publish.publish(store, [trend], str(tmp_path / "alone"))
-    monkeypatch.setattr(publish, "_PAGES_PER_WORKER", 4)     # 10 pages: a pool of 2
-    pooled = publish.publish(store, [trend], str(tmp_path / "pooled"))
-    assert ([p.relative_to(tmp_path / "alone") for p in alone]
-            == [p.relative_to(tmp_path / "pooled") for p in pooled])
-
-    def page(site, run_id):   # without the footer's time of writing
-        return (tmp_path / site / "runs" / f"{run_id}.html").read_text().split("<footer")[0]
-
-    for i in ids:
-        assert page("pooled", i) == page("alone", i), i

@@ -12,8 +12,6 @@ publish in minutes instead of most of an hour."""
 from __future__ import annotations
 
 import html
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from vmtax.analysis.history import Trend
@@ -61,7 +59,7 @@ def publish(store: Store, trends: list[Trend], directory: str) -> list[Path]:
         drawn = ({r.id for c in (c for s in trend.series for c in s.changes)
                   for r in (c.before, c.after)}
                  | {host_runs[-1].id for host_runs in trend.runs.values() if host_runs})
-        runs, pages = [], []
+        runs = []
         for host, host_runs in trend.runs.items():
             for r in host_runs:
                 href = f"runs/{r.id}.html"
@@ -69,11 +67,10 @@ def publish(store: Store, trends: list[Trend], directory: str) -> list[Path]:
                 # being the newest singles its run out.
                 if not (out / href).exists() or (
                         r.id in drawn and _NO_FIGURES_MARK in (out / href).read_text()):
-                    pages.append((out / href, r.id, r.id in drawn))
+                    _run_page(store, out / href, r.id, figures=r.id in drawn)
                     written.append(out / href)
                 runs.append(f"<li>{_link(href, r.id)} ({html.escape(host)}, run "
                             f"{r.number})</li>")
-        _run_pages(store, pages)
         sections.append(f"<h2>{_link(f'trends/{trend.name}.html', trend.name)}</h2>"
                         f"<h3>series</h3><ul>{''.join(items)}</ul>"
                         f"<h3>runs</h3><ul>{''.join(runs)}</ul>")
@@ -81,33 +78,6 @@ def publish(store: Store, trends: list[Trend], directory: str) -> list[Path]:
     export_mod.write_file(index, _page("vmtax: series", "<h1>vmtax: series</h1>"
                                        + "".join(sections)).encode())
     return [index, *written]
-
-
-def _run_pages(store: Store, pages: list[tuple[Path, str, bool]]) -> None:
-    """Each (path, run id, figures) page; many in a process per core, as a page is CPU
-    (~0.2 s without figures: the analysis) and pages need nothing from each other."""
-    workers = min(os.cpu_count() or 1, len(pages) // _PAGES_PER_WORKER)
-    if workers < 2:
-        for page in pages:
-            _run_page(store, *page)
-        return
-    with ProcessPoolExecutor(workers, initializer=_open_store, initargs=(store.dir,)) as pool:
-        for _ in pool.map(_worker_page, pages, chunksize=_PAGES_PER_WORKER // 4):
-            pass
-
-
-_PAGES_PER_WORKER = 40   # fewer pages are done before a pool would have started
-_worker_store: Store | None = None
-
-
-def _open_store(directory: Path) -> None:
-    global _worker_store
-    _worker_store = Store(directory, readonly=True)
-
-
-def _worker_page(page: tuple[Path, str, bool]) -> None:
-    assert _worker_store is not None, "initializer not run"
-    _run_page(_worker_store, *page)
 
 
 def _run_page(store: Store, path: Path, run_id: str, figures: bool) -> None:
