@@ -7,7 +7,7 @@ Figures are most of a report's cost (~2 s of CPU per run, against ~0.3 s for its
 a run's page draws them only where the site points a reader, the runs on either side of a
 change point and each host's newest run. Every other run's page has the tables, headline
 and findings, and says how to get its figures (`vmtax report ID --html`); 400 runs then
-publish in minutes instead of most of an hour."""
+publish in under a minute of CPU instead of most of an hour."""
 
 from __future__ import annotations
 
