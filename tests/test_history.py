@@ -301,3 +301,27 @@ def test_publish_writes_a_site_that_links_only_to_itself(tmp_path):
     for page in site.rglob("*.html"):
         text = page.read_text()
         assert "http://" not in text and "https://" not in text, page
+    # Figures only on the pages of the runs either side of the change and of the newest run;
+    # the others say how to get theirs.
+    drawn = {ids[4], ids[5], ids[-1]}
+    for i in ids:
+        text = (site / "runs" / f"{i}.html").read_text()
+        assert ("<h3>Figures</h3>" in text) == (i in drawn), i
+        assert (f"<code>vmtax report {i} --html" in text) == (i not in drawn), i
+
+
+def test_publish_again_draws_the_figures_of_a_run_a_new_change_point_singles_out(tmp_path):
+    # Two runs after the step are too few to call it: the first site has no change.
+    ids = series_of(tmp_path / "results", runs=7, worse_from=5, factor=0.5)
+    site = tmp_path / "site"
+    args = ("--results", str(tmp_path / "results"))
+    assert vmtax("publish", "nightly", str(site), *args).returncode == 0
+    assert not list((site / "changes").iterdir())
+    assert "<h3>Figures</h3>" not in (site / "runs" / f"{ids[4]}.html").read_text()
+    store = Store(tmp_path / "results")
+    for i in range(7, 10):
+        add_run(store, "nightly", {"native": 1000, "vm:tcg": 100},
+                options={"vm:tcg": {"accel": "tcg", "vcpus": 1}}, seed=i)
+    store.close()
+    assert vmtax("publish", "nightly", str(site), *args).returncode == 0
+    assert "<h3>Figures</h3>" in (site / "runs" / f"{ids[4]}.html").read_text()

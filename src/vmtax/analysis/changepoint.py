@@ -31,6 +31,7 @@ together (series × metrics), as `compare` does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -99,12 +100,16 @@ def _rank_statistics(ranks: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndar
     """Per row of `ranks` (points in order, or permuted) and stretch [i, j): the
     |standardized rank sum| of the stretch (Mann-Whitney's statistic, inside vs outside)."""
     n = ranks.shape[-1]
-    cumulative = np.concatenate([np.zeros(ranks.shape[:-1] + (1,)),
-                                 np.cumsum(ranks, axis=-1)], axis=-1)
+    cumulative = np.zeros(ranks.shape[:-1] + (n + 1,))
+    np.cumsum(ranks, axis=-1, out=cumulative[..., 1:])
     inside = j - i
-    sums = cumulative[..., j] - cumulative[..., i]
-    return np.asarray(np.abs(sums - inside * (n + 1) / 2)
-                      / np.sqrt(inside * (n - inside) * (n + 1) / 12))
+    # In place: these are a batch's largest arrays (the permutations' statistics).
+    sums = cumulative[..., j]
+    sums -= cumulative[..., i]
+    sums -= inside * (n + 1) / 2
+    np.abs(sums, out=sums)
+    sums /= np.sqrt(inside * (n - inside) * (n + 1) / 12)
+    return sums
 
 
 def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
@@ -115,14 +120,21 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     Bonferroni-corrected for two. Either alone misses what the other sees: one step is
     diluted among all stretches, a regression that recovered among single changes."""
     i, j = _intervals(len(ranks), min_segment, step=-(-len(ranks) // _GRID))
-    kinds = [kind for kind in ((i == 0), (i > 0) & (j < len(ranks))) if kind.any()]
+    # Batches sized by every stretch, as before the mirrors were left out: the same batches
+    # stop the test after the same permutations, so a series keeps its p-value.
+    batch = max(50, _BATCH_CELLS // max(1, len(i)))
+    # Only the stretches of the two kinds, each kind contiguous so that its maximum is
+    # taken over a view (a stretch [i, n) is the mirror of [0, i): the same statistic).
+    single, inner = i == 0, (i > 0) & (j < len(ranks))
+    i, j = np.r_[i[single], i[inner]], np.r_[j[single], j[inner]]
+    kinds = [kind for kind in (slice(0, single.sum()), slice(single.sum(), len(i)))
+             if kind.stop > kind.start]
     z = _rank_statistics(ranks, i, j)
     observed = np.array([z[kind].max() for kind in kinds]) - 1e-12
     # Permutations in batches, stopping once every statistic saw _EXCEEDANCES arrangements
     # as extreme as the observed one (Besag & Clifford's sequential test: the p-value stays
     # valid, and a series clearly without a change costs hundreds of permutations, not
     # thousands).
-    batch = max(50, _BATCH_CELLS // max(1, len(i)))
     done, extreme = 0, np.zeros(len(kinds), dtype=int)
     while done < permutations and extreme.min() < _EXCEEDANCES:
         # Batches grow from a few hundred: a series without a change is done after the
@@ -172,14 +184,26 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return 0.5 * (bounds[group] + bounds[group - 1] + 1)
 
 
+def _median(values: Sequence[float], what: str) -> float:
+    """np.median's value, without its per-call cost: a trend's points are thousands of runs'
+    few repetitions each."""
+    try:
+        x = sorted(map(float, values))
+    except (TypeError, ValueError):
+        x = []
+    if not x or not all(map(math.isfinite, x)):
+        x = sorted(stats._sample(values, what).tolist())   # raises its one-line error
+    mid = len(x) // 2
+    return x[mid] if len(x) % 2 else (x[mid - 1] + x[mid]) / 2
+
+
 def detect(points: Sequence[Sequence[float]], *, min_segment: int = MIN_SEGMENT,
            alpha: float = 0.01, noise_floor: float = 0.02,
            permutations: int = PERMUTATIONS, seed: int = 0) -> Detection:
     """The change points of one series; `points[i]` holds run i's repetitions (> 0)."""
     if min_segment < 1:
         raise ValueError(f"min_segment must be at least 1, got {min_segment}")
-    medians = np.array([float(np.median(stats._sample(p, f"point {i}")))
-                        for i, p in enumerate(points)])
+    medians = np.array([_median(p, f"point {i}") for i, p in enumerate(points)])
     if np.any(medians <= 0):
         raise ValueError("change points are sought in positive metrics only (ratios)")
     rng = np.random.default_rng(seed)

@@ -225,9 +225,13 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
         values[(run_id, target, workload, params, metric_name, *kind)].append(value)
     found: dict[tuple, Series] = {}
     headline = functools.cache(analysis.is_headline)
+    # The same few parameter and dimension strings recur in every run: decoded once each
+    # (each point still gets a dict of its own).
+    decoded = functools.cache(json.loads)
+    canonical = functools.cache(lambda params: json.dumps(json.loads(params), sort_keys=True))
     for key, vals in values.items():
         run_id, target, workload, params, metric_name, unit, higher_is_better, dims = key
-        metric = Metric(metric_name, 0.0, unit, bool(higher_is_better), json.loads(dims))
+        metric = Metric(metric_name, 0.0, unit, bool(higher_is_better), decoded(dims))
         metric_key = metric.key
         wanted = (metric.name in metrics or metric_key in metrics if metrics else
                   headline(workload, metric.name, firsts[key[:4]]))
@@ -237,14 +241,15 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
         # One configuration of the workload in the run: its parameters are what the run
         # measured, and may change from run to run (what changed says so); several: each
         # configuration is a series of its own.
-        config = None if len(configs[key[:3]]) == 1 else json.loads(params)
-        series_key = (run.host, target, workload, json.dumps(config, sort_keys=True),
+        several = len(configs[key[:3]]) > 1
+        series_key = (run.host, target, workload, canonical(params) if several else "null",
                       metric_key)
         if series_key not in found:
-            found[series_key] = Series(run.host, target, workload, config, metric.name,
+            found[series_key] = Series(run.host, target, workload,
+                                       json.loads(params) if several else None, metric.name,
                                        dict(metric.dimensions), metric.unit,
                                        metric.higher_is_better, [])
-        found[series_key].points.append(Point(run, vals, json.loads(params)))
+        found[series_key].points.append(Point(run, vals, dict(decoded(params))))
     if (targets or metrics) and not found:
         asked = ([f"target {', '.join(targets)}"] if targets else []) + (
             [f"metric {', '.join(metrics)}"] if metrics else [])

@@ -122,7 +122,9 @@ def measured_runs(run: Run) -> str:
     return f"{planned} measured run{'' if planned == 1 else 's'}"
 
 
-def build(model: RunModel, host: str | None = None) -> RunReport:
+def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunReport:
+    """charts=False: the report without its figures, which cost most of its time (publish's
+    pages of runs that no change point or newest run singles out)."""
     from vmtax.host import quiet
 
     run, summary = model.run, model.summary
@@ -130,8 +132,8 @@ def build(model: RunModel, host: str | None = None) -> RunReport:
     explained: dict[str | None, list[str]] = {}
     for cls, line in model.explained:
         explained.setdefault(cls, []).append(line)
-    per_metric = _paired(plots.charts(summary, labels))
-    own = plots.run_charts(run, labels, model.tune)
+    per_metric = _paired(plots.charts(summary, labels)) if charts else []
+    own = plots.run_charts(run, labels, model.tune) if charts else []
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
                      # E4's density and start-up figures after the metrics'; tune's forest
