@@ -97,9 +97,9 @@ def _print_series(console: Console, s: Series) -> None:
                    f"{first}–{s.points[-2].run.number}")
         if s.newest_within_spread and s.newest_spread is not None:
             low, high = s.newest_spread
-            console.print(f"  newest run {latest.run.number}: {against}, within those runs' "
-                          f"own run-to-run spread ({low:+.1%} … {high:+.1%}): no verdict",
-                          soft_wrap=True)
+            console.print(f"  newest run {latest.run.number}: {against}", soft_wrap=True)
+            console.print(f"    within those runs' own run-to-run spread ({low:+.1%} … "
+                          f"{high:+.1%}): no verdict", soft_wrap=True)
             return
         style = "red" if newest.verdict == "worse" else "green"
         console.print(f"  newest run {latest.run.number} [{style}]{newest.verdict}[/{style}]: "
