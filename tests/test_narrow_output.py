@@ -126,3 +126,16 @@ def test_run_on_a_fleet_prints_one_json_document(tmp_path, monkeypatch, capsys):
 def test_run_help_says_fleet_json_is_one_document():
     out = CliRunner().invoke(cli, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "with --fleet, one JSON document" in " ".join(out.split())
+
+
+def test_compare_gives_a_metric_one_line_at_80_columns(golden):
+    out = narrow("compare", "golden-a", "golden-b", "--results", golden)
+    # n once in the header where a side's medians share it; the interval's bounds whole,
+    # in the percent the caption names; the row on one line.
+    assert re.search(r"^\s+A median\s+B median\s*$\n^workload metric\s+\(n=5\)\s+\(n=5\)\s",
+                     out, re.M), out
+    assert re.search(r"^cpu\s+events/s ↑\s+49,903\s+49,903\s+\+0\.0% \[-1\.5, \+1\.5\]\s+1\s+~",
+                     out, re.M), out
+    assert re.search(r"^\s+ops/s ↑\s+1,360,148\s+1,305,742\s+-4\.0% \[-5\.4, -2\.6\]\s+"
+                     r"0\.00011\s+worse", out, re.M), out
+    assert "change of B relative to A, % [99% CI]" in " ".join(out.split())

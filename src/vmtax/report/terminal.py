@@ -501,24 +501,69 @@ VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
                  "too few runs": "yellow", "below resolution": "dim"}
 
 
+# Below this width the tables take their compact form: a lighter box, numbers never
+# broken, what every cell repeats said once (the 100-column layout is kept as it is).
+COMPACT_BELOW = 100
+
+
+def _compact(console: Console) -> bool:
+    return console.width < COMPACT_BELOW
+
+
+def _light_table(**kwargs) -> Table:
+    """A table with no vertical rules (a rule under the header): the columns they would
+    take go to the numbers (the box's blank divider is the only space between them)."""
+    return Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False, **kwargs)
+
+
+def _longest(texts) -> int:
+    """The longest word of these texts: the narrowest a column wrapping them between their
+    words can be."""
+    return max((len(word) for text in texts for word in text.split()), default=1)
+
+
+def _change_text(c, compact: bool) -> str:
+    """A comparison's change with its interval, "+1.2% [-0.5%, +3.0%]"; compact, the
+    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]"."""
+    if c.verdict == "below resolution":
+        return "–"
+    bound = (lambda v: _percent(v).rstrip("%")) if compact else _percent
+    return _percent(c.change) + bracket(c.interval, bound(c.change_ci[0]),
+                                        bound(c.change_ci[1]))
+
+
 def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
+    compact = _compact(console)
     sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
     for a, b in sides:
-        table = Table(title=shown_text(f"B = {b}  vs  A = {a}"),
-                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]"
-                              + (" or (range of the runs: too few for a CI)"
-                                 if ranged(r.comparison for r in rows if (r.a, r.b) == (a, b))
-                                 else "") + "; p after "
-                              f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
-                              f"significant when p < {alpha:g}, the CI excludes 0 and "
-                              f"|change| ≥ {noise_floor:.0%}")
-        columns: tuple[tuple[str, JustifyMethod], ...] = (
-            ("workload", "left"), ("metric", "left"), ("A median", "right"),
-            ("B median", "right"), ("change", "right"), ("p", "right"), ("verdict", "center"))
-        for col, justify in columns:
-            # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
-            table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
         mine = [r for r in rows if (r.a, r.b) == (a, b)]
+        # Compact, a side whose every median has the same number of runs says it once.
+        n_a = {r.comparison.n_a for r in mine} if compact else set()
+        n_b = {r.comparison.n_b for r in mine} if compact else set()
+        caption = (f"change of B relative to A{', %' if compact else ''} [{1 - alpha:.0%} CI]"
+                   + (" or (range of the runs: too few for a CI)"
+                      if ranged(r.comparison for r in mine) else "") + "; p after "
+                   f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
+                   f"significant when p < {alpha:g}, the CI excludes 0 and "
+                   f"|change| ≥ {noise_floor:.0%}")
+        title = shown_text(f"B = {b}  vs  A = {a}")
+        table = (_light_table(title=title, caption=caption) if compact
+                 else Table(title=title, caption=caption))
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
+            ("workload", "left"), ("metric", "left"),
+            ("A median" + (f"\n(n={next(iter(n_a))})" if len(n_a) == 1 else ""), "right"),
+            ("B median" + (f"\n(n={next(iter(n_b))})" if len(n_b) == 1 else ""), "right"),
+            ("change", "right"), ("p", "right"), ("verdict", "center"))
+        words: tuple[list[str], ...] = (
+            [r.workload for r in mine], [r.metric + " ↑" for r in mine], [], [], [], [],
+            [r.comparison.verdict for r in mine])
+        for number, (col, justify) in enumerate(columns):
+            if compact:   # numbers whole; names and verdicts wrap between their words
+                table.add_column(col, justify=justify, no_wrap=2 <= number <= 5,
+                                 min_width=_longest(words[number]) if words[number] else None)
+            else:
+                # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
+                table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
         configs: dict[str, set[str]] = {}
         for r in mine:
             configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
@@ -539,10 +584,9 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             shown = shown_text(r.workload + (f"\n{params}" if params else ""))
             table.add_row(shown if group != previous else "",
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
-                          f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
-                          "–" if c.verdict == "below resolution" else
-                          _percent(c.change) + bracket(c.interval, _percent(c.change_ci[0]),
-                                                       _percent(c.change_ci[1])),
+                          fmt(c.median_a) + ("" if len(n_a) == 1 else f" (n={c.n_a})"),
+                          fmt(c.median_b) + ("" if len(n_b) == 1 else f" (n={c.n_b})"),
+                          _change_text(c, compact),
                           "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
                           Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
             previous = group
