@@ -139,3 +139,18 @@ def test_compare_gives_a_metric_one_line_at_80_columns(golden):
     assert re.search(r"^\s+ops/s ↑\s+1,360,148\s+1,305,742\s+-4\.0% \[-5\.4, -2\.6\]\s+"
                      r"0\.00011\s+worse", out, re.M), out
     assert "change of B relative to A, % [99% CI]" in " ".join(out.split())
+
+
+def test_show_all_breaks_no_header_number_or_interval_at_80_columns(golden):
+    out = narrow("show", "golden-a", "--all", "--results", golden)
+    head = out.split("target fingerprints")[0]
+    assert "…" not in head
+    # Every target's name whole in the header; a cell's interval, cv and ratio whole,
+    # each on a line of its own; an interval wider than its column wraps at its " – ".
+    assert re.search(r"^workload metric\s+native = 1\s+\(runc\)\s+vm:tcg$", head, re.M), head
+    assert re.search(r"^\s+\(events\) ↑\s+\(48,073 – 49,092\)\s+\(49,516 – 50,565\)\s+"
+                     r"\(4,807 – 4,909\)$", head, re.M), head
+    assert re.search(r"^\s+cv 0\.8%\s+cv 0\.8%\s+cv 0\.8%$", head, re.M), head
+    assert re.search(r"^\s+\[1\.017, 1\.044\]\s+\[0\.09871, 0\.1013\]$", head, re.M), head
+    assert re.search(r"^\s+\(2,695,813 –\s+\(2,668,855 –\s+\(1,347,906 –$\n"
+                     r"^\s+2,752,939\)\s+2,725,409\)\s+1,376,469\)$", head, re.M), head

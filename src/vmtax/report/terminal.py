@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import time
 from collections.abc import Sequence, Set as AbstractSet
 from typing import TYPE_CHECKING
@@ -133,7 +134,11 @@ def flag_text(flag: str, cell: Cell) -> str:
     return flag
 
 
-def cell_text(cell: Cell | None) -> Text:
+def cell_text(cell: Cell | None, compact: bool = False) -> Text:
+    """A cell of `show --all`: median, interval, cv, ratio to the baseline with its
+    interval, why there is none, failures, flags. Compact (a narrow console), each of the
+    median's interval, cv and the ratio's interval goes on a line of its own, so that a
+    column wraps only where a new part begins, never inside an interval."""
     text = Text()
     if cell is None:
         return text
@@ -142,15 +147,17 @@ def cell_text(cell: Cell | None) -> Text:
             return text.append(f"not recorded: {cell.not_recorded}", style="dim")
         text.append(f"failed ×{cell.failed}", style="red")
         return text
+    apart = "\n" if compact else " "
     text.append(fmt(cell.summary.median))
-    text.append(interval(cell.summary), style="dim")
+    text.append(interval(cell.summary).replace(" ", apart, 1), style="dim")
     if cell.summary.cv is not None:
-        text.append(f" cv {cell.summary.cv:.1%}", style="dim")
+        text.append(f"{apart}cv {cell.summary.cv:.1%}", style="dim")
     if cell.ratio is not None:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
         text.append(f"\n×{fmt(r.value)}", style=style)
-        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)), style="dim")
+        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)).replace(" ", apart, 1),
+                    style="dim")
     if cell.no_ratio is not None:
         text.append(f"\n{cell.no_ratio}", style="dim")
     if cell.failed:
@@ -368,24 +375,51 @@ def grouped_notes(notes: list[str]) -> list[str]:
             if targets else workload for (workload, why), targets in groups.items()]
 
 
+# A line of a compact cell that must stay whole: a number, an interval, a cv, a ratio
+# (words, such as a flag or why there is no ratio, wrap).
+_UNBROKEN = re.compile(r"[-+\d(\[×∞–]|cv ")
+
+
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
+    compact = _compact(console)
     ranges = ranged(c.ratio for row in summary.rows for c in row.cells.values())
-    table = Table(title=escape(_title(run)),
-                  caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
-                          "cv = coefficient of variation; "
-                          f"×ratio to {summary.baseline} [95% CI]"
-                          + (" or (range)" if ranges else "") + ": below 1 = worse, "
-                          "whatever the metric's direction (↑ higher is better, ↓ lower)")
-    table.add_column("workload")
-    table.add_column("metric")
-    for name in summary.targets:
-        label = target_label(run, name)
-        # fold: a narrow terminal wraps a number rather than cutting it off with "…"
-        table.add_column(shown_text(label) + (" = 1" if name == summary.baseline else ""),
-                         justify="right", overflow="fold")
+    title = escape(_title(run))
+    caption = (f"median [95% CI] or (range) when too few runs for a 95% CI, "
+               "cv = coefficient of variation; "
+               f"×ratio to {summary.baseline} [95% CI]"
+               + (" or (range)" if ranges else "") + ": below 1 = worse, "
+               "whatever the metric's direction (↑ higher is better, ↓ lower)")
+    table = (_light_table(title=title, caption=caption) if compact
+             else Table(title=title, caption=caption))
+    rows = [[cell_text(row.cells.get(t), compact) for t in summary.targets]
+            for row in summary.rows]
+    # Compact, names wrap between their words, leaving the room to the numbers: a target's
+    # column is as wide as its widest number, interval or ratio (each a line of its cell)
+    # within its share of what the names leave; an interval wider than that wraps at its
+    # " – ", never inside a number.
+    names = (max(8, _longest(" ".join([row.workload, *(f"{k}={v}" for k, v in
+                                                       row.params.items())])
+                             for row in summary.rows)),
+             max(12, _longest(row.label for row in summary.rows)))
+    for column, width in zip(("workload", "metric"), names):
+        table.add_column(column, max_width=width if compact else None)
+    share = max(8, (console.width - sum(names) - len(summary.targets) - 1)
+                // len(summary.targets))
+    for number, name in enumerate(summary.targets):
+        label = shown_text(target_label(run, name)) + (" = 1" if name == summary.baseline
+                                                       else "")
+        if compact:
+            widest = max((len(line) for cells in rows
+                          for line in cells[number].plain.split("\n")
+                          if _UNBROKEN.match(line)), default=1)
+            table.add_column(label.replace(" (", "\n(", 1), justify="right",
+                             min_width=min(share, widest))
+        else:
+            # fold: a narrow terminal wraps a number rather than cutting it off with "…"
+            table.add_column(label, justify="right", overflow="fold")
     previous = None
-    for row in summary.rows:
+    for row, cells in zip(summary.rows, rows):
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
         group = (row.workload, params)
         if previous is not None and group != previous:
@@ -393,8 +427,7 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         shown = shown_text(row.workload + (f"\n{params}" if params else ""))
         table.add_row(shown if group != previous else "",
                       f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
-                      f"{'↑' if row.higher_is_better else '↓'}",
-                      *[cell_text(row.cells.get(t)) for t in summary.targets])
+                      f"{'↑' if row.higher_is_better else '↓'}", *cells)
         previous = group
     console.print(table)
     _print_failures(console, summary)
