@@ -167,6 +167,34 @@ def cell_text(cell: Cell | None, compact: bool = False) -> Text:
     return text
 
 
+def fixed_params(rows) -> dict[str, dict]:
+    """Per workload run at several parameter sets (a sweep), the parameters every set has
+    the same: a table shows what varies and says these once (fixed_note). rows: anything
+    with .workload and .params (repetitions, comparison rows)."""
+    sets: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.params not in sets.setdefault(row.workload, []):
+            sets[row.workload].append(row.params)
+    fixed = {}
+    for workload, params in sets.items():
+        same = {k: v for k, v in params[0].items() if all(p.get(k, v) == v and k in p
+                                                            for p in params[1:])}
+        if len(params) > 1 and same:
+            fixed[workload] = same
+    return fixed
+
+
+def varying(params: dict, workload: str, fixed: dict[str, dict]) -> dict:
+    """A row's parameters less those its workload's every row has the same."""
+    return {k: v for k, v in params.items() if k not in fixed.get(workload, {})}
+
+
+def fixed_note(fixed: dict[str, dict]) -> str:
+    """What a sweep keeps the same, once: "memory: memory-oper=write throughout"."""
+    return "; ".join(f"{workload}: " + " ".join(f"{k}={v}" for k, v in params.items())
+                     + " throughout" for workload, params in fixed.items())
+
+
 def _title(run: Run) -> str:
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created))
     name = run.plan.get("name")
@@ -275,6 +303,10 @@ def print_headline(console: Console, model: RunModel, context: str = "",
                   + ", below 1 = worse (↑ higher is better, ↓ lower)"
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
+    # The rows show the parameters a sweep varies (analysis.summary); what it keeps, once.
+    fixed = fixed_params(r for r in run.reps if r.phase == "measure")
+    if fixed:
+        console.print(Text(printable(fixed_note(fixed)), style="dim"))
     _print_verdicts(console, classes, model.explanations if classes else [])
     for target, line in model.hypotheses.items():
         if target in others:
@@ -390,6 +422,9 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
                f"×ratio to {summary.baseline} [95% CI]"
                + (" or (range)" if ranges else "") + ": below 1 = worse, "
                "whatever the metric's direction (↑ higher is better, ↓ lower)")
+    fixed = fixed_params(r for r in run.reps if r.phase == "measure")
+    if fixed:
+        caption += "; " + shown_text(fixed_note(fixed))
     table = (_light_table(title=title, caption=caption) if compact
              else Table(title=title, caption=caption))
     rows = [[cell_text(row.cells.get(t), compact) for t in summary.targets]
@@ -557,12 +592,14 @@ def _longest(texts) -> int:
 
 def _change_text(c, compact: bool) -> str:
     """A comparison's change with its interval, "+1.2% [-0.5%, +3.0%]"; compact, the
-    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]"."""
+    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]",
+    and a range unspaced, as the headline writes it: "-10.0% (-11.8–-8.2)"."""
     if c.verdict == "below resolution":
         return "–"
     bound = (lambda v: _percent(v).rstrip("%")) if compact else _percent
     return _percent(c.change) + bracket(c.interval, bound(c.change_ci[0]),
-                                        bound(c.change_ci[1]))
+                                        bound(c.change_ci[1]),
+                                        "–" if compact and c.interval == "range" else ", ")
 
 
 def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
@@ -579,6 +616,9 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
                    f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
                    f"significant when p < {alpha:g}, the CI excludes 0 and "
                    f"|change| ≥ {noise_floor:.0%}")
+        fixed = fixed_params(mine)
+        if fixed:
+            caption += "; " + shown_text(fixed_note(fixed))
         title = shown_text(f"B = {b}  vs  A = {a}")
         table = (_light_table(title=title, caption=caption) if compact
                  else Table(title=title, caption=caption))
@@ -587,9 +627,42 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             ("A median" + (f"\n(n={next(iter(n_a))})" if len(n_a) == 1 else ""), "right"),
             ("B median" + (f"\n(n={next(iter(n_b))})" if len(n_b) == 1 else ""), "right"),
             ("change", "right"), ("p", "right"), ("verdict", "center"))
+        configs: dict[str, set[str]] = {}
+        for r in mine:
+            configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
+        # A workload's parameters where it ran at several sets, less what they all share
+        # (the caption says that once); A's and B's where they differ.
+        shown_params = []
+        for r in mine:
+            params = (" ".join(f"{k}={v}" for k, v in varying(r.params, r.workload,
+                                                              fixed).items())
+                      if len(configs[r.workload]) > 1 else "")
+            if r.params_b != r.params:
+                params = "A " + " ".join(f"{k}={v}" for k, v in r.params.items()
+                                         if r.params_b.get(k) != v) + "\nB " + " ".join(
+                    f"{k}={v}" for k, v in r.params_b.items() if r.params.get(k) != v)
+            shown_params.append(params)
         words: tuple[list[str], ...] = (
-            [r.workload for r in mine], [r.metric + " ↑" for r in mine], [], [], [], [],
+            [f"{r.workload} {params}" for r, params in zip(mine, shown_params)],
+            [r.metric + " ↑" for r in mine], [], [], [], [],
             [r.comparison.verdict for r in mine])
+        changes = [_change_text(r.comparison, compact) for r in mine]
+        medians = [(fmt(r.comparison.median_a) + ("" if len(n_a) == 1
+                                                   else f" (n={r.comparison.n_a})"),
+                    fmt(r.comparison.median_b) + ("" if len(n_b) == 1
+                                                   else f" (n={r.comparison.n_b})"))
+                   for r in mine]
+        # Compact, where the table would be wider than the console even so, the change's
+        # interval goes under it (beside a sweep's parameters, which take a line anyway).
+        ps = ["–" if r.comparison.verdict == "below resolution"
+              else f"{r.comparison.p_adjusted:.2g}" for r in mine]
+        texts = (words[0], words[1], [m[0] for m in medians], [m[1] for m in medians],
+                 changes, ps, words[6])
+        widths = [max(_longest([header]), _longest(column)) if number in (0, 1, 6)
+                  else max(map(len, [*header.split("\n"), *column]))
+                  for number, ((header, _), column) in enumerate(zip(columns, texts))]
+        if compact and sum(widths) + len(widths) - 1 > console.width:
+            changes = [change.replace(" ", "\n", 1) for change in changes]
         for number, (col, justify) in enumerate(columns):
             if compact:   # numbers whole; names and verdicts wrap between their words
                 table.add_column(col, justify=justify, no_wrap=2 <= number <= 5,
@@ -597,18 +670,10 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             else:
                 # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
                 table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
-        configs: dict[str, set[str]] = {}
-        for r in mine:
-            configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
         previous = None
-        for r in mine:
+        for r, params, change, (median_a, median_b), p in zip(mine, shown_params, changes,
+                                                               medians, ps):
             c = r.comparison
-            params = (" ".join(f"{k}={v}" for k, v in r.params.items())
-                      if len(configs[r.workload]) > 1 else "")
-            if r.params_b != r.params:
-                params = "A " + " ".join(f"{k}={v}" for k, v in r.params.items()
-                                         if r.params_b.get(k) != v) + "\nB " + " ".join(
-                    f"{k}={v}" for k, v in r.params_b.items() if r.params.get(k) != v)
             group = (r.workload, params)
             if previous is not None and group != previous:
                 table.add_section()
@@ -617,11 +682,8 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             shown = shown_text(r.workload + (f"\n{params}" if params else ""))
             table.add_row(shown if group != previous else "",
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
-                          fmt(c.median_a) + ("" if len(n_a) == 1 else f" (n={c.n_a})"),
-                          fmt(c.median_b) + ("" if len(n_b) == 1 else f" (n={c.n_b})"),
-                          _change_text(c, compact),
-                          "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
-                          Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
+                          median_a, median_b, change,
+                          p, Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
             previous = group
         console.print(table)
         # Why there is no verdict, once per distinct reason ("below resolution" is plain
