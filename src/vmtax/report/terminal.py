@@ -665,8 +665,10 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             changes = [change.replace(" ", "\n", 1) for change in changes]
         for number, (col, justify) in enumerate(columns):
             if compact:   # numbers whole; names and verdicts wrap between their words
+                # "below resolution" on two lines rather than a metric's name
                 table.add_column(col, justify=justify, no_wrap=2 <= number <= 5,
-                                 min_width=_longest(words[number]) if words[number] else None)
+                                 min_width=_longest(words[number]) if words[number] else None,
+                                 max_width=10 if col == "verdict" else None)
             else:
                 # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
                 table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
