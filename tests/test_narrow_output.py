@@ -126,3 +126,75 @@ def test_run_on_a_fleet_prints_one_json_document(tmp_path, monkeypatch, capsys):
 def test_run_help_says_fleet_json_is_one_document():
     out = CliRunner().invoke(cli, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "with --fleet, one JSON document" in " ".join(out.split())
+
+
+def test_compare_gives_a_metric_one_line_at_80_columns(golden):
+    out = narrow("compare", "golden-a", "golden-b", "--results", golden)
+    # n once in the header where a side's medians share it; the interval's bounds whole,
+    # in the percent the caption names; the row on one line.
+    assert re.search(r"^\s+A median\s+B median\s*$\n^workload metric\s+\(n=5\)\s+\(n=5\)\s",
+                     out, re.M), out
+    assert re.search(r"^cpu\s+events/s ↑\s+49,903\s+49,903\s+\+0\.0% \[-1\.5, \+1\.5\]\s+1\s+~",
+                     out, re.M), out
+    assert re.search(r"^\s+ops/s ↑\s+1,360,148\s+1,305,742\s+-4\.0% \[-5\.4, -2\.6\]\s+"
+                     r"0\.00011\s+worse", out, re.M), out
+    assert "change of B relative to A, % [99% CI]" in " ".join(out.split())
+
+
+def test_show_all_breaks_no_header_number_or_interval_at_80_columns(golden):
+    out = narrow("show", "golden-a", "--all", "--results", golden)
+    head = out.split("target fingerprints")[0]
+    assert "…" not in head
+    # Every target's name whole in the header; a cell's interval, cv and ratio whole,
+    # each on a line of its own; an interval wider than its column wraps at its " – ".
+    assert re.search(r"^workload metric\s+native = 1\s+\(runc\)\s+vm:tcg$", head, re.M), head
+    assert re.search(r"^\s+\(events\) ↑\s+\(48,073 – 49,092\)\s+\(49,516 – 50,565\)\s+"
+                     r"\(4,807 – 4,909\)$", head, re.M), head
+    assert re.search(r"^\s+cv 0\.8%\s+cv 0\.8%\s+cv 0\.8%$", head, re.M), head
+    assert re.search(r"^\s+\[1\.017, 1\.044\]\s+\[0\.09871, 0\.1013\]$", head, re.M), head
+    assert re.search(r"^\s+\(2,695,813 –\s+\(2,668,855 –\s+\(1,347,906 –$\n"
+                     r"^\s+2,752,939\)\s+2,725,409\)\s+1,376,469\)$", head, re.M), head
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Two runs of a memory block-size sweep that keeps three other parameters the same."""
+    from vmtax.core.workload import Metric
+    results = tmp_path_factory.mktemp("sweep")
+    store = Store(results)
+    for name, keep_vm in (("sweep-a", 0.5), ("sweep-b", 0.45)):
+        run_id = store.new_run({"name": name, "targets": [{"name": "native"}, {"name": "vm"}],
+                                "baseline": "native", "runs": 3, "warmup": 0, "time": 1},
+                               {"cpu_model": "Synthetic CPU"}, "0.1.0")
+        store.set_target(run_id, "native", "native", {"kind": "native"})
+        store.set_target(run_id, "vm", "vm", {"kind": "vm", "accel": "tcg"})
+        for block in ("1K", "64K", "1M"):
+            params = {"memory-block-size": block, "memory-total-size": "10G",
+                      "memory-oper": "write", "threads": 1}
+            for target, keep in (("native", 1.0), ("vm", keep_vm)):
+                for idx in range(3):
+                    store.add_rep(run_id, target=target, workload="memory", params=params,
+                                  phase="measure", idx=idx, status="ok", argv=["sysbench"],
+                                  started=float(idx), host_elapsed=1.0, guest_elapsed=1.0,
+                                  metrics=[Metric("MiB/s", 9000 * keep * (1 + idx / 100),
+                                                  "MiB/s", True)])
+        store.finish_run(run_id, "done")
+    store.close()
+    return str(results)
+
+
+FIXED = "memory: memory-oper=write memory-total-size=10G threads=1 throughout"
+
+
+@pytest.mark.parametrize("args", [("show", "sweep-a"), ("show", "sweep-a", "--all"),
+                                  ("compare", "sweep-a", "sweep-b")])
+def test_a_sweep_shows_what_varies_and_says_once_what_is_fixed(sweep, args):
+    out = narrow(*args, "--results", sweep)
+    words = " ".join(out.split())
+    assert words.count("memory-total-size=10G") == words.count(FIXED) == (
+        2 if args[0] == "compare" else 1), out   # compare: once a pair of targets
+    for block in ("1K", "64K", "1M"):
+        assert f"memory-block-size={block}" in out.split(), out
+    if args[0] == "compare":   # a row: its sweep point, then the change's range under it
+        assert re.search(r"^memory\s+MiB/s ↑\s+4,545\s+4,090\s+-10\.0%\s+0\.0004\s+worse *$\n"
+                         r"^memory-block-size=64K\s+\(-11\.8–-8\.2\) *$", out, re.M), out

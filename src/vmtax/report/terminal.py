@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import time
 from collections.abc import Sequence, Set as AbstractSet
 from typing import TYPE_CHECKING
@@ -133,7 +134,11 @@ def flag_text(flag: str, cell: Cell) -> str:
     return flag
 
 
-def cell_text(cell: Cell | None) -> Text:
+def cell_text(cell: Cell | None, compact: bool = False) -> Text:
+    """A cell of `show --all`: median, interval, cv, ratio to the baseline with its
+    interval, why there is none, failures, flags. Compact (a narrow console), each of the
+    median's interval, cv and the ratio's interval goes on a line of its own, so that a
+    column wraps only where a new part begins, never inside an interval."""
     text = Text()
     if cell is None:
         return text
@@ -142,15 +147,17 @@ def cell_text(cell: Cell | None) -> Text:
             return text.append(f"not recorded: {cell.not_recorded}", style="dim")
         text.append(f"failed ×{cell.failed}", style="red")
         return text
+    apart = "\n" if compact else " "
     text.append(fmt(cell.summary.median))
-    text.append(interval(cell.summary), style="dim")
+    text.append(interval(cell.summary).replace(" ", apart, 1), style="dim")
     if cell.summary.cv is not None:
-        text.append(f" cv {cell.summary.cv:.1%}", style="dim")
+        text.append(f"{apart}cv {cell.summary.cv:.1%}", style="dim")
     if cell.ratio is not None:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
         text.append(f"\n×{fmt(r.value)}", style=style)
-        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)), style="dim")
+        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)).replace(" ", apart, 1),
+                    style="dim")
     if cell.no_ratio is not None:
         text.append(f"\n{cell.no_ratio}", style="dim")
     if cell.failed:
@@ -158,6 +165,34 @@ def cell_text(cell: Cell | None) -> Text:
     for flag in cell.flags:
         text.append(f"\n⚠ {flag_text(flag, cell)}", style=FLAG_STYLE)
     return text
+
+
+def fixed_params(rows) -> dict[str, dict]:
+    """Per workload run at several parameter sets (a sweep), the parameters every set has
+    the same: a table shows what varies and says these once (fixed_note). rows: anything
+    with .workload and .params (repetitions, comparison rows)."""
+    sets: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.params not in sets.setdefault(row.workload, []):
+            sets[row.workload].append(row.params)
+    fixed = {}
+    for workload, params in sets.items():
+        same = {k: v for k, v in params[0].items() if all(p.get(k, v) == v and k in p
+                                                            for p in params[1:])}
+        if len(params) > 1 and same:
+            fixed[workload] = same
+    return fixed
+
+
+def varying(params: dict, workload: str, fixed: dict[str, dict]) -> dict:
+    """A row's parameters less those its workload's every row has the same."""
+    return {k: v for k, v in params.items() if k not in fixed.get(workload, {})}
+
+
+def fixed_note(fixed: dict[str, dict]) -> str:
+    """What a sweep keeps the same, once: "memory: memory-oper=write throughout"."""
+    return "; ".join(f"{workload}: " + " ".join(f"{k}={v}" for k, v in params.items())
+                     + " throughout" for workload, params in fixed.items())
 
 
 def _title(run: Run) -> str:
@@ -268,6 +303,10 @@ def print_headline(console: Console, model: RunModel, context: str = "",
                   + ", below 1 = worse (↑ higher is better, ↓ lower)"
                   + ("; index: geometric mean of a class's workloads" if classes else "")
                   + "[/dim]")
+    # The rows show the parameters a sweep varies (analysis.summary); what it keeps, once.
+    fixed = fixed_params(r for r in run.reps if r.phase == "measure")
+    if fixed:
+        console.print(Text(printable(fixed_note(fixed)), style="dim"))
     _print_verdicts(console, classes, model.explanations if classes else [])
     for target, line in model.hypotheses.items():
         if target in others:
@@ -368,24 +407,54 @@ def grouped_notes(notes: list[str]) -> list[str]:
             if targets else workload for (workload, why), targets in groups.items()]
 
 
+# A line of a compact cell that must stay whole: a number, an interval, a cv, a ratio
+# (words, such as a flag or why there is no ratio, wrap).
+_UNBROKEN = re.compile(r"[-+\d(\[×∞–]|cv ")
+
+
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
+    compact = _compact(console)
     ranges = ranged(c.ratio for row in summary.rows for c in row.cells.values())
-    table = Table(title=escape(_title(run)),
-                  caption=f"median [95% CI] or (range) when too few runs for a 95% CI, "
-                          "cv = coefficient of variation; "
-                          f"×ratio to {summary.baseline} [95% CI]"
-                          + (" or (range)" if ranges else "") + ": below 1 = worse, "
-                          "whatever the metric's direction (↑ higher is better, ↓ lower)")
-    table.add_column("workload")
-    table.add_column("metric")
-    for name in summary.targets:
-        label = target_label(run, name)
-        # fold: a narrow terminal wraps a number rather than cutting it off with "…"
-        table.add_column(shown_text(label) + (" = 1" if name == summary.baseline else ""),
-                         justify="right", overflow="fold")
+    title = escape(_title(run))
+    caption = (f"median [95% CI] or (range) when too few runs for a 95% CI, "
+               "cv = coefficient of variation; "
+               f"×ratio to {summary.baseline} [95% CI]"
+               + (" or (range)" if ranges else "") + ": below 1 = worse, "
+               "whatever the metric's direction (↑ higher is better, ↓ lower)")
+    fixed = fixed_params(r for r in run.reps if r.phase == "measure")
+    if fixed:
+        caption += "; " + shown_text(fixed_note(fixed))
+    table = (_light_table(title=title, caption=caption) if compact
+             else Table(title=title, caption=caption))
+    rows = [[cell_text(row.cells.get(t), compact) for t in summary.targets]
+            for row in summary.rows]
+    # Compact, names wrap between their words, leaving the room to the numbers: a target's
+    # column is as wide as its widest number, interval or ratio (each a line of its cell)
+    # within its share of what the names leave; an interval wider than that wraps at its
+    # " – ", never inside a number.
+    names = (max(8, _longest(" ".join([row.workload, *(f"{k}={v}" for k, v in
+                                                       row.params.items())])
+                             for row in summary.rows)),
+             max(12, _longest(row.label for row in summary.rows)))
+    for column, width in zip(("workload", "metric"), names):
+        table.add_column(column, max_width=width if compact else None)
+    share = max(8, (console.width - sum(names) - len(summary.targets) - 1)
+                // len(summary.targets))
+    for number, name in enumerate(summary.targets):
+        label = shown_text(target_label(run, name)) + (" = 1" if name == summary.baseline
+                                                       else "")
+        if compact:
+            widest = max((len(line) for cells in rows
+                          for line in cells[number].plain.split("\n")
+                          if _UNBROKEN.match(line)), default=1)
+            table.add_column(label.replace(" (", "\n(", 1), justify="right",
+                             min_width=min(share, widest))
+        else:
+            # fold: a narrow terminal wraps a number rather than cutting it off with "…"
+            table.add_column(label, justify="right", overflow="fold")
     previous = None
-    for row in summary.rows:
+    for row, cells in zip(summary.rows, rows):
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
         group = (row.workload, params)
         if previous is not None and group != previous:
@@ -393,8 +462,7 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         shown = shown_text(row.workload + (f"\n{params}" if params else ""))
         table.add_row(shown if group != previous else "",
                       f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
-                      f"{'↑' if row.higher_is_better else '↓'}",
-                      *[cell_text(row.cells.get(t)) for t in summary.targets])
+                      f"{'↑' if row.higher_is_better else '↓'}", *cells)
         previous = group
     console.print(table)
     _print_failures(console, summary)
@@ -501,36 +569,113 @@ VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
                  "too few runs": "yellow", "below resolution": "dim"}
 
 
+# Below this width the tables take their compact form: a lighter box, numbers never
+# broken, what every cell repeats said once (the 100-column layout is kept as it is).
+COMPACT_BELOW = 100
+
+
+def _compact(console: Console) -> bool:
+    return console.width < COMPACT_BELOW
+
+
+def _light_table(**kwargs) -> Table:
+    """A table with no vertical rules (a rule under the header): the columns they would
+    take go to the numbers (the box's blank divider is the only space between them)."""
+    return Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False, **kwargs)
+
+
+def _longest(texts) -> int:
+    """The longest word of these texts: the narrowest a column wrapping them between their
+    words can be."""
+    return max((len(word) for text in texts for word in text.split()), default=1)
+
+
+def _change_text(c, compact: bool) -> str:
+    """A comparison's change with its interval, "+1.2% [-0.5%, +3.0%]"; compact, the
+    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]",
+    and a range unspaced, as the headline writes it: "-10.0% (-11.8–-8.2)"."""
+    if c.verdict == "below resolution":
+        return "–"
+    bound = (lambda v: _percent(v).rstrip("%")) if compact else _percent
+    return _percent(c.change) + bracket(c.interval, bound(c.change_ci[0]),
+                                        bound(c.change_ci[1]),
+                                        "–" if compact and c.interval == "range" else ", ")
+
+
 def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
+    compact = _compact(console)
     sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
     for a, b in sides:
-        table = Table(title=shown_text(f"B = {b}  vs  A = {a}"),
-                      caption=f"change of B relative to A [{1 - alpha:.0%} CI]"
-                              + (" or (range of the runs: too few for a CI)"
-                                 if ranged(r.comparison for r in rows if (r.a, r.b) == (a, b))
-                                 else "") + "; p after "
-                              f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
-                              f"significant when p < {alpha:g}, the CI excludes 0 and "
-                              f"|change| ≥ {noise_floor:.0%}")
-        columns: tuple[tuple[str, JustifyMethod], ...] = (
-            ("workload", "left"), ("metric", "left"), ("A median", "right"),
-            ("B median", "right"), ("change", "right"), ("p", "right"), ("verdict", "center"))
-        for col, justify in columns:
-            # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
-            table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
         mine = [r for r in rows if (r.a, r.b) == (a, b)]
+        # Compact, a side whose every median has the same number of runs says it once.
+        n_a = {r.comparison.n_a for r in mine} if compact else set()
+        n_b = {r.comparison.n_b for r in mine} if compact else set()
+        caption = (f"change of B relative to A{', %' if compact else ''} [{1 - alpha:.0%} CI]"
+                   + (" or (range of the runs: too few for a CI)"
+                      if ranged(r.comparison for r in mine) else "") + "; p after "
+                   f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
+                   f"significant when p < {alpha:g}, the CI excludes 0 and "
+                   f"|change| ≥ {noise_floor:.0%}")
+        fixed = fixed_params(mine)
+        if fixed:
+            caption += "; " + shown_text(fixed_note(fixed))
+        title = shown_text(f"B = {b}  vs  A = {a}")
+        table = (_light_table(title=title, caption=caption) if compact
+                 else Table(title=title, caption=caption))
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
+            ("workload", "left"), ("metric", "left"),
+            ("A median" + (f"\n(n={next(iter(n_a))})" if len(n_a) == 1 else ""), "right"),
+            ("B median" + (f"\n(n={next(iter(n_b))})" if len(n_b) == 1 else ""), "right"),
+            ("change", "right"), ("p", "right"), ("verdict", "center"))
         configs: dict[str, set[str]] = {}
         for r in mine:
             configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
-        previous = None
+        # A workload's parameters where it ran at several sets, less what they all share
+        # (the caption says that once); A's and B's where they differ.
+        shown_params = []
         for r in mine:
-            c = r.comparison
-            params = (" ".join(f"{k}={v}" for k, v in r.params.items())
+            params = (" ".join(f"{k}={v}" for k, v in varying(r.params, r.workload,
+                                                              fixed).items())
                       if len(configs[r.workload]) > 1 else "")
             if r.params_b != r.params:
                 params = "A " + " ".join(f"{k}={v}" for k, v in r.params.items()
                                          if r.params_b.get(k) != v) + "\nB " + " ".join(
                     f"{k}={v}" for k, v in r.params_b.items() if r.params.get(k) != v)
+            shown_params.append(params)
+        words: tuple[list[str], ...] = (
+            [f"{r.workload} {params}" for r, params in zip(mine, shown_params)],
+            [r.metric + " ↑" for r in mine], [], [], [], [],
+            [r.comparison.verdict for r in mine])
+        changes = [_change_text(r.comparison, compact) for r in mine]
+        medians = [(fmt(r.comparison.median_a) + ("" if len(n_a) == 1
+                                                   else f" (n={r.comparison.n_a})"),
+                    fmt(r.comparison.median_b) + ("" if len(n_b) == 1
+                                                   else f" (n={r.comparison.n_b})"))
+                   for r in mine]
+        # Compact, where the table would be wider than the console even so, the change's
+        # interval goes under it (beside a sweep's parameters, which take a line anyway).
+        ps = ["–" if r.comparison.verdict == "below resolution"
+              else f"{r.comparison.p_adjusted:.2g}" for r in mine]
+        texts = (words[0], words[1], [m[0] for m in medians], [m[1] for m in medians],
+                 changes, ps, words[6])
+        widths = [max(_longest([header]), _longest(column)) if number in (0, 1, 6)
+                  else max(map(len, [*header.split("\n"), *column]))
+                  for number, ((header, _), column) in enumerate(zip(columns, texts))]
+        if compact and sum(widths) + len(widths) - 1 > console.width:
+            changes = [change.replace(" ", "\n", 1) for change in changes]
+        for number, (col, justify) in enumerate(columns):
+            if compact:   # numbers whole; names and verdicts wrap between their words
+                # "below resolution" on two lines rather than a metric's name
+                table.add_column(col, justify=justify, no_wrap=2 <= number <= 5,
+                                 min_width=_longest(words[number]) if words[number] else None,
+                                 max_width=10 if col == "verdict" else None)
+            else:
+                # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
+                table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
+        previous = None
+        for r, params, change, (median_a, median_b), p in zip(mine, shown_params, changes,
+                                                               medians, ps):
+            c = r.comparison
             group = (r.workload, params)
             if previous is not None and group != previous:
                 table.add_section()
@@ -539,12 +684,8 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             shown = shown_text(r.workload + (f"\n{params}" if params else ""))
             table.add_row(shown if group != previous else "",
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
-                          f"{fmt(c.median_a)} (n={c.n_a})", f"{fmt(c.median_b)} (n={c.n_b})",
-                          "–" if c.verdict == "below resolution" else
-                          _percent(c.change) + bracket(c.interval, _percent(c.change_ci[0]),
-                                                       _percent(c.change_ci[1])),
-                          "–" if c.verdict == "below resolution" else f"{c.p_adjusted:.2g}",
-                          Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
+                          median_a, median_b, change,
+                          p, Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
             previous = group
         console.print(table)
         # Why there is no verdict, once per distinct reason ("below resolution" is plain
