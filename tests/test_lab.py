@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,51 @@ def test_vhost_in_a_plan_passes_the_hosts_check_when_the_labs_kernel_has_vhost_n
     assert not machine.has_device("/dev/vhost-net") or os.path.exists("/dev/vhost-net")
     (tmp_path / "modules" / "modules.dep").write_text("kernel/drivers/net/tun.ko:\n")
     assert lab.devices(_kernel(tmp_path)) == {"/dev/net/tun"}
+
+
+def test_a_lab_whose_kernel_dies_mid_run_is_booted_again_to_resume_the_run(tmp_path,
+                                                                            monkeypatch):
+    """Found in CI: the lab's kernel panicked 278 s into a run (a stack overflow in an
+    interrupt, under TCG's emulated SVM). What it stored stays in the share; a new lab
+    resumes that run, once, and the host imports it finished."""
+    from types import SimpleNamespace
+
+    from vmtax.host.journal import Journal
+    from vmtax.results.store import Store
+    from vmtax.studies import lab as study
+
+    monkeypatch.setattr(study, "check", lambda *args: 1 << 30)
+    monkeypatch.setattr(study, "find_qemu", lambda qemu: "qemu")
+    monkeypatch.setattr(study, "make_scratch_disk", lambda path, *args: path.write_bytes(b""))
+    monkeypatch.setattr(lab, "lab_kernel", lambda cache: SimpleNamespace(
+        modules_tree=tmp_path, version="6.1"))
+    monkeypatch.setattr(lab, "lab_argv", lambda *args: ["qemu"])
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    jobs: list[list[str]] = []
+
+    def spawn(argv, log):
+        share = log.parent
+        jobs.append(json.loads((share / lab.JOB).read_text())["argv"][3:])
+        (share / lab.STARTED).write_text("1")
+        store = Store(share / lab.RESULTS)
+        if len(jobs) == 1:      # the first lab: a run begun, then its kernel dies
+            store.new_run({"runs": 1}, {"hostname": "lab"}, "0")
+            (share / "console.log").write_text("Kernel panic - not syncing: Fatal exception\n")
+        else:
+            [run] = store.list_runs()
+            store.finish_run(run["id"], "done")
+            (share / lab.RC).write_text("0")
+        store.close()
+        return subprocess.Popen(["true"])
+
+    monkeypatch.setattr(lab, "spawn", spawn)
+    said: list[str] = []
+    outcome = study.run(["run", "plan.toml"], vcpus=2, memory="1G", disk="1G", qemu="qemu",
+                        results=tmp_path / "results", journal=Journal(tmp_path / "journal"),
+                        echo=lambda data: None, say=said.append)
+    [run_id] = outcome.run_ids
+    assert jobs == [["run", "plan.toml"], ["run", "--resume", run_id]]
+    assert outcome.exit_code == 0 and "booting it again to resume run " + run_id in said[-1]
+    assert "Kernel panic" in said[-1]
+    assert Store(tmp_path / "results").list_runs()[0]["status"] == "done"
+    assert not list(tmp_path.glob("vmtax-lab-*"))    # the share, undone

@@ -131,6 +131,45 @@ def _read_outcome(share: Path, qemu_status: int | None, outcome: LabOutcome) -> 
             + _console_tail(share)) from None
 
 
+def _boot(qemu_argv: list[str], share: Path, disk: str, results: Path, journal: Journal,
+          tokens: list[int], echo: Callable[[bytes], None],
+          say: Callable[[str], None]) -> subprocess.Popen | None:
+    """Boot the lab and echo its output until its QEMU exits; a lab hung while booting is
+    stopped and booted again, BOOT_TRIES times in all. None: interrupted (Ctrl-C)."""
+    for attempt in range(1, BOOT_TRIES + 1):
+        qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
+        tokens.append(journal.process(qemu_proc.pid))
+        try:
+            if _watch(qemu_proc, share, echo):
+                return qemu_proc
+        except KeyboardInterrupt:
+            return None
+        journal.undo(tokens.pop())   # hung at boot: stop it, and boot a new one
+        if attempt == BOOT_TRIES:
+            raise VmtaxError(f"lab: did not boot within {BOOT_TIMEOUT:g} s, "
+                             f"{BOOT_TRIES} times; its console's last lines:\n"
+                             + _console_tail(share))
+        kept = _keep_console(share, results)
+        last = _console_tail(share).splitlines()[-1:] or ["(its console is empty)"]
+        say(f"lab: no sign of its vmtax within {BOOT_TIMEOUT:g} s (hung while booting; "
+            f"its console's last line: {last[0]}; all of it: {kept}); booting it again")
+        (share / lab.UPPER).unlink()
+        make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
+    raise AssertionError("unreachable")
+
+
+def _resumable(argv: list[str], share: Path) -> str | None:
+    """The run a `vmtax run` in the lab left unfinished in its share, if any."""
+    if argv[:1] != ["run"] or not (share / lab.RESULTS / DB_NAME).is_file():
+        return None
+    store = Store(share / lab.RESULTS, readonly=True)
+    try:
+        unfinished = [r["id"] for r in store.list_runs() if r["status"] != "done"]
+    finally:
+        store.close()
+    return unfinished[-1] if unfinished else None
+
+
 def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, results: Path,
         journal: Journal, echo: Callable[[bytes], None], say: Callable[[str], None],
         env: dict[str, str] | None = None, tty: bool = False) -> LabOutcome:
@@ -145,40 +184,45 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
     outcome = LabOutcome(exit_code=1)
     try:
         os.chmod(share, 0o700)
-        lab.write_job(share, [sys.executable, "-m", "vmtax", *argv], os.getcwd(),
-                      kernel.modules_tree, kernel.version,
-                      {lab.LAB_ENV: lab.LAB_LABEL, "VMTAX_RESULTS": lab.LAB_RESULTS,
-                       # This vmtax's cache, guest kernels and images built (read-only there)
-                       "VMTAX_CACHE": str(paths.cache_dir()),
-                       "HOME": os.path.expanduser("~"), **(env or {})}, tty)
+
+        def write(args: list[str]) -> None:
+            lab.write_job(share, [sys.executable, "-m", "vmtax", *args], os.getcwd(),
+                          kernel.modules_tree, kernel.version,
+                          {lab.LAB_ENV: lab.LAB_LABEL, "VMTAX_RESULTS": lab.LAB_RESULTS,
+                           # This vmtax's cache, guest kernels and images built (read-only
+                           # there)
+                           "VMTAX_CACHE": str(paths.cache_dir()),
+                           "HOME": os.path.expanduser("~"), **(env or {})}, tty)
+
+        write(argv)
         make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
         qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share, paths.cache_dir())
         outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
             f"(kernel {kernel.version})")
         started = time.monotonic()
-        for attempt in range(1, BOOT_TRIES + 1):
-            qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
-            tokens.append(journal.process(qemu_proc.pid))
-            try:
-                if _watch(qemu_proc, share, echo):
-                    break
-            except KeyboardInterrupt:
+        resumed = False
+        while True:
+            qemu_proc = _boot(qemu_argv, share, disk, results, journal, tokens, echo, say)
+            if qemu_proc is None:
                 outcome.interrupted = True
                 break
-            journal.undo(tokens.pop())   # hung at boot: stop it, and boot a new one
-            if attempt == BOOT_TRIES:
-                raise VmtaxError(f"lab: did not boot within {BOOT_TIMEOUT:g} s, "
-                                 f"{BOOT_TRIES} times; its console's last lines:\n"
-                                 + _console_tail(share))
-            kept = _keep_console(share, results)
+            resume = None if resumed or (share / lab.RC).exists() else _resumable(argv, share)
+            if resume is None:
+                break
+            # The lab's kernel died mid-run (CI saw a stack overflow in an interrupt under
+            # TCG's emulated SVM): what it stored is in the share; a new lab resumes it, once.
+            resumed = True
             last = _console_tail(share).splitlines()[-1:] or ["(its console is empty)"]
-            say(f"lab: no sign of its vmtax within {BOOT_TIMEOUT:g} s (hung while booting; "
-                f"its console's last line: {last[0]}; all of it: {kept}); booting it again")
+            kept = _keep_console(share, results)
+            say(f"lab: ended mid-run without the command's exit status (its console's last "
+                f"line: {last[0]}; all of it: {kept}); booting it again to resume run {resume}")
+            journal.undo(tokens.pop())
+            write(["run", "--resume", resume])
             (share / lab.UPPER).unlink()
             make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
         outcome.seconds["lab"] = round(time.monotonic() - started, 2)
-        if not outcome.interrupted:
+        if qemu_proc is not None:
             _read_outcome(share, qemu_proc.returncode, outcome)
     finally:
         for token in reversed(tokens[1:]):   # the lab's QEMU, so nothing writes the share
