@@ -195,7 +195,7 @@ def test_eight_containers_and_taps_reachable_then_nothing_left(net, stand_ins):
         (eth0,) = json.loads(out.stdout)
         assert eth0["address"] == endpoint.mac and "UP" in eth0["flags"]
         assert [(a["local"], a["prefixlen"]) for a in eth0["addr_info"]
-                if a["family"] == "inet"] == [(endpoint.address, 24)]
+                if a["family"] == "inet"] == [(endpoint.address, network.PREFIX)]
         out = subprocess.run(["nsenter", f"--net={path}", "ip", "-j", "route", "show",
                               "default"], capture_output=True, text=True, check=True)
         assert [(r["gateway"], r["dev"]) for r in json.loads(out.stdout)] == \
