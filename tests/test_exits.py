@@ -172,6 +172,10 @@ def _proc_with_fd(root: Path, pid: int, link: str) -> Path:
 def test_unavailable_for_no_vm_and_for_a_tcg_guest(monkeypatch, tmp_path):
     assert Exits.unavailable(Subject(kind="container", name="container:runc", pids=[1])) == (
         "container:runc is no VM: exits are those of a KVM guest")
+    # Found by the lab: a libvirt domain of type kvm was called "no VM".
+    assert Exits.unavailable(Subject(kind="libvirt", name="libvirt-kvm", pids=[1])) == (
+        "libvirt-kvm: exits are recorded for vm targets' QEMU only, not yet for a libvirt "
+        "domain's")
     monkeypatch.setattr(Exits, "proc_root", _proc_with_fd(tmp_path, 4242, "/dev/null"))
     monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm"))
     why = Exits.unavailable(Subject(kind="vm", name="vm:tcg", pids=[4242]))

@@ -111,6 +111,10 @@ class Exits(Collector):
 
     @classmethod
     def unavailable(cls, subject: Subject) -> str | None:
+        if subject.kind == "libvirt":
+            # A VM, maybe on KVM (the lab runs one): its QEMU is libvirtd's, not attached yet.
+            return (f"{subject.name}: exits are recorded for vm targets' QEMU only, not yet "
+                    "for a libvirt domain's")
         if subject.kind != "vm":
             return f"{subject.name} is no VM: exits are those of a KVM guest"
         if not subject.pids:
