@@ -91,13 +91,22 @@ def _console_tail(share: Path) -> str:
     return "\n".join(lines[-CONSOLE_TAIL:])
 
 
-def _keep_console(share: Path, results: Path) -> Path:
-    """A hung boot's console, kept beside the results (the next boot overwrites it)."""
-    kept = results / f"lab-hung-console-{time.strftime('%Y%m%d-%H%M%S')}.log"
+def _keep_console(share: Path, results: Path) -> str:
+    """A lab's console before it is booted again (the next boot overwrites it), kept beside
+    the results: its last line and where the whole of it is, said to the user."""
+    kept = results / f"lab-console-{time.strftime('%Y%m%d-%H%M%S')}.log"
     results.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         shutil.copyfile(share / "console.log", kept)
-    return kept
+    last = _console_tail(share).splitlines()[-1:] or ["(its console is empty)"]
+    return f"its console's last line: {last[0]}; all of it: {kept}"
+
+
+def _fresh_upper(share: Path, disk: str) -> None:
+    """An empty disk for the lab's overlay, before it is booted (again)."""
+    with contextlib.suppress(FileNotFoundError):
+        (share / lab.UPPER).unlink()
+    make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
 
 
 def _watch(qemu_proc: subprocess.Popen, share: Path, echo: Callable[[bytes], None]) -> bool:
@@ -149,12 +158,9 @@ def _boot(qemu_argv: list[str], share: Path, disk: str, results: Path, journal: 
             raise VmtaxError(f"lab: did not boot within {BOOT_TIMEOUT:g} s, "
                              f"{BOOT_TRIES} times; its console's last lines:\n"
                              + _console_tail(share))
-        kept = _keep_console(share, results)
-        last = _console_tail(share).splitlines()[-1:] or ["(its console is empty)"]
         say(f"lab: no sign of its vmtax within {BOOT_TIMEOUT:g} s (hung while booting; "
-            f"its console's last line: {last[0]}; all of it: {kept}); booting it again")
-        (share / lab.UPPER).unlink()
-        make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
+            f"{_keep_console(share, results)}); booting it again")
+        _fresh_upper(share, disk)
     raise AssertionError("unreachable")
 
 
@@ -195,7 +201,7 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
                            "HOME": os.path.expanduser("~"), **(env or {})}, tty)
 
         write(argv)
-        make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
+        _fresh_upper(share, disk)
         qemu_argv = lab.lab_argv(find_qemu(qemu), kernel, vcpus, size, share, paths.cache_dir())
         outcome.seconds["prepare"] = round(time.monotonic() - wall, 2)
         say(f"lab: booting {vcpus} vCPUs, {size >> 20} MiB, {lab.LAB_LABEL} "
@@ -213,14 +219,11 @@ def run(argv: list[str], *, vcpus: int, memory: str, disk: str, qemu: str, resul
             # The lab's kernel died mid-run (CI saw a stack overflow in an interrupt under
             # TCG's emulated SVM): what it stored is in the share; a new lab resumes it, once.
             resumed = True
-            last = _console_tail(share).splitlines()[-1:] or ["(its console is empty)"]
-            kept = _keep_console(share, results)
-            say(f"lab: ended mid-run without the command's exit status (its console's last "
-                f"line: {last[0]}; all of it: {kept}); booting it again to resume run {resume}")
+            say(f"lab: ended mid-run without the command's exit status "
+                f"({_keep_console(share, results)}); booting it again to resume run {resume}")
             journal.undo(tokens.pop())
             write(["run", "--resume", resume])
-            (share / lab.UPPER).unlink()
-            make_scratch_disk(share / lab.UPPER, disk, lab.UPPER_BYTES_PER_INODE)
+            _fresh_upper(share, disk)
         outcome.seconds["lab"] = round(time.monotonic() - started, 2)
         if qemu_proc is not None:
             _read_outcome(share, qemu_proc.returncode, outcome)
