@@ -1,6 +1,6 @@
 """What the target kinds that boot guests of their own (vm, libvirt) do the same way: the
 invocation's shared guest image, the one guest the plan's jobs run in (`self.guest`, an
-agent guest of vm_instance or libvirt_instance), and the calls they hand to it. Not a
+agent guest of vm_instance or libvirt.instance), and the calls they hand to it. Not a
 plugin: it sets no `name`."""
 
 from __future__ import annotations

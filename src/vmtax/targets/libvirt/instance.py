@@ -32,11 +32,24 @@ from typing import TYPE_CHECKING, Any, Callable
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.types import Job, JobResult
 from vmtax.guest.agent_session import AgentGuest, direct_io_works, make_scratch_disk, tail
-from vmtax.guest.libvirt_xml import DomainSpec, domain_xml
+from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_xml
 from vmtax.guest.qemu import parse_size
 from vmtax.guest import remote_bundle
-from vmtax.host import hugepages, libvirt, machine, proc, ssh_session
+from vmtax.host import hugepages, machine, proc, ssh_session
 from vmtax.host.journal import Journal
+from vmtax.targets.libvirt.nat import NatLease
+from vmtax.targets.libvirt.virsh import (
+    IMAGES,
+    QEMU_LOGS,
+    RUN_DIR,
+    Virsh,
+    hugetlbfs_hint,
+    journal_domain,
+    journal_guest_dir,
+    journal_guest_file,
+    journal_host_tap,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from vmtax.host.network import Endpoint as NetEndpoint
@@ -44,11 +57,11 @@ if TYPE_CHECKING:
 
 # The domain's specification, from its files: (directory, disk, NIC) -> DomainSpec; the
 # NIC is a tap on vmtax's bridge or a place on a libvirt NAT network.
-Specify = Callable[[Path, "Path | None", "NetEndpoint | libvirt.NatLease | None"], DomainSpec]
+Specify = Callable[[Path, "Path | None", "NetEndpoint | NatLease | None"], DomainSpec]
 # Makes libvirt answer, told of the hugetlbfs mounts the domain's RAM goes on.
 Connect = Callable[[tuple[Path, ...]], None]
 # A place on the target's NAT network (which it starts with the first), once libvirt answers.
-Lease = Callable[[], libvirt.NatLease]
+Lease = Callable[[], NatLease]
 
 
 # libvirt's refusals -> the options (of the target's) whose value they are about.
@@ -80,7 +93,7 @@ class LibvirtInstance(AgentGuest):
     what = "domain"
 
     def __init__(self, name: str, domain: str, opts: Any, specify: Specify,
-                 connect: Connect, virsh: libvirt.Virsh, journal: Journal, network: str = "none",
+                 connect: Connect, virsh: Virsh, journal: Journal, network: str = "none",
                  net: Network | None = None, lease: Lease | None = None):
         super().__init__(name)
         self.domain = domain
@@ -92,7 +105,7 @@ class LibvirtInstance(AgentGuest):
         self.network = network            # "none" | "bridge" (a tap on `net`) | "nat"
         self.net = net
         self.lease = lease                 # with "nat"
-        self.nat: libvirt.NatLease | None = None
+        self.nat: NatLease | None = None
         self.spec: DomainSpec | None = None
         self.xml: str | None = None
         self.pid: int | None = None
@@ -108,7 +121,7 @@ class LibvirtInstance(AgentGuest):
     # -- lifecycle --
 
     def _start(self) -> None:
-        directory, token = self.journal.make_dir(libvirt.IMAGES, f"{self.domain}-")
+        directory, token = self.journal.make_dir(IMAGES, f"{self.domain}-")
         self._tokens.append(token)
         self._dir = directory
         directory.chmod(0o711)   # libvirt-qemu opens the files inside by their names
@@ -135,7 +148,7 @@ class LibvirtInstance(AgentGuest):
         if self.tap is not None:
             self._lend_tap(self.tap)
         start = time.monotonic()
-        domain_token = libvirt.journal_domain(self.journal, self.virsh.uri, self.domain)
+        domain_token = journal_domain(self.journal, self.virsh.uri, self.domain)
         self._tokens.append(domain_token)
         done = self.virsh.call("create", str(xml_file))
         if done.timed_out or done.exit_code != 0:
@@ -156,11 +169,11 @@ class LibvirtInstance(AgentGuest):
         if done.timed_out:
             return (f"{self.name}: libvirt at {self.virsh.uri} did not start the domain "
                     f"within {self.virsh.timeout:g} s")
-        message = libvirt.one_line(done.stderr or done.stdout)
+        message = one_line(done.stderr or done.stdout)
         options = refused_options(message)
         named = (" (" + ", ".join(f"{o} = {getattr(self.opts, o, None)!r}" for o in options)
                  + ")") if options else ""
-        hint = ("; " + libvirt.hugetlbfs_hint(self.opts.hugepages)
+        hint = ("; " + hugetlbfs_hint(self.opts.hugepages)
                 if "hugepages" in options and re.search("hugetlbfs", message, re.I) else "")
         return f"{self.name}: libvirt refused the domain{named}: {message}{hint}"
 
@@ -186,7 +199,7 @@ class LibvirtInstance(AgentGuest):
     def _lend_tap(self, tap: NetEndpoint) -> None:
         """Move the tap to the host's namespace, where libvirt opens it by name."""
         assert self.net is not None
-        self._lent_tap = libvirt.journal_host_tap(self.journal, tap.name)
+        self._lent_tap = journal_host_tap(self.journal, tap.name)
         self._ip(["ip", "-n", self.net.name or "", "link", "set", tap.name, "netns", "1"])
 
     def _return_tap(self, tap: NetEndpoint) -> None:
@@ -206,7 +219,7 @@ class LibvirtInstance(AgentGuest):
     def _qemu_pid(self) -> int | None:
         """QEMU's pid, as libvirt writes it (root only)."""
         try:
-            return int((libvirt.RUN_DIR / "qemu" / f"{self.domain}.pid").read_text().split()[0])
+            return int((RUN_DIR / "qemu" / f"{self.domain}.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
 
@@ -219,7 +232,7 @@ class LibvirtInstance(AgentGuest):
         what = ("its QEMU exited" if not self.alive()
                 else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
         console = tail(self.spec.console_log)
-        qemu_log = tail(libvirt.QEMU_LOGS / f"{self.domain}.log", 3)
+        qemu_log = tail(QEMU_LOGS / f"{self.domain}.log", 3)
         return (f"{self.name}: domain {self.domain} failed to boot ({what}; {exc})"
                 + (f"; qemu: {qemu_log}" if qemu_log else "")
                 + (f"; console: {console}" if console else "; console: empty"))
@@ -304,7 +317,7 @@ class ExistingDomain:
     removes after, with the host's own programs shipped into it either way (the same bundle
     as the ssh target's); it never defines, starts, suspends or changes the domain."""
 
-    def __init__(self, name: str, domain: str, virsh: libvirt.Virsh, journal: Journal,
+    def __init__(self, name: str, domain: str, virsh: Virsh, journal: Journal,
                  workdir: str, ssh: ssh_session.SshConfig | None = None):
         self.name = name
         self.domain = domain
@@ -334,7 +347,7 @@ class ExistingDomain:
         if state.exit_code != 0:
             raise VmtaxError(f"{self.name}: no domain {self.domain!r} at {self.virsh.uri} "
                              f"(`virsh -c {self.virsh.uri} list --all` lists them): "
-                             + libvirt.one_line(state.stderr))
+                             + one_line(state.stderr))
         if state.stdout.strip() != "running":
             raise VmtaxError(f"{self.name}: domain {self.domain!r} is {state.stdout.strip()}; "
                              f"start it first (virsh start {self.domain}): vmtax measures "
@@ -359,7 +372,7 @@ class ExistingDomain:
         remote_bundle.check_arch(self._must(["uname", "-m"], "asking its machine type"),
                                  f"{self.name} (domain {self.domain!r})")
         scratch = f"{self.workdir.rstrip('/')}/.vmtax-{secrets.token_hex(6)}"
-        self._token = libvirt.journal_guest_dir(self.journal, self.virsh.uri, self.domain,
+        self._token = journal_guest_dir(self.journal, self.virsh.uri, self.domain,
                                                 scratch)
         self._must(["mkdir", "-p", "--", scratch], f"making {scratch}")
         self.scratch = scratch
@@ -395,7 +408,7 @@ class ExistingDomain:
 
     def _write(self, path: str, data: bytes) -> None:
         handle = self.agent("guest-file-open", path=path, mode="w")
-        token = libvirt.journal_guest_file(self.journal, self.virsh.uri, self.domain, handle)
+        token = journal_guest_file(self.journal, self.virsh.uri, self.domain, handle)
         try:
             for at in range(0, len(data), FILE_CHUNK):
                 chunk = data[at:at + FILE_CHUNK]
@@ -410,7 +423,7 @@ class ExistingDomain:
 
     def _qemu_pid(self) -> int | None:
         try:
-            return int((libvirt.RUN_DIR / "qemu" / f"{self.domain}.pid").read_text().split()[0])
+            return int((RUN_DIR / "qemu" / f"{self.domain}.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None   # a remote URI's, or a session daemon's
 
