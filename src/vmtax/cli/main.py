@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
@@ -26,6 +26,7 @@ from vmtax.results.store import Store
 if TYPE_CHECKING:
     from vmtax.analysis.model import RunModel
     from vmtax.cli.progress import ProgressReporter
+    from vmtax.studies.requests import RunRequest
 
 DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
 
@@ -38,6 +39,10 @@ def _csv(value: str | None, flag: str) -> list[str] | None:
     if not items:
         raise VmtaxError(f"{flag}: expected a comma-separated list of names, got {value!r}")
     return items
+
+
+# What the target flags are called among `vmtax run`'s parsed flags: TARGET_FLAG + option.
+TARGET_FLAG = "target_option_"
 
 
 def _target_flags() -> list[click.Option]:
@@ -56,9 +61,62 @@ def _target_flags() -> list[click.Option]:
     for field, info in sorted(found.items()):
         unit = f" [{info.unit}]" if info.unit and info.unit != "bytes" else ""
         default = "" if info.default in (None, [], "") else f" [default: {info.default}]"
-        flags.append(click.Option([f"--{field.replace('_', '-')}", field], multiple=True,
-                                  metavar="[LABEL=]VALUE", help=f"{info.doc}{unit}.{default}"))
+        flags.append(click.Option([f"--{field.replace('_', '-')}", TARGET_FLAG + field],
+                                  multiple=True, metavar="[LABEL=]VALUE",
+                                  help=f"{info.doc}{unit}.{default}"))
     return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutput:
+    """The flags of `vmtax run` that are the command line's, not the study's: where results
+    are stored, and whether it only shows the plan, prints JSON or every metric."""
+    results: str
+    dry_run: bool = False
+    as_json: bool = False
+    show_all: bool = False
+
+
+def _run_request(flags: dict[str, Any]) -> "RunRequest":
+    """The RunRequest that `vmtax run`'s parsed flags make: lists split, --runs N or auto
+    checked, the run's name checked, the fleet's flags and the target flags gathered."""
+    from vmtax.results.store import check_run_name
+    from vmtax.studies.requests import FleetRequest, RunRequest
+
+    runs, name = flags["runs"], flags["name"]
+    if name is not None:
+        check_run_name(name)
+    if runs == "auto":
+        repetitions = dict(runs=flags["min_runs"], max_runs=flags["max_runs"],
+                           ci_target=flags["ci_target"] / 100)
+    elif runs.isdigit() and 1 <= int(runs) <= MAX_COUNT:
+        repetitions = dict(runs=int(runs))
+    else:
+        raise VmtaxError(f"--runs takes a whole number from 1 to {MAX_COUNT} or 'auto', got "
+                         f"{runs!r}")
+    fleet = (flags["fleet_address"], _csv(flags["fleet_hosts"], "--hosts"), flags["spread"])
+    return RunRequest(
+        plan_file=flags["plan_file"], quick=flags["quick"], resume=flags["resume"],
+        targets=_csv(flags["targets"], "--targets"),
+        workloads=_csv(flags["workloads"], "--workloads"),
+        target_options={key.removeprefix(TARGET_FLAG): list(values)
+                        for key, values in flags.items()
+                        if key.startswith(TARGET_FLAG) and values},
+        warmup=flags["warmup"], time=flags["time_"], **repetitions,
+        collect=_csv(flags["collect"], "--collect") or [],
+        interleave=not flags["no_interleave"], name=name,
+        fleet=FleetRequest(*fleet) if any(fleet) else None)
+
+
+def _parsed_run(command: Callable[["RunRequest", RunOutput], None]) -> Callable[..., None]:
+    """`vmtax run`'s callback, given the request its flags make and how to show the result
+    instead of each flag: click passes the flags by name, they are read here once."""
+
+    @functools.wraps(command)
+    def callback(**flags: Any) -> None:
+        command(_run_request(flags), RunOutput(flags["results"], flags["dry_run"],
+                                               flags["as_json"], flags["show_all"]))
+    return callback
 
 
 class _RunCommand(click.Command):
@@ -269,57 +327,37 @@ def cli(ctx: click.Context) -> None:
               help="Print machine-readable JSON instead of a table; with --fleet, one JSON "
                    "document: each host's run, the spread across hosts and what failed.")
 @all_option
-def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_,
-        collect, no_interleave, resume, quick, name, dry_run, fleet_address, fleet_hosts,
-        spread, results, as_json, show_all, **target_options) -> None:
+@_parsed_run
+def run(request: "RunRequest", output: RunOutput) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
     plan file, the file says what to run (see plans/ for examples).
     """
-    from vmtax.results.store import check_run_name
     from vmtax.studies import comparison
-    from vmtax.studies.requests import FleetRequest, RunRequest
 
-    if name is not None:
-        check_run_name(name)
-    if runs == "auto":
-        repetitions = dict(runs=min_runs, max_runs=max_runs, ci_target=ci_target / 100)
-    elif runs.isdigit() and 1 <= int(runs) <= MAX_COUNT:
-        repetitions = dict(runs=int(runs))
-    else:
-        raise VmtaxError(f"--runs takes a whole number from 1 to {MAX_COUNT} or 'auto', got "
-                         f"{runs!r}")
-    request = RunRequest(
-        plan_file=plan_file, quick=quick, resume=resume,
-        targets=_csv(targets, "--targets"), workloads=_csv(workloads, "--workloads"),
-        target_options={k: list(v) for k, v in target_options.items() if v},
-        warmup=warmup, time=time_, **repetitions, collect=_csv(collect, "--collect") or [],
-        interleave=not no_interleave, name=name,
-        fleet=FleetRequest(fleet_address, _csv(fleet_hosts, "--hosts"), spread)
-        if fleet_address or fleet_hosts or spread else None)
-    store = Store(results) if resume else None
+    store = Store(output.results) if request.resume else None
     the_plan = comparison.plan_of(request, store)
     from vmtax.cli import plan as cli_plan
 
-    if dry_run:
-        click.echo(cli_plan.describe(plan_file or "the run", the_plan, matrix=True))
+    if output.dry_run:
+        click.echo(cli_plan.describe(request.plan_file or "the run", the_plan, matrix=True))
         return
     for warning in cli_plan.warnings(the_plan):
         err.print("[yellow]warning:[/yellow] " + escape(warning))
-    store = store or Store(results)   # only once the plan is valid: a typo creates nothing
+    store = store or Store(output.results)   # only once the plan is valid: a typo creates nothing
     if request.fleet is not None:
         from vmtax.cli import fleet as cli_fleet
         from vmtax.cli.progress import ProgressReporter
         with ProgressReporter() as progress:
             cli_fleet.run_on_fleet(the_plan, store, request.fleet.address, request.fleet.hosts,
-                                   request.fleet.spread, resume, progress,
-                                   lambda s, r: _show(s, r, False, show_all),
-                                   _run_json if as_json else None)
+                                   request.fleet.spread, request.resume, progress,
+                                   lambda s, r: _show(s, r, False, output.show_all),
+                                   _run_json if output.as_json else None)
         return
-    model = comparison.run(the_plan, store, resume, _run_progress, recovered,
-                           functools.partial(_run_stopped, results))
-    _render(model, as_json, show_all, store.dir)
+    model = comparison.run(the_plan, store, request.resume, _run_progress, recovered,
+                           functools.partial(_run_stopped, output.results))
+    _render(model, output.as_json, output.show_all, store.dir)
 
 
 def _run_progress(estimate: float | None, per_cell: int,
