@@ -353,12 +353,7 @@ class LibvirtTarget(GuestTarget):
             raise TargetError(f"{self.name}: libvirt targets cannot carry read-only trees yet "
                               f"({', '.join(map(str, self.ctx.trees))}, the compile workload's)")
         self.image().initramfs()   # built before libvirtd is asked for anything
-        network = self._network()
-        net = self.ctx.shared_network() if network == "bridge" else None
-        self.guest = self._new_guest(self.name, network, net)
-        self.guest.start()
-        assert self.guest.boot_seconds is not None
-        self.boot_history.append(round(self.guest.boot_seconds, 4))
+        self._boot()
 
     def _open_existing(self, domain: str) -> None:
         if self.ctx.trees:
@@ -389,12 +384,12 @@ class LibvirtTarget(GuestTarget):
         """Another transient domain of this configuration, on a tap of `network`."""
         if self.opts.domain is not None:
             raise TargetError(f"{self.name}: an existing domain has no copies")
-        return self._new_guest(f"{self.name}#{index}", "bridge", network).start_with(job)
+        return super().make_instance(index, network, job)
 
     def run(self, job: Job) -> JobResult:
         if self.existing is not None:
             return self.existing.run(job)
-        return self._need_guest().run(job)
+        return super().run(job)
 
     def start_server(self, job: Job, port: int) -> Endpoint:
         if self.opts.domain is not None:
@@ -416,25 +411,23 @@ class LibvirtTarget(GuestTarget):
     def host_pids(self) -> list[int]:
         if self.existing is not None:
             return self.existing.host_pids()
-        return self.guest.host_pids() if self.guest else []
+        return super().host_pids()
 
     def vcpu_threads(self) -> list[int]:
         if self.existing is not None:
             return []   # asking QEMU's monitor would taint a domain of the user's
-        return self._need_guest().vcpu_threads()
+        return super().vcpu_threads()
 
     def alive(self) -> bool:
         if self.existing is not None:
             return self.existing.alive()
-        return self.guest is not None and self.guest.alive()
+        return super().alive()
 
     def cleanup(self) -> None:
         if self.existing is not None:
             self.existing.close()
             self.existing = None
-        if self.guest is not None:
-            self.guest.stop()
-            self.guest = None
+        super().cleanup()
         if self.nat is not None:   # after its guests: net-destroy, then what libvirt leaves
             for token in reversed(self.nat.tokens):
                 self.ctx.journal.undo(token)
