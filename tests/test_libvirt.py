@@ -21,7 +21,8 @@ from vmtax.host.journal import Journal
 from vmtax.targets.libvirt import nat, virsh
 from vmtax.targets.libvirt import target as libvirt_target
 from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_summary, domain_xml, stable_xml
-from vmtax.targets.libvirt.instance import ExistingDomain, LibvirtInstance, refused_options
+from vmtax.targets.libvirt.existing import ExistingDomain
+from vmtax.targets.libvirt.instance import LibvirtInstance, refused_options
 
 FIXTURES = Path(__file__).parent / "fixtures" / "libvirt"
 IMAGES = "/var/lib/libvirt/images/vmtax-lv-0123456789ab"

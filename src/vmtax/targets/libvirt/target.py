@@ -53,7 +53,8 @@ from vmtax.guest.qemu import (
 from vmtax.host import daemon, hugepages, ssh_session
 from vmtax.targets.guest_target import GuestTarget
 from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_summary, stable_xml
-from vmtax.targets.libvirt.instance import ExistingDomain, LibvirtInstance
+from vmtax.targets.libvirt.existing import ExistingDomain
+from vmtax.targets.libvirt.instance import LibvirtInstance
 from vmtax.targets.libvirt.nat import NatLease, NatNetwork, start_nat_network
 from vmtax.targets.libvirt.virsh import (
     DEFAULT_URI,
