@@ -28,11 +28,6 @@ OTHER_MEANING = {
     ("cli/report.py", "exits"): "the `vmtax exits` command, in a hint (core.hints)",
     ("results/store.py", "exits"): "the `vmtax exits` command, in a hint (core.hints)",
     ("helpers/runtime_cgroup.py", "cpu"): "the name of a cgroup controller",
-    ("guest/libvirt_xml.py", "cpu"): "an element of libvirt's domain XML",
-    ("guest/libvirt_xml.py", "memory"): "an element of libvirt's domain XML",
-    ("host/libvirt.py", "unshare"): "util-linux's unshare(1), libvirtd's mount namespace",
-    ("host/libvirt.py", "cpu"): "an element of libvirt's domain XML (domain_summary)",
-    ("host/libvirt.py", "memory"): "an element of libvirt's domain XML (domain_summary)",
 }
 
 

@@ -1,5 +1,6 @@
 """The command line as a user meets it: real subprocesses, real sysbench, real SQLite."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -168,3 +169,31 @@ def test_help_imports_nothing_heavy():
             "print(sorted(heavy & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_run_gets_one_request_and_how_to_show_it_not_its_flags(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from vmtax.cli import main
+    from vmtax.studies import comparison
+    from vmtax.studies.requests import FleetRequest, RunRequest
+
+    assert list(inspect.signature(main.run.callback.__wrapped__).parameters) == [
+        "request", "output"]
+    asked = []
+
+    def plan_of(request, store):
+        asked.append(request)
+        raise SystemExit(0)
+    monkeypatch.setattr(comparison, "plan_of", plan_of)
+    results = str(tmp_path / "r")
+    done = CliRunner().invoke(main.cli, [
+        "run", "--targets", "native,vm", "--workloads", "cpu", "--runs", "auto",
+        "--min-runs", "3", "--max-runs", "7", "--ci-target", "5", "--vcpus", "2",
+        "--vcpus", "big=4", "--collect", "host-cpu", "--no-interleave", "--name", "nightly",
+        "--fleet", "head:6379", "--hosts", "a,b", "--time", "3", "--results", results])
+    assert done.exit_code == 0, done.output
+    assert asked == [RunRequest(
+        targets=["native", "vm"], workloads=["cpu"], target_options={"vcpus": ["2", "big=4"]},
+        runs=3, max_runs=7, ci_target=0.05, time=3, collect=["host-cpu"], interleave=False,
+        name="nightly", fleet=FleetRequest("head:6379", ["a", "b"], None))]

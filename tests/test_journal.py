@@ -1,4 +1,6 @@
 import errno
+import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -135,3 +137,13 @@ def test_a_journal_of_the_previous_version_is_still_undone(tmp_path):
     dead.add(type="ksm", path=str(sysfs), saved=saved)
     assert len(journal.recover(tmp_path / "journal")) == 1
     assert {n: int((sysfs / n).read_text()) for n in saved} == saved
+
+
+def test_every_moved_undo_path_names_a_function_this_vmtax_has():
+    # A journal written before a move names the old path; the old module is gone, so the
+    # table is all that undoes it.
+    for old, new in journal.MOVED.items():
+        module, _, function = new.partition(":")
+        handler = getattr(importlib.import_module(module), function)
+        assert journal.undone_by(handler) == new and journal._handler(old) is handler
+        assert importlib.util.find_spec(old.partition(":")[0]) is None, old

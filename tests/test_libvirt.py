@@ -16,11 +16,13 @@ import pytest
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
 from vmtax.core.target import TargetContext
-from vmtax.guest.libvirt_xml import DomainSpec, domain_xml
-from vmtax.host import doctor, libvirt
+from vmtax.host import doctor, journal
 from vmtax.host.journal import Journal
-from vmtax.targets import libvirt as libvirt_target
-from vmtax.targets.libvirt_instance import ExistingDomain, LibvirtInstance, refused_options
+from vmtax.targets.libvirt import nat, virsh
+from vmtax.targets.libvirt import target as libvirt_target
+from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_summary, domain_xml, stable_xml
+from vmtax.targets.libvirt.existing import ExistingDomain
+from vmtax.targets.libvirt.instance import LibvirtInstance, refused_options
 
 FIXTURES = Path(__file__).parent / "fixtures" / "libvirt"
 IMAGES = "/var/lib/libvirt/images/vmtax-lv-0123456789ab"
@@ -205,7 +207,7 @@ def test_libvirts_refusals_name_the_options_they_are_about(message, options):
 def _refusal(tmp_path, opts, said: str) -> str:
     """What vmtax says when libvirt refuses a domain of opts, saying said."""
     guest = LibvirtInstance("libvirt", "vmtax-libvirt-1", opts, lambda *a: None,
-                            lambda *a: None, libvirt.Virsh(), Journal(tmp_path / "run"))
+                            lambda *a: None, virsh.Virsh(), Journal(tmp_path / "run"))
     return guest._refusal(SimpleNamespace(timed_out=False, exit_code=1, stdout="", stderr=(
         f"error: Failed to create domain from /x/domain.xml\nerror: {said}\n")))
 
@@ -223,7 +225,7 @@ def test_a_refusal_is_one_line_with_libvirts_message_and_the_option(tmp_path):
 # --- libvirtd and virsh -------------------------------------------------------------------
 
 def test_virshs_errors_become_one_line():
-    assert libvirt.one_line("error: failed to connect to the hypervisor\nerror: Failed to "
+    assert virsh.one_line("error: failed to connect to the hypervisor\nerror: Failed to "
                             "connect socket to '/x': No such file or directory\n") == (
         "failed to connect to the hypervisor; Failed to connect socket to '/x': No such file "
         "or directory")
@@ -237,24 +239,24 @@ def test_a_uri_that_hangs_is_a_timeout_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     with pytest.raises(VmtaxError, match=r"^lv: uri = 'qemu\+tcp://x/system': libvirt at "
                                          r"qemu\+tcp://x/system did not answer within 1 s$"):
-        libvirt.Virsh("qemu+tcp://x/system").connect("lv", timeout=1)
+        virsh.Virsh("qemu+tcp://x/system").connect("lv", timeout=1)
 
 
 def test_where_kvm_runs_no_guest_libvirtd_sees_it_masked(tmp_path, monkeypatch):
-    monkeypatch.setattr(libvirt, "kvm_masked", lambda: True)
-    daemon = libvirt.libvirtd(tmp_path, (Path("/tmp/vmtax-hugetlbfs-2M-x"),))
+    monkeypatch.setattr(virsh, "kvm_masked", lambda: True)
+    daemon = virsh.libvirtd(tmp_path, (Path("/tmp/vmtax-hugetlbfs-2M-x"),))
     assert daemon.argv[:5] == ("unshare", "--mount", "--propagation", "slave", "--")
-    assert daemon.socket == libvirt.LIBVIRTD.socket and daemon.needs == (libvirt.VIRTLOGD,)
+    assert daemon.socket == virsh.LIBVIRTD.socket and daemon.needs == (virsh.VIRTLOGD,)
     conf, mask = Path(daemon.argv[-3]), Path(daemon.argv[-2])
     assert conf.read_text().endswith('namespaces = []\n'
                                      'hugetlbfs_mount = ["/tmp/vmtax-hugetlbfs-2M-x"]\n')
     assert mask.stat().st_size == 0 and mask.stat().st_mode & 0o777 == 0o600
-    monkeypatch.setattr(libvirt, "kvm_masked", lambda: False)
-    assert libvirt.libvirtd(tmp_path) == libvirt.LIBVIRTD
+    monkeypatch.setattr(virsh, "kvm_masked", lambda: False)
+    assert virsh.libvirtd(tmp_path) == virsh.LIBVIRTD
 
 
 def test_another_uri_never_starts_a_daemon(tmp_path):
-    assert libvirt.ensure_daemon(Journal(tmp_path / "run"), "qemu+ssh://h/system",
+    assert virsh.ensure_daemon(Journal(tmp_path / "run"), "qemu+ssh://h/system",
                                  tmp_path) is False
 
 
@@ -266,26 +268,50 @@ def test_the_undo_destroys_only_vmtaxs_domains(tmp_path, monkeypatch):
     (fake / "virsh").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     journal = Journal(tmp_path / "run")
-    libvirt.journal_domain(journal, "qemu:///system", "vmtax-libvirt-1")
-    journal.add(type="libvirt-domain", undo=libvirt.destroy_domain.__module__
+    virsh.journal_domain(journal, "qemu:///system", "vmtax-libvirt-1")
+    journal.add(type="libvirt-domain", undo=virsh.destroy_domain.__module__
                 + ":destroy_domain", uri="qemu:///system", name="users-own")
     assert journal.undo_all() == []
     assert calls.read_text() == "--quiet -c qemu:///system destroy vmtax-libvirt-1\n"
     assert journal.entries == {}
 
 
+def test_a_journal_naming_the_undo_s_old_path_is_undone_by_the_moved_function(tmp_path,
+                                                                              monkeypatch):
+    # Left by a vmtax that kept libvirt's support in vmtax.host.libvirt, killed, then
+    # upgraded: the next start recovers it through journal.MOVED.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "virsh").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (fake / "virsh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    (tmp_path / "run").mkdir()
+    dead = Journal(tmp_path / "run", pid=2**22 + 7, start=1)
+    dead.add(type="libvirt-domain", undo="vmtax.host.libvirt:destroy_domain",
+             uri="qemu+tcp://h/system", name="vmtax-libvirt-1")
+    dead.add(type="libvirt-network", undo="vmtax.host.libvirt:destroy_network",
+             uri="qemu+tcp://h/system", name="vmtax-nat-0a1b2c3d", bridge="vtnat0a1b2c3d")
+    assert journal.recover(tmp_path / "run") == [
+        f"undid 2 host change(s) left by vmtax process {2**22 + 7}"]
+    assert calls.read_text().splitlines() == [
+        "--quiet -c qemu+tcp://h/system net-destroy vmtax-nat-0a1b2c3d",
+        "--quiet -c qemu+tcp://h/system destroy vmtax-libvirt-1"]
+    assert journal.left_behind(tmp_path / "run") == []
+
+
 def test_a_lent_tap_is_deleted_only_by_its_name(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(libvirt.subprocess, "run", lambda argv, **kw: ran.append(argv))
-    monkeypatch.setattr(libvirt.Path, "exists", lambda self: True)
-    libvirt.delete_host_tap(None, {"device": "vt0a1b2ct2"})
-    libvirt.delete_host_tap(None, {"device": "eth0"})
+    monkeypatch.setattr(virsh.subprocess, "run", lambda argv, **kw: ran.append(argv))
+    monkeypatch.setattr(virsh.Path, "exists", lambda self: True)
+    virsh.delete_host_tap(None, {"device": "vt0a1b2ct2"})
+    virsh.delete_host_tap(None, {"device": "eth0"})
     assert ran == [["ip", "link", "delete", "vt0a1b2ct2"]]
 
 
 def test_the_nat_network_and_a_domain_on_it_pass_libvirts_schema(tmp_path):
     import ipaddress
-    net = libvirt.NatNetwork("vmtax-nat-0a1b2c3d", "vtnat0a1b2c3d",
+    net = nat.NatNetwork("vmtax-nat-0a1b2c3d", "vtnat0a1b2c3d",
                              ipaddress.IPv4Network("10.201.7.0/24"))
     first, second = net.lease(), net.lease()
     assert (first.cidr, first.gateway, second.address) == ("10.201.7.2/24", "10.201.7.1",
@@ -317,52 +343,52 @@ def test_the_nat_subnet_avoids_every_route_of_the_host():
     import ipaddress
     everything_but_one = [n for n in ipaddress.IPv4Network("10.200.0.0/13").subnets(
         new_prefix=24) if str(n) != "10.207.255.0/24"]
-    assert str(libvirt.free_subnet(everything_but_one)) == "10.207.255.0/24"
+    assert str(nat.free_subnet(everything_but_one)) == "10.207.255.0/24"
     with pytest.raises(VmtaxError, match="no free /24"):
-        libvirt.free_subnet([ipaddress.IPv4Network("10.0.0.0/8")])
-    taken = libvirt.host_subnets()
-    assert not any(libvirt.free_subnet(taken).overlaps(t) for t in taken)
+        nat.free_subnet([ipaddress.IPv4Network("10.0.0.0/8")])
+    taken = nat.host_subnets()
+    assert not any(nat.free_subnet(taken).overlaps(t) for t in taken)
 
 
 def test_the_nat_networks_undo_touches_only_vmtaxs_own(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(libvirt.subprocess, "run", lambda argv, **kw: ran.append(argv))
+    monkeypatch.setattr(nat.subprocess, "run", lambda argv, **kw: ran.append(argv))
     state = tmp_path / "network"
-    monkeypatch.setattr(libvirt, "NETWORK_RUN_DIR", state)
+    monkeypatch.setattr(nat, "NETWORK_RUN_DIR", state)
     (state / "vmtax-nat-0a1b2c3d" / "ports").mkdir(parents=True)
     (state / "vmtax-nat-0a1b2c3d.pid").write_text("1")
     for entry in ({"name": "default", "bridge": "virbr0"},
                   {"name": "vmtax-nat-0a1b2c3d", "bridge": "eth0"}):
-        libvirt.destroy_network(None, {"uri": "qemu:///system", **entry})
+        nat.destroy_network(None, {"uri": "qemu:///system", **entry})
     assert ran == []
-    libvirt.destroy_network(None, {"uri": "qemu:///system", "name": "vmtax-nat-0a1b2c3d",
-                                   "bridge": "vtnat0a1b2c3d"})
+    nat.destroy_network(None, {"uri": "qemu:///system", "name": "vmtax-nat-0a1b2c3d",
+                               "bridge": "vtnat0a1b2c3d"})
     assert ran[0][-2:] == ["net-destroy", "vmtax-nat-0a1b2c3d"] and list(state.iterdir()) == []
     # The chains go only with the libvirtd that made them, and only when empty.
     ran.clear()
-    monkeypatch.setattr(libvirt, "_iptables_save", lambda program: "*filter\nCOMMIT\n")
-    monkeypatch.setattr(libvirt.daemon, "answers", lambda socket: False)
-    libvirt.remove_chains(None, {"tables": ["ip filter"]})   # it made none: nothing to do
-    monkeypatch.setattr(libvirt.daemon, "answers", lambda socket: True)
-    libvirt.remove_chains(None, {"tables": ["ip filter"]})
-    monkeypatch.setattr(libvirt.daemon, "answers", lambda socket: False)
-    monkeypatch.setattr(libvirt, "_iptables_save", lambda program: "*filter\n:LIBVIRT_FWI - "
+    monkeypatch.setattr(virsh, "iptables_save", lambda program: "*filter\nCOMMIT\n")
+    monkeypatch.setattr(virsh.daemon, "answers", lambda socket: False)
+    virsh.remove_chains(None, {"tables": ["ip filter"]})   # it made none: nothing to do
+    monkeypatch.setattr(virsh.daemon, "answers", lambda socket: True)
+    virsh.remove_chains(None, {"tables": ["ip filter"]})
+    monkeypatch.setattr(virsh.daemon, "answers", lambda socket: False)
+    monkeypatch.setattr(virsh, "iptables_save", lambda program: "*filter\n:LIBVIRT_FWI - "
                         "[0:0]\n-A LIBVIRT_FWI -o vtnat1 -j REJECT\nCOMMIT\n")
-    libvirt.remove_chains(None, {"tables": ["ip filter"]})
-    libvirt.restore_forwarding(None, {"value": "0"})
+    virsh.remove_chains(None, {"tables": ["ip filter"]})
+    nat.restore_forwarding(None, {"value": "0"})
     assert ran == []
     # Empty chains: removed, then the table they alone were in.
-    monkeypatch.setattr(libvirt, "_iptables_save", lambda program: "*filter\n:INPUT ACCEPT "
+    monkeypatch.setattr(virsh, "iptables_save", lambda program: "*filter\n:INPUT ACCEPT "
                         "[0:0]\n" + ("" if any("-X" in argv for argv in ran)
                                       else ":LIBVIRT_FWI - [0:0]\n") + "COMMIT\n")
-    libvirt.remove_chains(None, {"tables": ["ip filter", "inet users"]})
+    virsh.remove_chains(None, {"tables": ["ip filter", "inet users"]})
     assert ["iptables", "-w", "-t", "filter", "-D", "INPUT", "-j", "LIBVIRT_INP"] in ran
     assert ["ip6tables", "-w", "-t", "mangle", "-X", "LIBVIRT_PRT"] in ran
     assert ran[-1] == ["nft", "delete", "table", "ip", "filter"]
 
 
 def test_doctor_has_a_libvirt_line_saying_what_is_missing(monkeypatch):
-    monkeypatch.setattr(libvirt, "startable", lambda: "virsh is not installed; install "
+    monkeypatch.setattr(libvirt_target, "startable", lambda: "virsh is not installed; install "
                                                        "libvirt-clients")
     check = doctor._target_check(libvirt_target.LibvirtTarget)
     assert (check.name, check.ok, check.detail) == (
@@ -400,7 +426,7 @@ def test_a_guest_agent_job_gives_its_output_and_status(tmp_path, monkeypatch):
     calls = fake_virsh(tmp_path, monkeypatch, {
         "exited": True, "exitcode": 3, "out-data": base64.b64encode(b"out\n").decode(),
         "err-data": base64.b64encode(b"err\n").decode()})
-    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh(), Journal(tmp_path / "run"),
+    domain = ExistingDomain("libvirt:g", "g", virsh.Virsh(), Journal(tmp_path / "run"),
                             "/var/tmp")
     result = domain.exec(["sysbench", "cpu", "run"], "/work dir", 30, {"LC_ALL": "C"})
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
@@ -414,7 +440,7 @@ def test_a_guest_agent_job_gives_its_output_and_status(tmp_path, monkeypatch):
 
 def test_a_guest_agent_job_past_its_timeout_is_killed(tmp_path, monkeypatch):
     calls = fake_virsh(tmp_path, monkeypatch, {"exited": False})
-    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh(), Journal(tmp_path / "run"),
+    domain = ExistingDomain("libvirt:g", "g", virsh.Virsh(), Journal(tmp_path / "run"),
                             "/var/tmp")
     result = domain.exec(["sleep", "60"], "/", 0.3)
     assert result.timed_out and result.exit_code is None
@@ -463,7 +489,7 @@ def test_a_program_goes_into_the_guest_in_chunks_that_fit_one_virsh_argument(tmp
     """libvirt:NAME through the guest agent ships the host's programs (one archive) as the
     ssh path does: guest-file-write takes base64 in virsh's argv, one word of which Linux
     caps at 128 KiB."""
-    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh(), Journal(tmp_path / "run"),
+    domain = ExistingDomain("libvirt:g", "g", virsh.Virsh(), Journal(tmp_path / "run"),
                             "/var/tmp")
     program = os.urandom(150 << 10)
     sent: list[dict] = []
@@ -501,7 +527,7 @@ def test_a_file_open_in_the_guest_is_journaled_and_a_killed_vmtaxs_undo_closes_i
     `vmtax cleanup`'s) closes it."""
     calls = fake_virsh(tmp_path, monkeypatch, {})
     journal = Journal(tmp_path / "run")
-    domain = ExistingDomain("libvirt:g", "g", libvirt.Virsh("qemu:///system"), journal,
+    domain = ExistingDomain("libvirt:g", "g", virsh.Virsh("qemu:///system"), journal,
                             "/var/tmp")
     held: list[dict] = []
 
@@ -516,7 +542,7 @@ def test_a_file_open_in_the_guest_is_journaled_and_a_killed_vmtaxs_undo_closes_i
     assert [(e["type"], e["handle"]) for e in held] == [("libvirt-guest-file", 9)]
     # Closed by its owner: forgotten. Left (as by kill -9): the undo closes it.
     assert journal.entries == {}
-    token = libvirt.journal_guest_file(journal, "qemu:///system", "g", 9)
+    token = virsh.journal_guest_file(journal, "qemu:///system", "g", 9)
     journal.undo(token)
     closed = [json.loads(json.loads(line)[-1]) for line in calls.read_text().splitlines()]
     assert closed == [{"execute": "guest-file-close", "arguments": {"handle": 9}}]
@@ -557,14 +583,14 @@ def test_an_existing_domains_fingerprint_sums_it_up_and_ignores_what_each_boot_c
         tmp_path):
     one = RUNNING.format(id=3, pty=2, state="connected", port=5900)
     two = RUNNING.format(id=17, pty=5, state="disconnected", port=5901)
-    assert one != two and libvirt.stable_xml(one) == libvirt.stable_xml(two)
-    assert "domain-N-db" in libvirt.stable_xml(one) and "id=" not in libvirt.stable_xml(one)
+    assert one != two and stable_xml(one) == stable_xml(two)
+    assert "domain-N-db" in stable_xml(one) and "id=" not in stable_xml(one)
     # The domain's QEMU maps 1024 pages of 2 MiB from hugetlbfs: all granted.
     (tmp_path / "77").mkdir()
     (tmp_path / "77" / "smaps_rollup").write_text(
         "Rss:              102400 kB\nShared_Hugetlb:         0 kB\n"
         "Private_Hugetlb:  2097152 kB\nSwap:                  0 kB\n")
-    summary = libvirt.domain_summary(one, 77, proc_root=tmp_path)
+    summary = domain_summary(one, 77, proc_root=tmp_path)
     assert summary["summary"] == ("pc-q35-7.2 · kvm · cpu host-passthrough · 4 vCPUs · "
                                   "2048 MiB · 2 MiB huge pages: 1024 of 1024 granted")
     assert (summary["machine"], summary["vcpus"], summary["memory_bytes"]) == (
@@ -572,11 +598,11 @@ def test_an_existing_domains_fingerprint_sums_it_up_and_ignores_what_each_boot_c
     assert summary["host_hugepages"] == {"size": "2M", "granted": 1024}
     # Not granted (a pool too small: QEMU fell back, or the pid is unknown) says so.
     (tmp_path / "77" / "smaps_rollup").write_text("Private_Hugetlb:  0 kB\n")
-    assert "0 of 1024 granted" in libvirt.domain_summary(one, 77, tmp_path)["summary"]
-    assert "granted unknown" in libvirt.domain_summary(one, None, tmp_path)["summary"]
+    assert "0 of 1024 granted" in domain_summary(one, 77, tmp_path)["summary"]
+    assert "granted unknown" in domain_summary(one, None, tmp_path)["summary"]
     plain = one.replace("<memoryBacking><hugepages><page size='2048' unit='KiB'/>"
                         "</hugepages></memoryBacking>", "")
-    assert libvirt.domain_summary(plain, 77, tmp_path)["summary"].endswith("no huge pages")
+    assert domain_summary(plain, 77, tmp_path)["summary"].endswith("no huge pages")
 
 
 def test_fileios_prepare_in_a_users_guest_is_refused_in_one_line_without_room(tmp_path):
@@ -587,7 +613,7 @@ def test_fileios_prepare_in_a_users_guest_is_refused_in_one_line_without_room(tm
 
     prepare = Fileio(FileioOptions()).prepare_jobs()[0]
     assert prepare.scratch_bytes == 2 << 30 and prepare.in_scratch
-    domain = ExistingDomain("libvirt:db", "db", libvirt.Virsh(), Journal(tmp_path / "run"),
+    domain = ExistingDomain("libvirt:db", "db", virsh.Virsh(), Journal(tmp_path / "run"),
                             "/var/tmp")
     domain.scratch = "/var/tmp/.vmtax-0a1b2c3d4e5f"
     ran: list[list[str]] = []
@@ -623,15 +649,15 @@ def test_a_libvirtd_without_hugetlbfs_is_named_in_the_refusal_and_by_doctor(tmp_
                             "it and vmtax starts its own")
     mounts = tmp_path / "mounts"
     mounts.write_text("proc /proc proc rw 0 0\n")
-    assert not libvirt.hugetlbfs_mounted(mounts)
+    assert not virsh.hugetlbfs_mounted(mounts)
     mounts.write_text("proc /proc proc rw 0 0\nhugetlbfs /dev/hugepages hugetlbfs rw 0 0\n")
-    assert libvirt.hugetlbfs_mounted(mounts)
+    assert virsh.hugetlbfs_mounted(mounts)
     # doctor, with a libvirtd of the user's answering and no hugetlbfs mounted
-    monkeypatch.setattr(libvirt, "startable", lambda: None)
+    monkeypatch.setattr(libvirt_target, "startable", lambda: None)
     monkeypatch.setattr(libvirt_target.daemon, "answers", lambda path, timeout=2.0: True)
-    monkeypatch.setattr(libvirt, "hugetlbfs_mounted", lambda: False)
+    monkeypatch.setattr(libvirt_target, "hugetlbfs_mounted", lambda: False)
     check = doctor._target_check(libvirt_target.LibvirtTarget)
     assert check.ok and "no hugetlbfs is mounted, so hugepages domains fail" in check.detail
     assert "mount -t hugetlbfs" in check.detail and "\n" not in check.detail
-    monkeypatch.setattr(libvirt, "hugetlbfs_mounted", lambda: True)
+    monkeypatch.setattr(libvirt_target, "hugetlbfs_mounted", lambda: True)
     assert "hugetlbfs" not in doctor._target_check(libvirt_target.LibvirtTarget).detail

@@ -19,9 +19,12 @@ from conftest import processes, start_vmtax, vmtax, wait_for
 from test_ssh_live import SSHD, Sshd
 
 from vmtax.guest.image import GuestImage
-from vmtax.host import daemon, libvirt
+from vmtax.host import daemon
 from vmtax.host.journal import Journal
-from vmtax.targets.libvirt import LibvirtTarget
+from vmtax.targets.libvirt import nat
+from vmtax.targets.libvirt import virsh as libvirt
+from vmtax.targets.libvirt.domain_xml import stable_xml
+from vmtax.targets.libvirt.target import LibvirtTarget
 
 pytestmark = [
     pytest.mark.live,
@@ -210,7 +213,7 @@ def test_an_existing_domain_is_measured_and_left_exactly_as_it_was(tmp_path, lib
         pid = int((libvirt.RUN_DIR / "qemu" / f"{name}.pid").read_text())
         assert (fingerprint["qemu_pid"], fingerprint["hypervisor"]) == (pid, "qemu")
         assert re.fullmatch(r"[0-9a-f]{16}", fingerprint["bundle"])
-        assert fingerprint["domain_xml"] == libvirt.stable_xml(before[0])
+        assert fingerprint["domain_xml"] == stable_xml(before[0])
         assert fingerprint["vcpus"] >= 1 and fingerprint["machine"].startswith("pc-q35")
         assert "no huge pages" in fingerprint["summary"]
         # Its QEMU, found through the target, was measured by the host-side collector.
@@ -293,7 +296,7 @@ def test_bad_input_is_one_line_each_and_ssh_reaches_a_domain_without_agent(tmp_p
             assert cell["failed"] == 0 and cell["summary"]["median"] > 0, cell
             fingerprint = data["run"]["targets"]["guest"]["fingerprint"]
             assert (fingerprint["transport"], fingerprint["domain_xml"]) == (
-                "ssh", libvirt.stable_xml(before))
+                "ssh", stable_xml(before))
             assert list(server.workdir.iterdir()) == []   # scratch and bundle removed
         finally:
             server.stop()
@@ -354,11 +357,11 @@ def _libvirts_marks() -> dict[str, object]:
                    if p.name.startswith(("vtnat", "vnet")))
     tables = (subprocess.run(["nft", "list", "tables"], capture_output=True, text=True,
                              timeout=60).stdout.split("\n") if shutil.which("nft") else [])
-    return {"rules": rules, "links": links, "forwarding": libvirt.FORWARDING.read_text(),
+    return {"rules": rules, "links": links, "forwarding": nat.FORWARDING.read_text(),
             "tables": sorted(line for line in tables if line.removeprefix("table ")
                              in libvirt.IPTABLES_TABLES),
             "dnsmasq": libvirt.DNSMASQ_DIR.exists(),
-            "network state": sorted(str(p) for p in libvirt.NETWORK_RUN_DIR.glob("vmtax-*"))}
+            "network state": sorted(str(p) for p in nat.NETWORK_RUN_DIR.glob("vmtax-*"))}
 
 
 def test_libvirts_nat_network_serves_iperf3_a_scsi_disk_takes_dd_and_the_host_is_as_it_was(

@@ -50,3 +50,15 @@ def test_the_kept_index_follows_installs_renames_and_removals(tmp_path):
     shutil.rmtree(site / "vmtax_throwaway-0.dist-info")
     collectors = _collectors_and_workload_modules(site, cache)[0]
     assert "a-renamed" not in collectors and "host-cpu" in collectors
+
+
+def test_a_plugin_package_is_scanned_and_its_modules_key_the_index():
+    # targets/libvirt/ holds the libvirt target with its support: an edit of any module in
+    # it must remake the index, as an edit of a plugin module at the top does.
+    from vmtax.core import plugin
+
+    stamped = {stamp[0] for stamp in plugin._index_key()[1]}
+    assert any(path.endswith(os.path.join("targets", "libvirt", "target.py"))
+               for path in stamped)
+    assert not any("__pycache__" in path for path in stamped)
+    assert plugin.registry()["target"]["libvirt"].__module__ == "vmtax.targets.libvirt.target"

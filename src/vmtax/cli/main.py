@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from vmtax import __version__
-from vmtax.cli import bounds
+from vmtax.cli import bounds, run_flags
 from vmtax.cli.consoles import err, out
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
-from vmtax.core.limits import MAX_COUNT
 from vmtax.core.text import printable
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import journal, proc
@@ -26,60 +25,12 @@ from vmtax.results.store import Store
 if TYPE_CHECKING:
     from vmtax.analysis.model import RunModel
     from vmtax.cli.progress import ProgressReporter
+    from vmtax.studies.requests import RunRequest
 
 DEFAULT_RESULTS = os.environ.get("VMTAX_RESULTS", "results")
 
-def _csv(value: str | None, flag: str) -> list[str] | None:
-    """A comma-separated list; None when the flag was not given. An empty one is an error:
-    running everything instead would be a surprise (and a long one)."""
-    if value is None:
-        return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not items:
-        raise VmtaxError(f"{flag}: expected a comma-separated list of names, got {value!r}")
-    return items
-
-
-def _target_flags() -> list[click.Option]:
-    """A flag for every target option a plugin marks cli=True (--vcpus, --qemu, ...): it
-    applies to every target whose kind has that option; repeated, or as LABEL=VALUE, it
-    makes one target per value (NAME@LABEL)."""
-    from vmtax.core import plugin
-    from vmtax.core import target as targets
-
-    found: dict[str, plugin.OptionInfo] = {}
-    for kind in targets.kinds().values():
-        for info in plugin.option_infos(kind.Options).values():
-            if info.cli:
-                found.setdefault(info.field, info)
-    flags = []
-    for field, info in sorted(found.items()):
-        unit = f" [{info.unit}]" if info.unit and info.unit != "bytes" else ""
-        default = "" if info.default in (None, [], "") else f" [default: {info.default}]"
-        flags.append(click.Option([f"--{field.replace('_', '-')}", field], multiple=True,
-                                  metavar="[LABEL=]VALUE", help=f"{info.doc}{unit}.{default}"))
-    return flags
-
-
-class _RunCommand(click.Command):
-    """`vmtax run`, whose target flags and plan defaults are made when its options are
-    first needed (parsing, --help): they import every target plugin and pydantic, which
-    `vmtax --help`, `runs` and `show` must not wait for."""
-
-    _complete = False
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        if not self._complete:
-            self._complete = True
-            from vmtax.studies import plan as plan_mod
-
-            defaults = {"runs": str(plan_mod.DEFAULT_RUNS), "time_": plan_mod.DEFAULT_TIME}
-            for param in self.params:
-                if param.name in defaults:
-                    param.default = defaults[param.name]
-            at = next(i for i, p in enumerate(self.params) if p.name == "time_") + 1
-            self.params[at:at] = _target_flags()
-        return super().get_params(ctx)
+# `_csv` stays importable from here (cli/tune.py, cli/trend.py read their lists with it).
+_csv = run_flags.csv_list
 
 
 # Commands that undo what killed vmtax processes left (and say so) rather than warn of it.
@@ -223,7 +174,7 @@ def cli(ctx: click.Context) -> None:
         warn_left_behind(refuse=ctx.invoked_subcommand != "doctor")
 
 
-@cli.command(cls=_RunCommand)
+@cli.command(cls=run_flags.RunCommand)
 @click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
 @click.option("--targets", help="Comma-separated targets, KIND or KIND:VARIANT "
               "(`vmtax list targets`). [default: those of plans/classic.toml]")
@@ -269,57 +220,37 @@ def cli(ctx: click.Context) -> None:
               help="Print machine-readable JSON instead of a table; with --fleet, one JSON "
                    "document: each host's run, the spread across hosts and what failed.")
 @all_option
-def run(plan_file, targets, workloads, runs, min_runs, max_runs, ci_target, warmup, time_,
-        collect, no_interleave, resume, quick, name, dry_run, fleet_address, fleet_hosts,
-        spread, results, as_json, show_all, **target_options) -> None:
+@run_flags.parsed
+def run(request: "RunRequest", output: run_flags.RunOutput) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
 
     Without PLAN.toml this is the classic plan (E1), shaped by the options below; with a
     plan file, the file says what to run (see plans/ for examples).
     """
-    from vmtax.results.store import check_run_name
     from vmtax.studies import comparison
-    from vmtax.studies.requests import FleetRequest, RunRequest
 
-    if name is not None:
-        check_run_name(name)
-    if runs == "auto":
-        repetitions = dict(runs=min_runs, max_runs=max_runs, ci_target=ci_target / 100)
-    elif runs.isdigit() and 1 <= int(runs) <= MAX_COUNT:
-        repetitions = dict(runs=int(runs))
-    else:
-        raise VmtaxError(f"--runs takes a whole number from 1 to {MAX_COUNT} or 'auto', got "
-                         f"{runs!r}")
-    request = RunRequest(
-        plan_file=plan_file, quick=quick, resume=resume,
-        targets=_csv(targets, "--targets"), workloads=_csv(workloads, "--workloads"),
-        target_options={k: list(v) for k, v in target_options.items() if v},
-        warmup=warmup, time=time_, **repetitions, collect=_csv(collect, "--collect") or [],
-        interleave=not no_interleave, name=name,
-        fleet=FleetRequest(fleet_address, _csv(fleet_hosts, "--hosts"), spread)
-        if fleet_address or fleet_hosts or spread else None)
-    store = Store(results) if resume else None
+    store = Store(output.results) if request.resume else None
     the_plan = comparison.plan_of(request, store)
     from vmtax.cli import plan as cli_plan
 
-    if dry_run:
-        click.echo(cli_plan.describe(plan_file or "the run", the_plan, matrix=True))
+    if output.dry_run:
+        click.echo(cli_plan.describe(request.plan_file or "the run", the_plan, matrix=True))
         return
     for warning in cli_plan.warnings(the_plan):
         err.print("[yellow]warning:[/yellow] " + escape(warning))
-    store = store or Store(results)   # only once the plan is valid: a typo creates nothing
+    store = store or Store(output.results)   # only once the plan is valid: a typo creates nothing
     if request.fleet is not None:
         from vmtax.cli import fleet as cli_fleet
         from vmtax.cli.progress import ProgressReporter
         with ProgressReporter() as progress:
             cli_fleet.run_on_fleet(the_plan, store, request.fleet.address, request.fleet.hosts,
-                                   request.fleet.spread, resume, progress,
-                                   lambda s, r: _show(s, r, False, show_all),
-                                   _run_json if as_json else None)
+                                   request.fleet.spread, request.resume, progress,
+                                   lambda s, r: _show(s, r, False, output.show_all),
+                                   _run_json if output.as_json else None)
         return
-    model = comparison.run(the_plan, store, resume, _run_progress, recovered,
-                           functools.partial(_run_stopped, results))
-    _render(model, as_json, show_all, store.dir)
+    model = comparison.run(the_plan, store, request.resume, _run_progress, recovered,
+                           functools.partial(_run_stopped, output.results))
+    _render(model, output.as_json, output.show_all, store.dir)
 
 
 def _run_progress(estimate: float | None, per_cell: int,

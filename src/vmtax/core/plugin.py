@@ -388,7 +388,8 @@ def _modules() -> Iterator[tuple[pytypes.ModuleType, str | None]]:
             package = importlib.import_module(package_name)
         except ModuleNotFoundError:
             continue
-        for info in pkgutil.iter_modules(package.__path__, package_name + "."):
+        # A plugin with support modules of its own may be a package (targets/libvirt/).
+        for info in pkgutil.walk_packages(package.__path__, package_name + "."):
             yield importlib.import_module(info.name), None
     for entry_point, module_name in _entry_point_modules():
         yield _import(module_name, entry_point), entry_point
@@ -424,15 +425,17 @@ def _distributions(directory: str) -> list[str]:
 
 
 def _index_key() -> list[Any]:
-    """The stat of each built-in plugin package's directory and files, and the
+    """The stat of each built-in plugin package's directories and files, and the
     distributions in each directory of sys.path that has any."""
     stamps = []
     for package_name in PACKAGES:
         spec = importlib.util.find_spec(package_name)
-        for directory in (spec.submodule_search_locations or []) if spec else []:
-            stamps.append(_stamp(directory))
-            with os.scandir(directory) as entries:
-                stamps += sorted(_stamp(e.path) for e in entries if e.name.endswith(".py"))
+        for top in (spec.submodule_search_locations or []) if spec else []:
+            for directory, subdirectories, names in os.walk(top):
+                subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+                stamps.append(_stamp(directory))
+                stamps += sorted(_stamp(os.path.join(directory, name)) for name in names
+                                 if name.endswith(".py"))
     installed = [[p, found] for p in sys.path if (found := _distributions(p))]
     return [_INDEX_VERSION, stamps, installed]
 

@@ -56,6 +56,20 @@ PREVIOUS_VERSION_UNDO = {"hugepages": "vmtax.host.hugepages:end_lease",
                          "ksm": "vmtax.host.ksm:end_lease",
                          "remote": "vmtax.host.ssh_session:undo"}
 
+# Undo functions that moved after a vmtax had written their path into journals: a journal
+# left by that version (killed, then upgraded) names the old path, and is undone by the
+# function where it is now. Kept as long as such journals may exist; a move adds a line.
+MOVED = {
+    # libvirt's support went to its target's package (vmtax.targets.libvirt).
+    "vmtax.host.libvirt:destroy_domain": "vmtax.targets.libvirt.virsh:destroy_domain",
+    "vmtax.host.libvirt:delete_host_tap": "vmtax.targets.libvirt.virsh:delete_host_tap",
+    "vmtax.host.libvirt:remove_guest_dir": "vmtax.targets.libvirt.virsh:remove_guest_dir",
+    "vmtax.host.libvirt:close_guest_file": "vmtax.targets.libvirt.virsh:close_guest_file",
+    "vmtax.host.libvirt:remove_chains": "vmtax.targets.libvirt.virsh:remove_chains",
+    "vmtax.host.libvirt:destroy_network": "vmtax.targets.libvirt.nat:destroy_network",
+    "vmtax.host.libvirt:restore_forwarding": "vmtax.targets.libvirt.nat:restore_forwarding",
+}
+
 # What an entry of each type leaves on the host while it is not undone (`describe`).
 LEFT = {"kill": "process", "rmtree": "directory", "rmdir": "cgroup", "umount": "mount",
         "write": "setting", "ksm": "KSM setting", "hugepages": "huge page lease",
@@ -73,8 +87,8 @@ def undone_by(handler: UndoHandler) -> str:
 
 def _handler(name: str) -> UndoHandler:
     """The function an entry's "undo" names; only vmtax's own modules are imported, so a
-    journal file cannot make vmtax run other code."""
-    module, _, function = name.partition(":")
+    journal file cannot make vmtax run other code. A path that moved is followed (MOVED)."""
+    module, _, function = MOVED.get(name, name).partition(":")
     if not module.startswith("vmtax.") or not function:
         raise Refused(f"journal entry undone by {name!r}, which is not a function of vmtax")
     try:

@@ -1,7 +1,7 @@
 """What the target kinds that boot guests of their own (vm, libvirt) do the same way: the
 invocation's shared guest image, the one guest the plan's jobs run in (`self.guest`, an
-agent guest of vm_instance or libvirt_instance), and the calls they hand to it. Not a
-plugin: it sets no `name`."""
+agent guest of vm_instance or libvirt.instance): booting it, its copies for a factory, and
+the calls they hand to it. Not a plugin: it sets no `name`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import abc
 from typing import Any, ClassVar
 
 from vmtax.core.errors import TargetError
+from vmtax.core.instance import Instance
 from vmtax.core.target import Target
-from vmtax.core.types import Endpoint, Job
+from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.guest.image import GuestImage
 from vmtax.guest.qemu import find_qemu
 from vmtax.host import proc
@@ -24,10 +25,56 @@ class GuestTarget(Target):
     # The guest the plan's jobs run in; a new one after each prepare().
     guest: Any
     _qemu_version: str | None
+    # QEMU start to agent READY of every guest the plan booted (a hung one is replaced).
+    boot_history: list[float]
 
     @abc.abstractmethod
     def qemu_path(self) -> str:
         """The QEMU program this target's options name (found on PATH when a bare name)."""
+
+    @abc.abstractmethod
+    def _network(self) -> str:
+        """The guest's network, as the options and the plan ask ("bridge", "none", ...)."""
+
+    @abc.abstractmethod
+    def _new_guest(self, name: str, network: str, net: Any) -> Any:
+        """A guest of this configuration called name, not started yet, on network (net:
+        the vmtax.host.network.Network of a "bridge" one)."""
+
+    def _boot(self) -> None:
+        """Boot the guest the plan's jobs run in, and keep how long its boot took."""
+        network = self._network()
+        net = self.ctx.shared_network() if network == "bridge" else None
+        self.guest = self._new_guest(self.name, network, net)
+        self.guest.start()
+        assert self.guest.boot_seconds is not None   # started
+        self.boot_history.append(round(self.guest.boot_seconds, 4))
+
+    def make_instance(self, index: int, network: Any, job: Job | None = None) -> Instance:
+        """Another guest of this configuration, on a tap of `network`, running job in the
+        background."""
+        instance: Instance = self._new_guest(f"{self.name}#{index}", "bridge",
+                                             network).start_with(job)
+        return instance
+
+    def run(self, job: Job) -> JobResult:
+        result: JobResult = self._need_guest().run(job)
+        return result
+
+    def host_pids(self) -> list[int]:
+        return self.guest.host_pids() if self.guest else []
+
+    def vcpu_threads(self) -> list[int]:
+        threads: list[int] = self._need_guest().vcpu_threads()
+        return threads
+
+    def alive(self) -> bool:
+        return self.guest is not None and bool(self.guest.alive())
+
+    def cleanup(self) -> None:
+        if self.guest is not None:
+            self.guest.stop()
+            self.guest = None
 
     def image(self) -> GuestImage:
         """The shared image of this invocation, unless this target wants another kernel."""

@@ -19,7 +19,6 @@ from typing import Any, Literal, cast
 
 from vmtax.core import plugin
 from vmtax.core.errors import TargetError, VmtaxError
-from vmtax.core.instance import Instance
 from vmtax.core.option_types import (
     GuestKernel,
     HostCpus,
@@ -31,7 +30,7 @@ from vmtax.core.option_types import (
     cpulist,
 )
 from vmtax.core.target import SERVES, Feature, TargetContext
-from vmtax.core.types import Endpoint, Job, JobResult
+from vmtax.core.types import Endpoint, Job
 from vmtax.guest.image import GuestImage
 from vmtax.guest.qemu import (
     VmConfig,
@@ -324,20 +323,7 @@ class VmTarget(GuestTarget):
 
     def prepare(self) -> None:
         self.cleanup()
-        network = self._network()
-        net = self.ctx.shared_network() if network == "bridge" else None
-        self.guest = self._new_guest(self.name, network, net)
-        self.guest.start()
-        assert self.guest.boot_seconds is not None   # started
-        self.boot_history.append(round(self.guest.boot_seconds, 4))
-
-    def make_instance(self, index: int, network: Any, job: Job | None = None) -> Instance:
-        """Another guest of this configuration, on a tap of `network`, running job in the
-        background."""
-        return self._new_guest(f"{self.name}#{index}", "bridge", network).start_with(job)
-
-    def run(self, job: Job) -> JobResult:
-        return self._need_guest().run(job)
+        self._boot()
 
     # -- servers for host-side clients --
 
@@ -360,23 +346,9 @@ class VmTarget(GuestTarget):
         self.guest.signal_group(guest_pid)
         self.guest.unreach(host_port)
 
-    def host_pids(self) -> list[int]:
-        return self.guest.host_pids() if self.guest else []
-
-    def alive(self) -> bool:
-        return self.guest is not None and self.guest.alive()
-
-    def cleanup(self) -> None:
-        if self.guest is not None:
-            self.guest.stop()
-            self.guest = None
-
     def qmp(self, command: str, arguments: dict | None = None) -> Any:
         """Run one QMP command on the plan's guest and return its result."""
         return self._need_guest().qmp(command, arguments)
-
-    def vcpu_threads(self) -> list[int]:
-        return self._need_guest().vcpu_threads()
 
     # -- identity --
 

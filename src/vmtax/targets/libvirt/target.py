@@ -9,9 +9,9 @@ that is what `libvirt` against `vm` on the same QEMU measures. The domain's XML 
 the fingerprint.
 
 Its type is "kvm" where KVM really runs a guest (vmtax.host.kvm's probe, as for `vm`),
-else "qemu" (TCG). libvirt is reached through virsh (vmtax.host.libvirt says why) at `uri`;
-where no libvirtd answers on qemu:///system vmtax starts one, and the journal stops it
-after the domain is gone, also after kill -9.
+else "qemu" (TCG). libvirt is reached through virsh (vmtax.targets.libvirt.virsh says
+why) at `uri`; where no libvirtd answers on qemu:///system vmtax starts one, and the
+journal stops it after the domain is gone, also after kill -9.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from vmtax.core.option_types import (
 from vmtax.core.target import SERVES, Feature, TargetContext
 from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.guest.image import AGENT_PORT, GuestImage
-from vmtax.guest.libvirt_xml import DomainSpec
 from vmtax.guest.agent_session import direct_io_works
 from vmtax.guest.qemu import (
     find_qemu,
@@ -51,9 +50,23 @@ from vmtax.guest.qemu import (
     parse_size,
     resolve_accel,
 )
-from vmtax.host import daemon, hugepages, libvirt, ssh_session
+from vmtax.host import daemon, hugepages, ssh_session
 from vmtax.targets.guest_target import GuestTarget
-from vmtax.targets.libvirt_instance import ExistingDomain, LibvirtInstance
+from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_summary, stable_xml
+from vmtax.targets.libvirt.existing import ExistingDomain
+from vmtax.targets.libvirt.instance import LibvirtInstance
+from vmtax.targets.libvirt.nat import NatLease, NatNetwork, start_nat_network
+from vmtax.targets.libvirt.virsh import (
+    DEFAULT_URI,
+    IMAGES,
+    LIBVIRTD,
+    Virsh,
+    ensure_daemon,
+    hugetlbfs_hint,
+    hugetlbfs_mounted,
+    kvm_masked,
+    startable,
+)
 
 # A pin for the default two vCPUs, the knob `vmtax tune` tries: the first two usable CPUs.
 PIN_CANDIDATE = cpulist(sorted(os.sched_getaffinity(0))[:2])
@@ -75,7 +88,7 @@ class LibvirtOptions(plugin.Options):
     domain: NonEmpty | None = plugin.option(
         None, "An existing domain to measure (libvirt:NAME), left exactly as it is; none: "
         "vmtax defines a transient domain of its own")
-    uri: NonEmpty = plugin.option(libvirt.DEFAULT_URI, "libvirt connection URI", cli=True)
+    uri: NonEmpty = plugin.option(DEFAULT_URI, "libvirt connection URI", cli=True)
     emulator: Program = plugin.option("qemu-system-x86_64", "The domain's QEMU binary (any "
                                       "build)", cli=True)
     accel: Literal["auto", "kvm", "tcg"] = plugin.option(
@@ -181,10 +194,10 @@ class LibvirtOptions(plugin.Options):
                                          f'"{self.disk_cache}" (Linux AIO needs O_DIRECT)'))
         if self.disk_aio == "io_uring" and (why := io_uring_problem(self.emulator)):
             problems.append(("disk_aio", f'"threads" or "native": {why}'))
-        if (self.disk_cache in ("none", "directsync") and libvirt.IMAGES.is_dir()
-                and not direct_io_works(libvirt.IMAGES)):
+        if (self.disk_cache in ("none", "directsync") and IMAGES.is_dir()
+                and not direct_io_works(IMAGES)):
             problems.append(("disk_cache", f'"default", "writeback" or "unsafe": '
-                                           f"{libvirt.IMAGES} refuses O_DIRECT"))
+                                           f"{IMAGES} refuses O_DIRECT"))
         return problems
 
 
@@ -212,24 +225,24 @@ class LibvirtTarget(GuestTarget):
 
     @classmethod
     def unavailable(cls) -> str | None:
-        return libvirt.startable()
+        return startable()
 
     @classmethod
     def doctor(cls) -> tuple[bool, str]:
-        why = libvirt.startable()
+        why = startable()
         if why is not None:
             return False, why
         from vmtax.host import kvm   # probing runs a tiny vCPU: only when asked
         status = kvm.probe()
         domains = ("domains of type kvm" if status.usable
                    else f"domains of type qemu (TCG): {status.reason}")
-        if daemon.answers(libvirt.LIBVIRTD.socket):
-            pages = ("" if libvirt.hugetlbfs_mounted() else
+        if daemon.answers(LIBVIRTD.socket):
+            pages = ("" if hugetlbfs_mounted() else
                      "; no hugetlbfs is mounted, so hugepages domains fail: "
-                     + libvirt.hugetlbfs_hint())
-            return True, (f"libvirtd answers on {libvirt.LIBVIRTD.socket} (used, left "
+                     + hugetlbfs_hint())
+            return True, (f"libvirtd answers on {LIBVIRTD.socket} (used, left "
                           f"running); {domains}{pages}")
-        masked = " with /dev/kvm masked" if libvirt.kvm_masked() else ""
+        masked = " with /dev/kvm masked" if kvm_masked() else ""
         return True, (f"no libvirtd runs: vmtax starts one{masked} (and virtlogd) when a "
                       f"libvirt target needs it, and stops it after; {domains}")
 
@@ -250,9 +263,9 @@ class LibvirtTarget(GuestTarget):
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)
         self.opts: LibvirtOptions = options  # type: ignore[assignment]
-        self.virsh = libvirt.Virsh(self.opts.uri)
+        self.virsh = Virsh(self.opts.uri)
         self.guest: LibvirtInstance | None = None
-        self.nat: libvirt.NatNetwork | None = None   # network = "nat", once started
+        self.nat: NatNetwork | None = None   # network = "nat", once started
         # An existing domain (libvirt:NAME), once prepared.
         self.existing: ExistingDomain | None = None
         self._hypervisor: str | None = None
@@ -295,8 +308,8 @@ class LibvirtTarget(GuestTarget):
             disk_aio=None if self.opts.disk_aio == "default" else self.opts.disk_aio,
             disk_bus=self.opts.disk_bus,
             pin=pin, emulator_cpus=rest, hugepages=self.opts.hugepages,
-            tap=None if nic is None or isinstance(nic, libvirt.NatLease) else nic.name,
-            network=nic.network if isinstance(nic, libvirt.NatLease) else None,
+            tap=None if nic is None or isinstance(nic, NatLease) else nic.name,
+            network=nic.network if isinstance(nic, NatLease) else None,
             mac=nic.mac if nic is not None else None)
 
     def _network(self) -> str:
@@ -316,10 +329,10 @@ class LibvirtTarget(GuestTarget):
                                self._connect,
                                self.virsh, self.ctx.journal, network, net, self._nat_lease)
 
-    def _nat_lease(self) -> libvirt.NatLease:
+    def _nat_lease(self) -> NatLease:
         """A place on this target's NAT network, started with the first guest that asks."""
         if self.nat is None:
-            self.nat = libvirt.start_nat_network(self.ctx.journal, self.virsh,
+            self.nat = start_nat_network(self.ctx.journal, self.virsh,
                                                  Path(self.ctx.work_dir) / "libvirt-net")
         return self.nat.lease()
 
@@ -328,7 +341,7 @@ class LibvirtTarget(GuestTarget):
     def _connect(self, hugetlbfs: tuple[Path, ...] = ()) -> None:
         """libvirtd up (started and journaled when none answers, told of the hugetlbfs
         mounts guest RAM goes on), and the URI answering."""
-        libvirt.ensure_daemon(self.ctx.journal, self.opts.uri,
+        ensure_daemon(self.ctx.journal, self.opts.uri,
                               Path(self.ctx.work_dir) / "libvirtd", hugetlbfs)
         self.virsh.connect(self.name)
 
@@ -341,12 +354,7 @@ class LibvirtTarget(GuestTarget):
             raise TargetError(f"{self.name}: libvirt targets cannot carry read-only trees yet "
                               f"({', '.join(map(str, self.ctx.trees))}, the compile workload's)")
         self.image().initramfs()   # built before libvirtd is asked for anything
-        network = self._network()
-        net = self.ctx.shared_network() if network == "bridge" else None
-        self.guest = self._new_guest(self.name, network, net)
-        self.guest.start()
-        assert self.guest.boot_seconds is not None
-        self.boot_history.append(round(self.guest.boot_seconds, 4))
+        self._boot()
 
     def _open_existing(self, domain: str) -> None:
         if self.ctx.trees:
@@ -377,12 +385,12 @@ class LibvirtTarget(GuestTarget):
         """Another transient domain of this configuration, on a tap of `network`."""
         if self.opts.domain is not None:
             raise TargetError(f"{self.name}: an existing domain has no copies")
-        return self._new_guest(f"{self.name}#{index}", "bridge", network).start_with(job)
+        return super().make_instance(index, network, job)
 
     def run(self, job: Job) -> JobResult:
         if self.existing is not None:
             return self.existing.run(job)
-        return self._need_guest().run(job)
+        return super().run(job)
 
     def start_server(self, job: Job, port: int) -> Endpoint:
         if self.opts.domain is not None:
@@ -404,25 +412,23 @@ class LibvirtTarget(GuestTarget):
     def host_pids(self) -> list[int]:
         if self.existing is not None:
             return self.existing.host_pids()
-        return self.guest.host_pids() if self.guest else []
+        return super().host_pids()
 
     def vcpu_threads(self) -> list[int]:
         if self.existing is not None:
             return []   # asking QEMU's monitor would taint a domain of the user's
-        return self._need_guest().vcpu_threads()
+        return super().vcpu_threads()
 
     def alive(self) -> bool:
         if self.existing is not None:
             return self.existing.alive()
-        return self.guest is not None and self.guest.alive()
+        return super().alive()
 
     def cleanup(self) -> None:
         if self.existing is not None:
             self.existing.close()
             self.existing = None
-        if self.guest is not None:
-            self.guest.stop()
-            self.guest = None
+        super().cleanup()
         if self.nat is not None:   # after its guests: net-destroy, then what libvirt leaves
             for token in reversed(self.nat.tokens):
                 self.ctx.journal.undo(token)
@@ -474,7 +480,7 @@ class LibvirtTarget(GuestTarget):
         xml = existing.xml if existing else None
         found = re.search(r"<domain type='([^']+)'", xml or "")
         bundle = existing and (existing.ssh.bundle if existing.ssh else existing.bundle)
-        summary = libvirt.domain_summary(xml, existing.pid if existing else None) if xml else {}
+        summary = domain_summary(xml, existing.pid if existing else None) if xml else {}
         return {"kind": self.kind, "uri": self.opts.uri, "domain": domain, **summary,
                 "transport": existing.transport if existing else None,
                 "ssh_host": self.opts.host,
@@ -484,4 +490,4 @@ class LibvirtTarget(GuestTarget):
                 "hypervisor": found[1] if found else None,
                 "hypervisor_version": self._hypervisor,
                 "qemu_pid": existing.pid if existing else None,
-                "domain_xml": libvirt.stable_xml(xml) if xml else None}
+                "domain_xml": stable_xml(xml) if xml else None}

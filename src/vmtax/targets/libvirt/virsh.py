@@ -1,5 +1,7 @@
 """libvirt, reached through virsh: the daemons, one call with a deadline, and the undo of
-what vmtax made through it (a domain, a tap lent to libvirt, a NAT network).
+what vmtax made through it (a domain, a tap lent to libvirt, a directory or an open file in
+a guest) and of what libvirtd leaves on the host (its firewall chains; the NAT network
+itself is vmtax.targets.libvirt.nat's).
 
 virsh rather than libvirt-python: every call has a deadline of vmtax's own (a libvirtd that
 accepts and never answers costs a timeout and one line, not a thread stuck in C), libvirt's
@@ -21,18 +23,15 @@ host's files are left as they are.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree
 
 from vmtax.core.errors import VmtaxError
 from vmtax.host import daemon, machine, proc
@@ -233,89 +232,6 @@ def journal_guest_dir(journal: Journal, uri: str, domain: str, path: str) -> int
 
 # --- a domain of the user's, as it runs ------------------------------------------------------
 
-# What changes in a running domain's XML from one boot to the next, and what it becomes: a
-# fingerprint keeps the definition, not the boot.
-_PER_BOOT = (
-    (re.compile(r"(<domain\b[^>]*?)\s+id='\d+'"), r"\1"),
-    (re.compile(r"/dev/pts/\d+"), "/dev/pts/N"),
-    (re.compile(r"\bdomain-\d+-"), "domain-N-"),            # channel and monitor sockets
-    (re.compile(r"(<target dev=')vnet\d+'"), r"\1vnetN'"),   # the domain's tap devices
-    (re.compile(r"(<target type='virtio' name='[^']*') state='\w+'"), r"\1"),
-    (re.compile(r"(<graphics\b[^>]*?\b(?:port|websocket)=')\d+'(?=[^>]*autoport='yes')"),
-     r"\1N'"),
-    (re.compile(r"(<seclabel type='dynamic'.*?</seclabel>)", re.S),
-     lambda m: re.sub(r"<(label|imagelabel)>[^<]*</", r"<\1>dynamic</", m[1])),
-)
-
-
-def stable_xml(xml: str) -> str:
-    """A running domain's XML without what each boot changes (its id, pty and socket paths,
-    tap names, agent state, autoport ports, dynamic security labels)."""
-    for pattern, replacement in _PER_BOOT:
-        xml = pattern.sub(replacement, xml)   # type: ignore[arg-type]
-    return xml
-
-
-_UNITS = {"b": 1, "bytes": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20,
-          "mib": 1 << 20, "mb": 1000 ** 2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
-
-
-def _bytes(element: Any, default_unit: str = "kib") -> int | None:
-    if element is None or not (element.text or "").strip().isdigit():
-        return None
-    return int(element.text) * _UNITS.get(element.get("unit", default_unit).lower(), 1 << 10)
-
-
-def hugetlb_bytes(pid: int | None, proc_root: Path = Path("/proc")) -> int | None:
-    """Bytes of huge pages mapped by a process (its smaps_rollup); None if unknown."""
-    if pid is None:
-        return None
-    try:
-        text = (proc_root / str(pid) / "smaps_rollup").read_text()
-    except OSError:
-        return None
-    found = re.findall(r"^(?:Shared|Private)_Hugetlb:\s+(\d+) kB", text, re.M)
-    return sum(int(kb) << 10 for kb in found) if found else None
-
-
-def domain_summary(xml: str, pid: int | None,
-                   proc_root: Path = Path("/proc")) -> dict[str, Any]:
-    """What matters of a running domain, from its XML and its QEMU: machine type, CPU mode,
-    vCPUs, memory, huge pages and how many its QEMU was actually granted (None unknown: a
-    remote URI's domain), with a one-line "summary"."""
-    try:
-        root = ElementTree.fromstring(xml)
-    except ElementTree.ParseError:
-        return {"summary": None}
-    vcpu = root.find("vcpu")
-    vcpus = int(vcpu.get("current") or vcpu.text or 0) if vcpu is not None else None
-    memory = _bytes(root.find("currentMemory")) or _bytes(root.find("memory"))
-    os_type = root.find("os/type")
-    machine = os_type.get("machine") if os_type is not None else None
-    cpu = root.find("cpu")
-    cpu_mode = (cpu.get("mode") or (cpu.findtext("model") or None)) if cpu is not None else None
-    hugepages = root.find("memoryBacking/hugepages")
-    page: int | None = None
-    granted: int | None = None
-    if hugepages is not None:
-        page = _bytes(hugepages.find("page"), "kib") or 2 << 20   # none named: the default
-        mapped = hugetlb_bytes(pid, proc_root)
-        granted = mapped // page if mapped is not None else None
-    parts = [machine or "machine ?", f"{root.get('type')}", f"cpu {cpu_mode or 'default'}",
-             f"{vcpus} vCPUs", f"{(memory or 0) >> 20} MiB"]
-    if page is None:
-        parts.append("no huge pages")
-    else:
-        wanted = (memory or 0) // page
-        parts.append(f"{page >> 20} MiB huge pages: "
-                     + (f"{granted} of {wanted} granted" if granted is not None
-                        else f"{wanted} asked, granted unknown"))
-    return {"machine": machine, "cpu": cpu_mode, "vcpus": vcpus, "memory_bytes": memory,
-            "host_hugepages": {"size": f"{page >> 20}M" if page and page < 1 << 30
-                               else "1G" if page else None, "granted": granted},
-            "summary": " · ".join(parts)}
-
-
 def journal_guest_file(journal: Journal, uri: str, domain: str, handle: int) -> int:
     """Record a file the guest agent holds open for vmtax (guest-file-open's handle); its
     undo closes it. Killed mid-copy, vmtax would otherwise leave qemu-ga holding a deleted
@@ -353,22 +269,16 @@ def remove_guest_dir(journal: Journal, entry: dict[str, Any]) -> None:
                                "arguments": {"path": "rm", "arg": ["-rf", "--", path]}})
 
 
-# --- a NAT network of vmtax's own ----------------------------------------------------------
+# --- what a libvirtd leaves on the host with its first network -------------------------------
 #
-# libvirt's NAT network as a libvirt user gets it (a virbr-style bridge, dnsmasq, iptables
-# rules that masquerade its subnet), but transient and vmtax's own: the user's networks
-# ('default' too, active or not) are never started, changed or used, since a guest of
-# vmtax's would need an address in them that no one else has. What net-destroy leaves
-# behind, measured with libvirt 9.0 here, is undone too: net.ipv4.ip_forward set to 1,
-# dnsmasq's pid file, and, made once per libvirtd with its first network, the LIBVIRT_*
-# chains (iptables and ip6tables: filter, nat, mangle) with the jumps to them, the tables
-# iptables-nft made for them and /var/lib/libvirt/dnsmasq. Those last stay with a libvirtd
-# of the user's, which needs them for its next network (without them it fails it: "No
-# chain/target/match by that name"); the libvirtd vmtax starts takes them with it.
+# Made once per libvirtd with its first network (a NAT target's: vmtax.targets.libvirt.nat),
+# never removed by it: the LIBVIRT_* chains (iptables and ip6tables: filter, nat, mangle)
+# with the jumps to them, the tables iptables-nft made for them and /var/lib/libvirt/dnsmasq.
+# Those stay with a libvirtd of the user's, which needs them for its next network (without
+# them it fails it: "No chain/target/match by that name"); the libvirtd vmtax starts takes
+# them with it (ensure_daemon journals them first).
 
-FORWARDING = Path("/proc/sys/net/ipv4/ip_forward")
 DNSMASQ_DIR = Path("/var/lib/libvirt/dnsmasq")
-NETWORK_RUN_DIR = RUN_DIR / "network"
 # (table, built-in chain, libvirt's chain), in the order libvirt 9.0 adds the jumps.
 LIBVIRT_JUMPS = (("filter", "INPUT", "LIBVIRT_INP"), ("filter", "OUTPUT", "LIBVIRT_OUT"),
                  ("filter", "FORWARD", "LIBVIRT_FWX"), ("filter", "FORWARD", "LIBVIRT_FWI"),
@@ -377,85 +287,9 @@ LIBVIRT_JUMPS = (("filter", "INPUT", "LIBVIRT_INP"), ("filter", "OUTPUT", "LIBVI
 IPTABLES = ("iptables", "ip6tables")
 # The nf_tables tables iptables-nft makes for libvirt's chains: "FAMILY NAME".
 IPTABLES_TABLES = ("ip filter", "ip nat", "ip mangle", "ip6 filter", "ip6 nat", "ip6 mangle")
-_NAT_NAME = re.compile(r"vmtax-nat-[0-9a-f]{8}")
-_NAT_BRIDGE = re.compile(r"vtnat[0-9a-f]{8}")
 
 
-@dataclass(frozen=True)
-class NatLease:
-    """One guest's place on a NAT network: its NIC's MAC, its address/prefix, the gateway."""
-    network: str
-    mac: str
-    cidr: str
-    gateway: str
-
-    @property
-    def address(self) -> str:
-        return self.cidr.partition("/")[0]
-
-
-@dataclass
-class NatNetwork:
-    """A transient NAT network vmtax defined: its name, bridge and IPv4 subnet (the bridge
-    is .1; guests get static addresses from .2 on, outside any DHCP range: there is none),
-    and the journal entries that undo it."""
-    name: str
-    bridge: str
-    subnet: ipaddress.IPv4Network
-    next_host: int = 2
-    tokens: list[int] = field(default_factory=list)
-
-    @property
-    def gateway(self) -> str:
-        return str(self.subnet.network_address + 1)
-
-    def lease(self) -> NatLease:
-        """The next guest's place (a MAC in QEMU's 52:54:00 range, as libvirt gives)."""
-        if self.next_host >= self.subnet.num_addresses - 1:
-            raise VmtaxError(f"libvirt network {self.name}: no address left in {self.subnet}")
-        address = self.subnet.network_address + self.next_host
-        self.next_host += 1
-        mac = "52:54:00:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(3))
-        return NatLease(self.name, mac, f"{address}/{self.subnet.prefixlen}", self.gateway)
-
-    def xml(self) -> str:
-        return (f"<network>\n  <name>{self.name}</name>\n  <forward mode='nat'/>\n"
-                f"  <bridge name='{self.bridge}' stp='off' delay='0'/>\n"
-                f"  <ip address='{self.gateway}' netmask='{self.subnet.netmask}'/>\n"
-                "</network>\n")
-
-
-def host_subnets() -> list[ipaddress.IPv4Network]:
-    """Every IPv4 subnet this host routes or has an address in (all routing tables)."""
-    found = []
-    for argv in (["ip", "-j", "-4", "route", "show", "table", "all"], ["ip", "-j", "-4", "addr"]):
-        done = proc.run(argv, timeout=30)
-        try:
-            entries = json.loads(done.stdout or "[]")
-        except json.JSONDecodeError:
-            entries = []
-        for entry in entries:
-            prefixes = [entry.get("dst")] + [f"{a.get('local')}/{a.get('prefixlen')}"
-                                             for a in entry.get("addr_info", [])]
-            for prefix in prefixes:
-                if isinstance(prefix, str) and prefix not in ("default", "None/None"):
-                    with contextlib.suppress(ValueError):
-                        found.append(ipaddress.IPv4Network(prefix, strict=False))
-    return found
-
-
-def free_subnet(taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
-    """A /24 in 10.200.0.0/13 that overlaps none of `taken`, picked at random (two vmtax runs
-    at once rarely try the same; libvirt refuses a subnet in use all the same)."""
-    choices = list(ipaddress.IPv4Network("10.200.0.0/13").subnets(new_prefix=24))
-    for subnet in secrets.SystemRandom().sample(choices, len(choices)):
-        if not any(subnet.overlaps(t) for t in taken):
-            return subnet
-    raise VmtaxError("no free /24 in 10.200.0.0/13 for a libvirt NAT network: the host "
-                     "routes all of it")
-
-
-def _iptables_save(program: str) -> str:
+def iptables_save(program: str) -> str:
     save = shutil.which(f"{program}-save")
     if save is None:
         return ""
@@ -477,75 +311,11 @@ def libvirt_chains() -> set[str]:
     found = set()
     for program in IPTABLES:
         table = ""
-        for line in _iptables_save(program).splitlines():
+        for line in iptables_save(program).splitlines():
             if line.startswith("*"):
                 table = line[1:]
             elif line.startswith(":LIBVIRT_"):
                 found.add(f"{program} {table} {line[1:].split()[0]}")
-    return found
-
-
-def start_nat_network(journal: Journal, virsh: Virsh, work_dir: Path) -> NatNetwork:
-    """Define and start a transient NAT network of vmtax's own, each host change it brings
-    journaled first: ip_forward, then the network (newest undone first). libvirt's chains
-    are ensure_daemon's (networks=True)."""
-    tag = secrets.token_hex(4)
-    net = NatNetwork(f"vmtax-nat-{tag}", f"vtnat{tag}", free_subnet(host_subnets()))
-    forwarding = FORWARDING.read_text().strip()
-    if forwarding != "1":
-        net.tokens.append(journal.add(type="ip-forwarding",
-                                      undo=undone_by(restore_forwarding), value=forwarding))
-    net.tokens.append(journal.add(type="libvirt-network", undo=undone_by(destroy_network),
-                                  uri=virsh.uri, name=net.name, bridge=net.bridge))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    xml_file = work_dir / f"{net.name}.xml"
-    xml_file.write_text(net.xml())
-    try:
-        virsh.must("net-create", str(xml_file),
-                   what=f"libvirt network {net.name} ({net.subnet})")
-    except BaseException:
-        for token in reversed(net.tokens):
-            journal.undo(token)
-        raise
-    return net
-
-
-def destroy_network(journal: Journal, entry: dict[str, Any]) -> None:
-    """Undo of a NAT network: net-destroy (libvirt removes its bridge, dnsmasq and rules),
-    then what it leaves: dnsmasq's pid file and the network's ports directory; the bridge
-    if libvirtd was gone."""
-    name, uri, bridge = entry.get("name"), entry.get("uri"), entry.get("bridge")
-    if not (isinstance(name, str) and _NAT_NAME.fullmatch(name) and isinstance(uri, str)
-            and isinstance(bridge, str) and _NAT_BRIDGE.fullmatch(bridge)):
-        return   # only vmtax's own networks
-    if shutil.which("virsh") is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(["virsh", "--quiet", "-c", uri, "net-destroy", name],
-                           capture_output=True, timeout=30)
-    if Path("/sys/class/net", bridge).exists():
-        subprocess.run(["ip", "link", "delete", bridge], capture_output=True, timeout=30)
-    if uri == DEFAULT_URI:
-        # A libvirtd gone (killed, or stopped before this undo) destroyed nothing: its
-        # dnsmasq runs on, its state files stay.
-        for pid in _dnsmasq_of(name):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        (NETWORK_RUN_DIR / f"{name}.pid").unlink(missing_ok=True)
-        (NETWORK_RUN_DIR / f"{name}.xml").unlink(missing_ok=True)
-        shutil.rmtree(NETWORK_RUN_DIR / name, ignore_errors=True)
-        for leftover in [*DNSMASQ_DIR.glob(f"{name}.*"), *DNSMASQ_DIR.glob(f"{bridge}.*")]:
-            leftover.unlink(missing_ok=True)
-
-
-def _dnsmasq_of(name: str) -> list[int]:
-    """The dnsmasq processes libvirt started for network name (by their conf file)."""
-    wanted = f"--conf-file={DNSMASQ_DIR / name}.conf".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if wanted in (entry / "cmdline").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
     return found
 
 
@@ -558,7 +328,7 @@ def remove_chains(journal: Journal, entry: dict[str, Any]) -> None:
     if not libvirt_chains():   # it started no network
         _remove_dnsmasq_dir(entry)
         return
-    saved = {program: _iptables_save(program) for program in IPTABLES}
+    saved = {program: iptables_save(program) for program in IPTABLES}
     if any(re.search(r"^-A LIBVIRT_", text, re.M) for text in saved.values()):
         return   # a libvirt network runs still
     for program in IPTABLES:
@@ -576,7 +346,7 @@ def remove_chains(journal: Journal, entry: dict[str, Any]) -> None:
         family, _, name = str(table).partition(" ")
         if table not in IPTABLES_TABLES:
             continue
-        text = _iptables_save("iptables" if family == "ip" else "ip6tables")
+        text = iptables_save("iptables" if family == "ip" else "ip6tables")
         body = text.partition(f"*{name}\n")[2].partition("COMMIT")[0]
         if not re.search(r"^(-A |:(?!(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ))", body,
                          re.M):
@@ -589,15 +359,3 @@ def _remove_dnsmasq_dir(entry: dict[str, Any]) -> None:
     if entry.get("dnsmasq_dir") is True:
         with contextlib.suppress(OSError):
             DNSMASQ_DIR.rmdir()   # only when empty
-
-
-def restore_forwarding(journal: Journal, entry: dict[str, Any]) -> None:
-    """Undo of the ip_forward libvirt turns on with a NAT network (and never off): back to
-    what it was, unless a libvirt network still forwards."""
-    value = entry.get("value")
-    if value not in ("0", "1"):
-        return
-    if any(re.search(r"^-A LIBVIRT_", _iptables_save(program), re.M)
-           for program in IPTABLES):
-        return
-    FORWARDING.write_text(value)

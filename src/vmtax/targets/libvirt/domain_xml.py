@@ -1,4 +1,5 @@
-"""A libvirt domain's XML for a vmtax guest, from a resolved specification.
+"""A libvirt domain's XML: written for a vmtax guest from a resolved specification, and read
+back from a running domain (what each boot changes left out; what matters of it in a line).
 
 Pure functions of the specification, so the KVM host's domain (type kvm, host-passthrough,
 vCPU pinning, huge pages) is checked against libvirt's schema on a host where KVM cannot
@@ -9,9 +10,11 @@ machine's default devices): that is the configuration a libvirt user gets, which
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vmtax.host import hugepages
 
@@ -147,3 +150,85 @@ def domain_xml(spec: DomainSpec) -> str:
     ET.indent(domain)
     return ET.tostring(domain, encoding="unicode") + "\n"
 
+
+# What changes in a running domain's XML from one boot to the next, and what it becomes: a
+# fingerprint keeps the definition, not the boot.
+_PER_BOOT = (
+    (re.compile(r"(<domain\b[^>]*?)\s+id='\d+'"), r"\1"),
+    (re.compile(r"/dev/pts/\d+"), "/dev/pts/N"),
+    (re.compile(r"\bdomain-\d+-"), "domain-N-"),            # channel and monitor sockets
+    (re.compile(r"(<target dev=')vnet\d+'"), r"\1vnetN'"),   # the domain's tap devices
+    (re.compile(r"(<target type='virtio' name='[^']*') state='\w+'"), r"\1"),
+    (re.compile(r"(<graphics\b[^>]*?\b(?:port|websocket)=')\d+'(?=[^>]*autoport='yes')"),
+     r"\1N'"),
+    (re.compile(r"(<seclabel type='dynamic'.*?</seclabel>)", re.S),
+     lambda m: re.sub(r"<(label|imagelabel)>[^<]*</", r"<\1>dynamic</", m[1])),
+)
+
+
+def stable_xml(xml: str) -> str:
+    """A running domain's XML without what each boot changes (its id, pty and socket paths,
+    tap names, agent state, autoport ports, dynamic security labels)."""
+    for pattern, replacement in _PER_BOOT:
+        xml = pattern.sub(replacement, xml)   # type: ignore[arg-type]
+    return xml
+
+
+_UNITS = {"b": 1, "bytes": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20,
+          "mib": 1 << 20, "mb": 1000 ** 2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
+
+
+def _bytes(element: Any, default_unit: str = "kib") -> int | None:
+    if element is None or not (element.text or "").strip().isdigit():
+        return None
+    return int(element.text) * _UNITS.get(element.get("unit", default_unit).lower(), 1 << 10)
+
+
+def hugetlb_bytes(pid: int | None, proc_root: Path = Path("/proc")) -> int | None:
+    """Bytes of huge pages mapped by a process (its smaps_rollup); None if unknown."""
+    if pid is None:
+        return None
+    try:
+        text = (proc_root / str(pid) / "smaps_rollup").read_text()
+    except OSError:
+        return None
+    found = re.findall(r"^(?:Shared|Private)_Hugetlb:\s+(\d+) kB", text, re.M)
+    return sum(int(kb) << 10 for kb in found) if found else None
+
+
+def domain_summary(xml: str, pid: int | None,
+                   proc_root: Path = Path("/proc")) -> dict[str, Any]:
+    """What matters of a running domain, from its XML and its QEMU: machine type, CPU mode,
+    vCPUs, memory, huge pages and how many its QEMU was actually granted (None unknown: a
+    remote URI's domain), with a one-line "summary"."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return {"summary": None}
+    vcpu = root.find("vcpu")
+    vcpus = int(vcpu.get("current") or vcpu.text or 0) if vcpu is not None else None
+    memory = _bytes(root.find("currentMemory")) or _bytes(root.find("memory"))
+    os_type = root.find("os/type")
+    machine = os_type.get("machine") if os_type is not None else None
+    cpu = root.find("cpu")
+    cpu_mode = (cpu.get("mode") or (cpu.findtext("model") or None)) if cpu is not None else None
+    backing = root.find("memoryBacking/hugepages")
+    page: int | None = None
+    granted: int | None = None
+    if backing is not None:
+        page = _bytes(backing.find("page"), "kib") or 2 << 20   # none named: the default
+        mapped = hugetlb_bytes(pid, proc_root)
+        granted = mapped // page if mapped is not None else None
+    parts = [machine or "machine ?", f"{root.get('type')}", f"cpu {cpu_mode or 'default'}",
+             f"{vcpus} vCPUs", f"{(memory or 0) >> 20} MiB"]
+    if page is None:
+        parts.append("no huge pages")
+    else:
+        wanted = (memory or 0) // page
+        parts.append(f"{page >> 20} MiB huge pages: "
+                     + (f"{granted} of {wanted} granted" if granted is not None
+                        else f"{wanted} asked, granted unknown"))
+    return {"machine": machine, "cpu": cpu_mode, "vcpus": vcpus, "memory_bytes": memory,
+            "host_hugepages": {"size": f"{page >> 20}M" if page and page < 1 << 30
+                               else "1G" if page else None, "granted": granted},
+            "summary": " · ".join(parts)}
