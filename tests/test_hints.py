@@ -214,6 +214,50 @@ def test_kvm_asked_for_by_a_target_name_names_that_target(tmp_path):
     assert res.stderr == f"vmtax: error: vm:kvm: {status.reason}; use vm:tcg or vm:auto\n"
 
 
+@pytest.mark.parametrize("table, args, asked", [
+    ('[targets.vm]\naccel = "kvm"\n', (), 'plans/x.toml:3: [targets.vm] accel = "kvm"'),
+    ('[targets.vm]\naccel = ["tcg", "kvm"]\n', (),
+     'plans/x.toml:3: [targets.vm] accel = "kvm"'),
+    ('[targets.vm]\naccel = "tcg"\n[quick.targets.vm]\naccel = "kvm"\n', ("--quick",),
+     'plans/x.toml:5: [quick.targets.vm] accel = "kvm"'),
+    ('[targets."vm:kvm"]\n', (), 'plans/x.toml:2: [targets."vm:kvm"] (its name sets accel '
+                                 '= "kvm")'),
+    ('[targets."vm:kvm"]\nkind = "vm"\n', (),
+     'plans/x.toml:2: [targets."vm:kvm"] (its name sets accel = "kvm")'),
+])
+def test_kvm_asked_for_by_a_plan_file_names_its_line_not_a_flag(tmp_path, table, args, asked):
+    """A plan's accel = "kvm" (or a table named vm:kvm) where KVM cannot run guests names
+    what the user wrote there, not --accel, a flag they never typed."""
+    from vmtax.host import kvm
+
+    status = kvm.probe()
+    if status.usable:
+        pytest.skip("KVM runs guests on this host")
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "x.toml").write_text(
+        '[targets.native]\n' + table + '\n[[workloads]]\nname = "cpu"\n')
+    res = vmtax("run", "plans/x.toml", *args, "--runs", "1", "--time", "1",
+                "--results", "results", cwd=tmp_path)
+    assert res.stderr == f'vmtax: error: {asked}: {status.reason}; use "tcg" or "auto"\n'
+
+
+def test_a_plan_table_named_as_a_target_means_that_target():
+    """[targets."vm:kvm"] is the vm:kvm of --targets (it ran TCG under that name before),
+    and an option that contradicts its name is refused at its line."""
+    from vmtax.studies import planfile
+
+    plan = planfile.loads('[targets."vm:kvm"]\n[[workloads]]\nname = "cpu"\n', "p.toml")
+    assert (plan.targets[0].kind, plan.targets[0].options) == ("vm", {"accel": "kvm"})
+    with pytest.raises(planfile.PlanError) as caught:
+        planfile.loads('[targets."vm:kvm"]\naccel = "tcg"\n[[workloads]]\nname = "cpu"\n',
+                       "p.toml")
+    assert str(caught.value) == ('p.toml:2: targets."vm:kvm".accel: expected "kvm", as the '
+                                 'target\'s name says, got "tcg"')
+    # A name that is not a target's keeps its kind from the kind key, its options its own.
+    plan = planfile.loads('[targets.fast]\nkind = "vm"\n[[workloads]]\nname = "cpu"\n', "p.toml")
+    assert plan.targets[0].options == {}
+
+
 def test_a_misspelt_target_gets_a_did_you_mean_as_a_workload_does():
     from vmtax.core import target as targets
 
