@@ -152,6 +152,47 @@ def test_without_a_terminal_every_configuration_of_a_sweep_reports(capsys):
         "[5/6] native · memory threads=4", "[6/6] vm · memory threads=4"]
 
 
+def test_a_resumed_cell_that_had_some_repetitions_reports_when_it_finishes(capsys):
+    """A resumed run counts what it had into its cells: a cell 2 of whose 3 repetitions
+    were stored reports when its third finishes (it printed nothing); a cell stored whole
+    is no news."""
+    from vmtax.cli.progress import ProgressReporter
+    from vmtax.studies.runner import STORED_BEFORE
+
+    with ProgressReporter(estimate=10.0, per_cell=3) as reporter:
+        reporter.start(6)
+        for target, stored in (("native", 3), ("vm", 2)):
+            for i in range(3):
+                reporter.step(f"{target} · cpu · {STORED_BEFORE if i < stored else 'run 3'}")
+                reporter.advance()
+    assert [line.split(" done")[0] for line in capsys.readouterr().err.splitlines()] == [
+        "[6/6] vm · cpu"]
+
+
+@pytest.mark.live
+def test_resuming_a_partly_done_cell_reports_it(tmp_path):
+    results = tmp_path / "r"
+    proc = start_vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "3",
+                       "--warmup", "0", "--time", "1", "--results", str(results))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            db = sqlite3.connect(results / "vmtax.sqlite")
+            reps, = db.execute("SELECT count(*) FROM reps").fetchone()
+            db.close()
+            if reps >= 1:
+                break
+        except sqlite3.OperationalError:
+            pass
+        time.sleep(0.2)
+    proc.send_signal(2)
+    _, err = proc.communicate(timeout=60)
+    run_id = re.search(r"--resume (\S+)", err).group(1)
+    res = vmtax("run", "--resume", run_id, "--results", str(results), check=True)
+    assert re.search(r"^\[3/3\] native · cpu done, ", res.stderr, re.MULTILINE), res.stderr
+
+
 @pytest.mark.live
 def test_a_piped_sweep_reports_every_cell(tmp_path):
     plan = tmp_path / "sweep.toml"
