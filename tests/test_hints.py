@@ -87,10 +87,9 @@ def test_a_plan_given_to_the_other_command_is_run_into_the_same_store(tmp_path):
         f"run it with `vmtax run plans/classic.toml --results '{results}'`")
 
 
-@pytest.mark.live
-def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
-    results = tmp_path / "my results"
-    proc = start_vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "20",
+def interrupted_run(results: Path, runs: int, after: int) -> str:
+    """Ctrl-C a native cpu run of `runs` repetitions once `after` are stored; its stderr."""
+    proc = start_vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", str(runs),
                        "--warmup", "0", "--time", "1", "--results", str(results))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -99,13 +98,19 @@ def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
             db = sqlite3.connect(results / "vmtax.sqlite")
             reps, = db.execute("SELECT count(*) FROM reps").fetchone()
             db.close()
-            if reps >= 2:
+            if reps >= after:
                 break
         except sqlite3.OperationalError:
             pass
         time.sleep(0.2)
     proc.send_signal(2)
-    _, err = proc.communicate(timeout=60)
+    return proc.communicate(timeout=60)[1]
+
+
+@pytest.mark.live
+def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
+    results = tmp_path / "my results"
+    err = interrupted_run(results, runs=20, after=2)
     found = re.search(r"continue it with: (vmtax .*)\)$", err, re.MULTILINE)
     assert found, err
     hint = found.group(1)
@@ -172,22 +177,7 @@ def test_a_resumed_cell_that_had_some_repetitions_reports_when_it_finishes(capsy
 @pytest.mark.live
 def test_resuming_a_partly_done_cell_reports_it(tmp_path):
     results = tmp_path / "r"
-    proc = start_vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "3",
-                       "--warmup", "0", "--time", "1", "--results", str(results))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            db = sqlite3.connect(results / "vmtax.sqlite")
-            reps, = db.execute("SELECT count(*) FROM reps").fetchone()
-            db.close()
-            if reps >= 1:
-                break
-        except sqlite3.OperationalError:
-            pass
-        time.sleep(0.2)
-    proc.send_signal(2)
-    _, err = proc.communicate(timeout=60)
+    err = interrupted_run(results, runs=3, after=1)
     run_id = re.search(r"--resume (\S+)", err).group(1)
     res = vmtax("run", "--resume", run_id, "--results", str(results), check=True)
     assert re.search(r"^\[3/3\] native · cpu done, ", res.stderr, re.MULTILINE), res.stderr
