@@ -7,8 +7,8 @@
     interleave = true      # A B B A order across targets, so drift cancels
     drop_caches = false    # sync and drop host's and targets' page caches before each repetition
 
-    [targets.native]       # kind defaults to the table name when that name is a kind
-    [targets."vm:tcg"]     # a name as --targets takes (KIND:VARIANT) sets its variant too
+    [targets.native]       # kind defaults to the table name when that name is a kind;
+                           # a name as --targets takes ("vm:tcg") sets its variant too
 
     [targets.tcg]
     kind = "vm"            # a target kind (`vmtax list targets`); the other keys are its options
