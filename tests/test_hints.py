@@ -87,10 +87,9 @@ def test_a_plan_given_to_the_other_command_is_run_into_the_same_store(tmp_path):
         f"run it with `vmtax run plans/classic.toml --results '{results}'`")
 
 
-@pytest.mark.live
-def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
-    results = tmp_path / "my results"
-    proc = start_vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", "20",
+def interrupted_run(results: Path, runs: int, after: int) -> str:
+    """Ctrl-C a native cpu run of `runs` repetitions once `after` are stored; its stderr."""
+    proc = start_vmtax("run", "--targets", "native", "--workloads", "cpu", "--runs", str(runs),
                        "--warmup", "0", "--time", "1", "--results", str(results))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -99,13 +98,19 @@ def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
             db = sqlite3.connect(results / "vmtax.sqlite")
             reps, = db.execute("SELECT count(*) FROM reps").fetchone()
             db.close()
-            if reps >= 2:
+            if reps >= after:
                 break
         except sqlite3.OperationalError:
             pass
         time.sleep(0.2)
     proc.send_signal(2)
-    _, err = proc.communicate(timeout=60)
+    return proc.communicate(timeout=60)[1]
+
+
+@pytest.mark.live
+def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
+    results = tmp_path / "my results"
+    err = interrupted_run(results, runs=20, after=2)
     found = re.search(r"continue it with: (vmtax .*)\)$", err, re.MULTILINE)
     assert found, err
     hint = found.group(1)
@@ -150,6 +155,32 @@ def test_without_a_terminal_every_configuration_of_a_sweep_reports(capsys):
         "[1/6] native · memory threads=1", "[2/6] vm · memory threads=1",
         "[3/6] native · memory threads=2", "[4/6] vm · memory threads=2",
         "[5/6] native · memory threads=4", "[6/6] vm · memory threads=4"]
+
+
+def test_a_resumed_cell_that_had_some_repetitions_reports_when_it_finishes(capsys):
+    """A resumed run counts what it had into its cells: a cell 2 of whose 3 repetitions
+    were stored reports when its third finishes (it printed nothing); a cell stored whole
+    is no news."""
+    from vmtax.cli.progress import ProgressReporter
+    from vmtax.studies.runner import STORED_BEFORE
+
+    with ProgressReporter(estimate=10.0, per_cell=3) as reporter:
+        reporter.start(6)
+        for target, stored in (("native", 3), ("vm", 2)):
+            for i in range(3):
+                reporter.step(f"{target} · cpu · {STORED_BEFORE if i < stored else 'run 3'}")
+                reporter.advance()
+    assert [line.split(" done")[0] for line in capsys.readouterr().err.splitlines()] == [
+        "[6/6] vm · cpu"]
+
+
+@pytest.mark.live
+def test_resuming_a_partly_done_cell_reports_it(tmp_path):
+    results = tmp_path / "r"
+    err = interrupted_run(results, runs=3, after=1)
+    run_id = re.search(r"--resume (\S+)", err).group(1)
+    res = vmtax("run", "--resume", run_id, "--results", str(results), check=True)
+    assert re.search(r"^\[3/3\] native · cpu done, ", res.stderr, re.MULTILINE), res.stderr
 
 
 @pytest.mark.live
@@ -212,6 +243,50 @@ def test_kvm_asked_for_by_a_target_name_names_that_target(tmp_path):
                 "--results", str(tmp_path / "results"))
     assert res.returncode == 2
     assert res.stderr == f"vmtax: error: vm:kvm: {status.reason}; use vm:tcg or vm:auto\n"
+
+
+@pytest.mark.parametrize("table, args, asked", [
+    ('[targets.vm]\naccel = "kvm"\n', (), 'plans/x.toml:3: [targets.vm] accel = "kvm"'),
+    ('[targets.vm]\naccel = ["tcg", "kvm"]\n', (),
+     'plans/x.toml:3: [targets.vm] accel = "kvm"'),
+    ('[targets.vm]\naccel = "tcg"\n[quick.targets.vm]\naccel = "kvm"\n', ("--quick",),
+     'plans/x.toml:5: [quick.targets.vm] accel = "kvm"'),
+    ('[targets."vm:kvm"]\n', (), 'plans/x.toml:2: [targets."vm:kvm"] (its name sets accel '
+                                 '= "kvm")'),
+    ('[targets."vm:kvm"]\nkind = "vm"\n', (),
+     'plans/x.toml:2: [targets."vm:kvm"] (its name sets accel = "kvm")'),
+])
+def test_kvm_asked_for_by_a_plan_file_names_its_line_not_a_flag(tmp_path, table, args, asked):
+    """A plan's accel = "kvm" (or a table named vm:kvm) where KVM cannot run guests names
+    what the user wrote there, not --accel, a flag they never typed."""
+    from vmtax.host import kvm
+
+    status = kvm.probe()
+    if status.usable:
+        pytest.skip("KVM runs guests on this host")
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "x.toml").write_text(
+        '[targets.native]\n' + table + '\n[[workloads]]\nname = "cpu"\n')
+    res = vmtax("run", "plans/x.toml", *args, "--runs", "1", "--time", "1",
+                "--results", "results", cwd=tmp_path)
+    assert res.stderr == f'vmtax: error: {asked}: {status.reason}; use "tcg" or "auto"\n'
+
+
+def test_a_plan_table_named_as_a_target_means_that_target():
+    """[targets."vm:kvm"] is the vm:kvm of --targets (it ran TCG under that name before),
+    and an option that contradicts its name is refused at its line."""
+    from vmtax.studies import planfile
+
+    plan = planfile.loads('[targets."vm:kvm"]\n[[workloads]]\nname = "cpu"\n', "p.toml")
+    assert (plan.targets[0].kind, plan.targets[0].options) == ("vm", {"accel": "kvm"})
+    with pytest.raises(planfile.PlanError) as caught:
+        planfile.loads('[targets."vm:kvm"]\naccel = "tcg"\n[[workloads]]\nname = "cpu"\n',
+                       "p.toml")
+    assert str(caught.value) == ('p.toml:2: targets."vm:kvm".accel: expected "kvm", as the '
+                                 'target\'s name says, got "tcg"')
+    # A name that is not a target's keeps its kind from the kind key, its options its own.
+    plan = planfile.loads('[targets.fast]\nkind = "vm"\n[[workloads]]\nname = "cpu"\n', "p.toml")
+    assert plan.targets[0].options == {}
 
 
 def test_a_misspelt_target_gets_a_did_you_mean_as_a_workload_does():

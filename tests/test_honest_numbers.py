@@ -167,3 +167,34 @@ def test_trends_and_figures_call_a_range_a_range(tmp_path):
     model = analyse(make_run(Store(tmp_path), 2))
     captions = [c.caption for c in plots.charts(model.summary, {})]
     assert any("or where there are too few runs for one" in c for c in captions)
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_a_container_serving_uploads_faster_than_native_is_flagged(tmp_path, runs):
+    """issue 36: serving showed a container uploading at 2.29× native, unflagged. A
+    serving cell's win goes through the same rule as any: flagged, explained, and said to
+    be untested below the runs a test needs."""
+    store = Store(tmp_path)
+    run_id = store.new_run({"targets": [{"name": t} for t in TARGETS], "baseline": "native",
+                            "runs": runs, "warmup": 0, "time": 2}, {"cpu_model": "x"}, "0.1.0")
+    for name, fp in TARGETS.items():
+        store.set_target(run_id, name, fp["kind"], fp)
+    for target, upload in (("native", 100.0), ("container", 229.0)):
+        for idx in range(runs):
+            wiggle = 1 + 0.01 * idx
+            store.add_rep(run_id, target=target, workload="serving",
+                          params={"mode": "workers"}, phase="measure", idx=idx, status="ok",
+                          argv=["vegeta"], started=float(idx), host_elapsed=2.0, metrics=[
+                              Metric("requests/s", value * wiggle, "requests/s", True,
+                                     {"endpoint": endpoint})
+                              for endpoint, value in (("download", 1000.0), ("upload", upload))])
+    store.finish_run(run_id, "done")
+    model = analyse(store.load_run(run_id))
+    upload = next(r for r in model.summary.rows if r.dimensions == {"endpoint": "upload"})
+    assert composite.FASTER in upload.cells["container"].flags
+    headline = _printed(report.print_headline, model)
+    assert "suspicious win: container · serving" in " ".join(headline.split())
+    assert f"too few runs to test the win, n={runs}: flagged as its ×2.29" in " ".join(
+        headline.split())
+    download = next(r for r in model.summary.rows if r.dimensions == {"endpoint": "download"})
+    assert composite.FASTER not in download.cells["container"].flags

@@ -139,21 +139,52 @@ def test_compare_gives_a_metric_one_line_at_80_columns(golden):
     assert re.search(r"^\s+ops/s ↑\s+1,360,148\s+1,305,742\s+-4\.0% \[-5\.4, -2\.6\]\s+"
                      r"0\.00011\s+worse", out, re.M), out
     assert "change of B relative to A, % [99% CI]" in " ".join(out.split())
+    # "below resolution" on one line, in the change column (2 lines in the verdict's)
+    assert re.search(r"^\s+latency min ↓\s+0\s+0\s+below resolution –\s+–\s*$\n"
+                     r"^\s+latency avg ↓", out, re.M), out
 
 
 def test_show_all_breaks_no_header_number_or_interval_at_80_columns(golden):
     out = narrow("show", "golden-a", "--all", "--results", golden)
     head = out.split("target fingerprints")[0]
     assert "…" not in head
-    # Every target's name whole in the header; a cell's interval, cv and ratio whole,
-    # each on a line of its own; an interval wider than its column wraps at its " – ".
-    assert re.search(r"^workload metric\s+native = 1\s+\(runc\)\s+vm:tcg$", head, re.M), head
-    assert re.search(r"^\s+\(events\) ↑\s+\(48,073 – 49,092\)\s+\(49,516 – 50,565\)\s+"
-                     r"\(4,807 – 4,909\)$", head, re.M), head
-    assert re.search(r"^\s+cv 0\.8%\s+cv 0\.8%\s+cv 0\.8%$", head, re.M), head
-    assert re.search(r"^\s+\[1\.017, 1\.044\]\s+\[0\.09871, 0\.1013\]$", head, re.M), head
+    # Every target's name whole in the header; the workload heads its rows on a line of
+    # its own, its column's width given to the numbers. A cell's parts share a line where
+    # they fit: the median with its cv (or its interval), the ratio with its interval; an
+    # interval wider than its column wraps at its " – ".
+    assert re.search(r"^metric\s+native = 1\s+\(runc\)\s+vm:tcg$", head, re.M), head
+    assert re.search(r"^cpu *$\n^events/s ↑\s+48,450 cv 0\.8%\s+49,903 cv 0\.8%\s+"
+                     r"4,845 \(4,801 – 4,903\)$\n"
+                     r"^\s+\(48,014 – 49,031\)\s+\(49,454 – 50,502\)\s+cv 0\.8%$\n"
+                     r"^\s+×1\.03 \[1\.017, 1\.044\]\s+×0\.1$\n", head, re.M), head
+    assert re.search(r"^\s+×0\.99 \[0\.9772, 1\.003\]\s+×0\.5 \[0\.4935, 0\.5066\]$", head,
+                     re.M), head
     assert re.search(r"^\s+\(2,695,813 –\s+\(2,668,855 –\s+\(1,347,906 –$\n"
                      r"^\s+2,752,939\)\s+2,725,409\)\s+1,376,469\)$", head, re.M), head
+
+
+def test_show_all_gives_a_cell_two_lines_with_two_targets_at_80_columns(tmp_path):
+    """Two targets at 80 columns: median, its interval and cv on one line, the ratio and
+    its interval on the next (each on a line of its own before: 5 lines a cell)."""
+    from vmtax.core.workload import Metric
+    store = Store(tmp_path)
+    run_id = store.new_run({"targets": [{"name": "native"}, {"name": "container"}],
+                            "baseline": "native", "runs": 5, "warmup": 0, "time": 1},
+                           {"cpu_model": "Synthetic CPU"}, "0.1.0")
+    for target, keep in (("native", 1.0), ("container", 0.9)):
+        store.set_target(run_id, target, target, {"kind": target})
+        for idx in range(5):
+            store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                          idx=idx, status="ok", argv=["sysbench"], started=float(idx),
+                          host_elapsed=1.0, guest_elapsed=1.0,
+                          metrics=[Metric("events/s", 48000 * keep * (1 + idx / 100),
+                                          "events/s", True)])
+    store.finish_run(run_id, "done")
+    store.close()
+    out = narrow("show", run_id, "--all", "--results", str(tmp_path))
+    assert re.search(r"^cpu *$\n^events/s ↑ 48,960 \(48,000 – 49,920\) cv 1\.6% "
+                     r"44,064 \(43,200 – 44,928\) cv 1\.6%$\n"
+                     r"^ +×0\.9 \[0\.874, 0\.9267\]$\n^median", out, re.M), out
 
 
 @pytest.fixture(scope="module")

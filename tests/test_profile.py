@@ -185,6 +185,8 @@ FAKE_PERF = textwrap.dedent("""\
         if not open(args[args.index("-i") + 1]).read().endswith("complete"):
             sys.exit("perf.data is incomplete")
         sys.stdout.write(open(os.environ["FAKE_PERF_SCRIPT"]).read())
+    elif args[0] == "buildid-list":
+        print("0123456789abcdef0123456789abcdef76543210 /usr/bin/sysbench")
     else:
         sys.exit("unexpected arguments")
     """)
@@ -236,7 +238,11 @@ def test_records_the_subjects_processes_and_stores_capped_folded_stacks(fake_per
         server.kill()
         server.wait()
     assert make.journal.entries == {}
-    assert [c["argv"][0] for c in fake_perf() if "argv" in c] == ["record", "script"]
+    assert [c["argv"][0] for c in fake_perf() if "argv" in c] == ["record", "script",
+                                                                   "buildid-list"]
+    # sysbench's unresolved samples, and no debug symbols of its build-id installed
+    assert [(m.dimensions, m.value) for m in metrics if m.name == "debug symbols"] == [
+        ({"dso": "sysbench"}, 0.0)]
     stacks = [m for m in metrics if m.name == "stack samples"]
     assert len(stacks) == 3 and stacks[-1].dimensions == {"class": OTHER, "stack": OTHER}
     assert sum(m.value for m in stacks) == 33
@@ -378,5 +384,5 @@ def test_a_profiles_breakdowns_stay_out_of_the_run_summary():
     # native. They are bookkeeping, which the collector's manifest declares.
     from vmtax.collectors.profile import Profiler
     assert {s.name for s in Profiler.metrics if s.bookkeeping} == {
-        "sampled cpu", "unresolved share", "profile cpu", "profile overhead"}
+        "sampled cpu", "unresolved share", "profile cpu", "profile overhead", "debug symbols"}
     assert all(s.breakdown or s.bookkeeping for s in Profiler.metrics)

@@ -196,6 +196,48 @@ def test_diff_has_a_total_line_and_says_why_symbols_are_missing(results, tmp_pat
     assert cell.symbols_note is None
 
 
+def test_the_symbols_note_advises_no_debug_symbols_that_are_installed():
+    """A DSO whose debug symbols the collector found installed is not told to install
+    them; the others still are."""
+    cell = profile.CellProfile("r", "vm:tcg", "cpu", {}, 100, [], [
+        profile.Share("[libc.so.6]", 40, 40.0, "libc.so.6"),
+        profile.Share("[qemu-system-x86_64]", 30, 30.0, "qemu-system-x86_64")], [], {}, 1.0,
+        70.0, 1.0, 10.0, "events", debug={"libc.so.6": True, "qemu-system-x86_64": False})
+    note = cell.symbols_note
+    assert "libc.so.6 has debug symbols installed where perf reads them" in note
+    assert "the rest is in binaries Debian strips (most in qemu-system-x86_64): install" in note
+    assert "libc.so.6" not in note.split("strips")[1]
+    cell.debug["qemu-system-x86_64"] = True
+    assert "-dbgsym" not in cell.symbols_note
+    assert "libc.so.6, qemu-system-x86_64 have debug symbols installed" in cell.symbols_note
+
+
+def test_the_collector_finds_debug_symbols_where_perf_reads_them(tmp_path):
+    from vmtax.collectors import profile as collector
+
+    listed = ("93ac61ec5a8eb1396f9fbd350e3169a558528a40 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+              "0123456789abcdef0123456789abcdef01234567 [kernel.kallsyms]\n"
+              "fedcba9876543210fedcba9876543210fedcba98 /usr/bin/qemu-system-x86_64\n")
+    pairs = collector.parse_buildids(listed)
+    assert [path for _, path in pairs] == ["/usr/lib/x86_64-linux-gnu/libc.so.6",
+                                           "/usr/bin/qemu-system-x86_64"]
+    by_id = tmp_path / ".build-id" / "93" / "ac61ec5a8eb1396f9fbd350e3169a558528a40.debug"
+    by_id.parent.mkdir(parents=True)
+    by_id.write_bytes(b"\x7fELF")
+    assert collector.debug_file(*reversed(pairs[0]), root=tmp_path) == by_id
+    assert collector.debug_file(*reversed(pairs[1]), root=tmp_path) is None
+    by_path = tmp_path / "usr" / "bin" / "qemu-system-x86_64.debug"
+    by_path.parent.mkdir(parents=True)
+    by_path.write_bytes(b"\x7fELF")
+    assert collector.debug_file(*reversed(pairs[1]), root=tmp_path) == by_path
+    # Only the DSOs of unresolved leaves are looked up, generated code never.
+    found = collector.Profile()
+    for frames in ([("[unknown]", "libc.so.6")], [("memcpy", "libfoo.so")],
+                   [("[unknown]", "perf-PID.map")], [("[unknown]", "[unknown]")]):
+        found.add("x", collector.Sample("p", 1, 1, 1, frames), 8)
+    assert found.stripped() == {"libc.so.6"}
+
+
 def test_the_reports_first_screen_puts_the_profiles_hypothesis_beside_the_share_kept(
         results, tmp_path):
     from vmtax.analysis.model import analyse

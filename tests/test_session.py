@@ -108,5 +108,5 @@ def test_density_and_boot_read_kinds_through_their_facts():
     assert specs["container:runc"] == TargetSpec("container:runc", "container",
                                                  {"runtime": "runc"})
     assert density.stored_plan("boot", specs, runs=3)["targets"][0] == {
-        "name": "vm:tcg", "kind": "vm", "options": specs["vm:tcg"].options}
+        "name": "vm:tcg", "kind": "vm", "options": specs["vm:tcg"].options, "written": {}}
 

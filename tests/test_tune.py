@@ -105,9 +105,7 @@ def test_vm_options_reach_the_configuration(tmp_path, monkeypatch):
         def kernel(self): return Path("/k")
         def initramfs(self): return Path("/i")
 
-    target = vm.VmTarget.__new__(vm.VmTarget)
-    target.opts = opts
-    target.ctx = targets.TargetContext(work_dir=tmp_path, journal=None)
+    target = vm.VmTarget("vm", opts, targets.TargetContext(work_dir=tmp_path, journal=None))
     monkeypatch.setattr(target, "image", lambda: Image(), raising=False)
     monkeypatch.setattr(target, "_cmdline", lambda image: "", raising=False)
     config = target.resolve(tmp_path, tmp_path / "d", "none")

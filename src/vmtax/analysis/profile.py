@@ -29,6 +29,7 @@ STACKS = "stack samples"
 FUNCTIONS = "function samples"
 DSOS = "dso samples"
 CLASSES = "class samples"
+DEBUG = "debug symbols"
 OTHER = "[other]"
 # An unresolved share (%) worth a word on why and what helps.
 UNRESOLVED_NOTE = 10.0
@@ -68,6 +69,9 @@ class CellProfile:
     work: float | None           # units of work in the measured repetitions
     work_unit: str
     hints: list[str] = field(default_factory=list)
+    # Whether a DSO with unresolved samples had its debug symbols installed where perf
+    # reads them, as the collector found (DSOs it did not look at are not in it).
+    debug: dict[str, bool] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -106,16 +110,25 @@ class CellProfile:
             if share.dso and not GENERATED.search(f"{share.name} {share.dso}"):
                 weights[share.dso] = weights.get(share.dso, 0.0) + share.samples
         top = sorted(weights, key=lambda dso: -weights[dso])[:3]
+        # Advice to install what is installed already would send the user in circles.
+        installed = [dso for dso in weights if self.debug.get(dso)]
+        top = [dso for dso in top if dso not in installed]
         text = f"{self.unresolved:.1f}% of samples have no symbol"
         if generated >= 1:
             text += (f"; {generated:.1f}% are code generated at run time (perf-PID.map: "
                      "TCG's translation blocks, a JIT), which no symbol file names")
-        if top or generated < 1:
+        if installed:
+            text += (f"; {', '.join(installed)} {'has' if len(installed) == 1 else 'have'} "
+                     "debug symbols installed where perf reads them (/usr/lib/debug), yet "
+                     "perf named no function for these samples: code outside any function "
+                     "they name, or symbols perf could not read")
+        if top or (generated < 1 and not installed):
             most = f" (most in {', '.join(top)})" if top else ""
-            text += (f"; {'the rest' if generated >= 1 else 'it'} is in binaries Debian "
-                     f"strips{most}: install their -dbgsym packages from the debian-debug "
-                     "archive (perf reads /usr/lib/debug), or use a perf built with "
-                     "debuginfod and DEBUGINFOD_URLS=https://debuginfod.debian.net")
+            rest = "it" if generated < 1 and not installed else "the rest"
+            text += (f"; {rest} is in binaries Debian strips{most}: install their -dbgsym "
+                     "packages from the debian-debug archive (perf reads /usr/lib/debug), "
+                     "or use a perf built with debuginfod and "
+                     "DEBUGINFOD_URLS=https://debuginfod.debian.net")
         return text
 
 
@@ -147,6 +160,7 @@ def cell_profile(run: Run, rep: Rep) -> CellProfile:
     dsos: list[Share] = []
     stacks: dict[str, float] = {}
     plain: dict[str, float] = {}
+    debug: dict[str, bool] = {}
     for m in rep.metrics:
         d = m.dimensions
         if m.name == CLASSES:
@@ -163,6 +177,8 @@ def cell_profile(run: Run, rep: Rep) -> CellProfile:
                                    d.get("class", "")))
         elif m.name == DSOS:
             dsos.append(Share(d["dso"], m.value, 0.0, d["dso"], d.get("class", "")))
+        elif m.name == DEBUG:
+            debug[d["dso"]] = bool(m.value)
         elif not d:
             plain[m.name] = m.value
     total = sum(classes.values())
@@ -177,6 +193,7 @@ def cell_profile(run: Run, rep: Rep) -> CellProfile:
         stacks, plain.get("sampled cpu"), plain.get("unresolved share"),
         plain.get("profile overhead"), work, unit)
     profile.hints = hints(profile)
+    profile.debug = debug
     return profile
 
 

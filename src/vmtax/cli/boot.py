@@ -49,7 +49,8 @@ def with_kernel(specs: dict[str, TargetSpec], kernel: str,
     renamed = {}
     for spec in specs.values():
         if spec.kind in kinds:
-            spec = TargetSpec(f"{spec.name}@{label}", spec.kind, {**spec.options, KERNEL: kernel})
+            spec = TargetSpec(f"{spec.name}@{label}", spec.kind, {**spec.options, KERNEL: kernel},
+                              spec.written)
         renamed[spec.name] = spec
     return renamed
 

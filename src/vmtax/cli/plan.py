@@ -69,7 +69,8 @@ A plan file is TOML (see plans/ for complete examples):
   runs = 3                 measured repetitions; warmup = 1 runs first, discarded
   time = 2                 seconds per time-bounded run (false: no limit)
   baseline = "native"      ratios are relative to this target
-  [targets.native]         kind defaults to the table name when it is a kind
+  [targets.native]         kind defaults to the table name when it is a kind;
+  [targets."vm:tcg"]       a name as --targets takes sets its variant too
   [targets.fast]
   kind = "vm"              a target kind (vmtax list targets); other keys: its options
   vcpus = [1, 2]           a list sweeps: fast[vcpus=1], fast[vcpus=2]

@@ -22,6 +22,7 @@ from vmtax.cli.consoles import err
 from vmtax.core.text import printable
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import build_progress
+from vmtax.studies.runner import STORED_BEFORE
 
 
 def _eta_text(seconds: float | None) -> str:
@@ -66,6 +67,7 @@ class ProgressReporter:
         self.total = self.done = 0
         self.started = time.monotonic()
         self.cell: tuple[str, str] | None = None
+        self.stored_before = False
         self.cells: dict[tuple[str, str], int] = {}
         # Warnings for when measuring starts: once the targets are up, not before an error
         # that stops the run from starting at all.
@@ -102,7 +104,8 @@ class ProgressReporter:
         self.step_started = time.monotonic()
         parts = text.split(" · ")
         self.cell = (parts[0], parts[1]) if len(parts) == 3 else None
-        if self.cell is not None:
+        self.stored_before = parts[-1] == STORED_BEFORE
+        if self.cell is not None and not self.stored_before:
             for warning in self.before_first:
                 self.warn(warning)
             self.before_first = []
@@ -121,7 +124,9 @@ class ProgressReporter:
         if self.cell is None or self.per_cell is None or not self.progress.disable:
             return
         self.cells[self.cell] = self.cells.get(self.cell, 0) + 1
-        if self.cells[self.cell] == self.per_cell:
+        # A cell the resumed run had whole is no news; one finished now is, however many
+        # of its repetitions were stored before.
+        if self.cells[self.cell] == self.per_cell and not self.stored_before:
             from vmtax.studies.estimate import duration
 
             err.print(f"[{self.done}/{self.total}] {escape(printable(' · '.join(self.cell)))} "

@@ -29,7 +29,10 @@ rest summed as "[other]" (150 stacks of at most 32 frames: tens of kilobytes a c
 top functions and DSOs by their own (leaf) samples; the share of leaf samples without a
 symbol; the CPU time sampled; and perf's own CPU time during the cell against it (the
 profile's overhead; the kernel's share of the sampling cost is charged to the sampled
-tasks and is not in it).
+tasks and is not in it); and, for each DSO of leaves perf named no symbol for, whether its
+debug symbols were installed where perf reads them (/usr/lib/debug, by the build-id perf
+recorded: a -dbgsym or -dbg package), so that the report advises installing only what is
+missing.
 """
 
 from __future__ import annotations
@@ -240,6 +243,33 @@ class Profile:
         self.period_ns += sample.period
         self.unresolved += unresolved(names[0])
 
+    def stripped(self) -> set[str]:
+        """The DSOs of leaf frames perf named no symbol for (code generated at run time
+        aside: it has no symbol file)."""
+        return {dso for (_, fn, dso) in self.functions
+                if unresolved(fn) and dso not in ("[unknown]", "perf-PID.map")}
+
+
+# Where perf looks for a binary's separate debug symbols (Debian's -dbgsym and -dbg packages
+# install them by build-id).
+DEBUG_DIR = Path("/usr/lib/debug")
+
+
+def parse_buildids(text: str) -> list[tuple[str, str]]:
+    """(build-id, path) of each DSO `perf buildid-list` names."""
+    return [(found[1], found[2]) for line in text.splitlines()
+            if (found := re.match(r"^([0-9a-f]{8,})\s+(/\S.*)$", line.strip()))]
+
+
+def debug_file(path: str, build_id: str, root: Path = DEBUG_DIR) -> Path | None:
+    """The separate debug symbols of the binary at path with this build-id, where perf
+    finds them (by build-id, or beside the binary's path under root); None: none there."""
+    for candidate in (root / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug",
+                      root / path.lstrip("/"), root / f"{path.lstrip('/')}.debug"):
+        if candidate.is_file():
+            return candidate
+    return None
+
 
 def own_samples(script: Script, subject: Subject, recorded: set[int], launchers: set[str],
                 recorder: str = "") -> list[tuple[str, Sample]]:
@@ -340,6 +370,10 @@ class Profiler(Collector):
         MetricSpec("profile overhead", "%", False,
                    "perf record's CPU time against the CPU time it sampled",
                    bookkeeping=True),
+        MetricSpec("debug symbols", "flag", True,
+                   "1 when a DSO with samples perf named no symbol for has its debug symbols "
+                   "installed where perf reads them (/usr/lib/debug), else 0",
+                   dimensions=("dso",), bookkeeping=True),
     )
 
     def __init__(self, options: plugin.Options, *, journal: CollectorJournal,
@@ -503,7 +537,22 @@ class Profiler(Collector):
             profile.add(cls, sample, self.options.depth)
         if not profile.samples:
             self.warnings.append(f"{self.name}: no samples of {subject.name} were recorded")
-        return self._metrics(profile)
+        return self._metrics(profile) + [
+            self.metric("debug symbols", float(found), dso=dso)
+            for dso, found in self._debug_symbols(profile.stripped()).items()]
+
+    def _debug_symbols(self, dsos: set[str]) -> dict[str, bool]:
+        """Whether each of these DSOs (by name) has debug symbols installed where perf
+        reads them, by the build-ids perf recorded; {} when perf cannot list them."""
+        if not dsos:
+            return {}
+        out = proc.run([PERF, "buildid-list", "-i", str(self.data)],
+                       cwd=str(self.scratch), timeout=60.0)
+        if out.exit_code != 0:
+            return {}
+        return {os.path.basename(path): debug_file(path, build_id) is not None
+                for build_id, path in parse_buildids(out.stdout)
+                if os.path.basename(path) in dsos}
 
     def _metrics(self, profile: Profile) -> list[Metric]:
         total = sum(profile.samples.values())

@@ -9,6 +9,7 @@ guest, a long-lived container), and a factory asks it for more (`make_instance`)
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Mapping
@@ -104,10 +105,27 @@ class Target(plugin.Plugin, abc.ABC):
         self.ctx = ctx
         # What the user must hear about how it was set up (a runtime auto passed over).
         self.warnings: list[str] = []
+        # Where the user set an option (TargetSpec.written), for asked_for.
+        self.written: dict[str, str] = {}
 
     @property
     def kind(self) -> str:
         return type(self).name
+
+    def asked_for(self, key: str, value: str, others: list[str]) -> tuple[str, str]:
+        """What the user wrote to set option key to value, and what to write instead for
+        one of others, for an error that names it: the plan file's line
+        ('plans/x.toml:4: [targets.vm] accel = "kvm"', '"tcg" or "auto"'), the flag
+        ("--accel kvm", "--accel tcg or auto") or the target's name ("vm:kvm", "vm:tcg
+        or vm:auto")."""
+        where = self.written.get(key)
+        kind, _, variant = self.name.partition("@")[0].partition(":")
+        if where is None and variant == value and self.variant_option == key:
+            return self.name, " or ".join(f"{kind}:{other}" for other in others)
+        flag = f"--{key.replace('_', '-')}"
+        if where is None or where.startswith(flag + " "):
+            return where or f"{flag} {value}", f"{flag} " + " or ".join(others)
+        return where, " or ".join(json.dumps(other) for other in others)
 
     # -- what the kind is ----------------------------------------------------------------
 
@@ -280,6 +298,10 @@ def parse_name(name: str) -> tuple[str, dict[str, Any]]:
     return kind, ({cls.variant_option: variant} if variant and cls.variant_option else {})
 
 
-def create(name: str, kind: str, options: dict[str, Any], ctx: TargetContext) -> Target:
+def create(name: str, kind: str, options: dict[str, Any], ctx: TargetContext,
+           written: dict[str, str] | None = None) -> Target:
+    """A target of kind; written: where the user set its options (TargetSpec.written)."""
     cls = get(kind)
-    return cls(name, plugin.build(cls.Options, options, name, strict=False, kind=kind), ctx)
+    target = cls(name, plugin.build(cls.Options, options, name, strict=False, kind=kind), ctx)
+    target.written = dict(written or {})
+    return target

@@ -134,11 +134,12 @@ def flag_text(flag: str, cell: Cell) -> str:
     return flag
 
 
-def cell_text(cell: Cell | None, compact: bool = False) -> Text:
+def cell_text(cell: Cell | None, width: int | None = None) -> Text:
     """A cell of `show --all`: median, interval, cv, ratio to the baseline with its
-    interval, why there is none, failures, flags. Compact (a narrow console), each of the
-    median's interval, cv and the ratio's interval goes on a line of its own, so that a
-    column wraps only where a new part begins, never inside an interval."""
+    interval, why there is none, failures, flags. With a width (a narrow console's column),
+    the median's parts share a line, and the ratio's theirs, where they fit in it; a part
+    that does not fit starts a line of its own, so a column wraps only where a part begins
+    (or inside an interval wider than the column, at its " – "), never inside a number."""
     text = Text()
     if cell is None:
         return text
@@ -147,17 +148,17 @@ def cell_text(cell: Cell | None, compact: bool = False) -> Text:
             return text.append(f"not recorded: {cell.not_recorded}", style="dim")
         text.append(f"failed ×{cell.failed}", style="red")
         return text
-    apart = "\n" if compact else " "
-    text.append(fmt(cell.summary.median))
-    text.append(interval(cell.summary).replace(" ", apart, 1), style="dim")
+    median: list[tuple[str, str]] = [(fmt(cell.summary.median), ""),
+                                     (interval(cell.summary).lstrip(), "dim")]
     if cell.summary.cv is not None:
-        text.append(f"{apart}cv {cell.summary.cv:.1%}", style="dim")
+        median.append((f"cv {cell.summary.cv:.1%}", "dim"))
+    _append_packed(text, median, width, orders=((0, 1, 2), (0, 2, 1)))
     if cell.ratio is not None:
         r = cell.ratio
         style = "green" if r.value >= 1 else ("red" if r.value < 0.9 else "")
-        text.append(f"\n×{fmt(r.value)}", style=style)
-        text.append(bracket(r.interval, fmt(r.ci_low), fmt(r.ci_high)).replace(" ", apart, 1),
-                    style="dim")
+        text.append("\n")
+        _append_packed(text, [(f"×{fmt(r.value)}", style), (bracket(
+            r.interval, fmt(r.ci_low), fmt(r.ci_high)).lstrip(), "dim")], width)
     if cell.no_ratio is not None:
         text.append(f"\n{cell.no_ratio}", style="dim")
     if cell.failed:
@@ -165,6 +166,28 @@ def cell_text(cell: Cell | None, compact: bool = False) -> Text:
     for flag in cell.flags:
         text.append(f"\n⚠ {flag_text(flag, cell)}", style=FLAG_STYLE)
     return text
+
+
+def _append_packed(text: Text, parts: list[tuple[str, str]], width: int | None,
+                   orders: tuple[tuple[int, ...], ...] = ((0, 1),)) -> None:
+    """Append parts (text, style; empty ones left out) to text, one line where width is
+    None, else packed into as few lines of at most width as the first of orders that
+    needs fewest gives (a part wider than width on a line of its own)."""
+    def lines(order: tuple[int, ...]) -> list[list[tuple[str, str]]]:
+        packed: list[list[tuple[str, str]]] = []
+        for part in (parts[i] for i in order if i < len(parts) and parts[i][0]):
+            line = packed[-1] if packed else None
+            if line is not None and (width is None or sum(len(t) + 1 for t, _ in line)
+                                     + len(part[0]) <= width):
+                line.append(part)
+            else:
+                packed.append([part])
+        return packed
+
+    best = min((lines(order) for order in orders), key=len)
+    for number, line in enumerate(best):
+        for i, (part, style) in enumerate(line):
+            text.append(("\n" if number and not i else " " if i else "") + part, style=style)
 
 
 def fixed_params(rows) -> dict[str, dict]:
@@ -427,20 +450,20 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         caption += "; " + shown_text(fixed_note(fixed))
     table = (_light_table(title=title, caption=caption) if compact
              else Table(title=title, caption=caption))
-    rows = [[cell_text(row.cells.get(t), compact) for t in summary.targets]
-            for row in summary.rows]
-    # Compact, names wrap between their words, leaving the room to the numbers: a target's
-    # column is as wide as its widest number, interval or ratio (each a line of its cell)
-    # within its share of what the names leave; an interval wider than that wraps at its
-    # " – ", never inside a number.
-    names = (max(8, _longest(" ".join([row.workload, *(f"{k}={v}" for k, v in
-                                                       row.params.items())])
-                             for row in summary.rows)),
-             max(12, _longest(row.label for row in summary.rows)))
-    for column, width in zip(("workload", "metric"), names):
+    # Compact, the workload heads its rows on a line of its own (its column's width goes to
+    # the numbers) and names wrap between their words: a target's column is as wide as its
+    # widest packed line within its share of what the names leave; an interval wider than
+    # that wraps at its " – ", never inside a number.
+    names = ((max(12, _longest(row.label for row in summary.rows),
+                  _longest(" ".join([row.workload, *(f"{k}={v}" for k, v in
+                                                     row.params.items())])
+                           for row in summary.rows)),) if compact else (0, 0))
+    for column, width in zip(("metric",) if compact else ("workload", "metric"), names):
         table.add_column(column, max_width=width if compact else None)
-    share = max(8, (console.width - sum(names) - len(summary.targets) - 1)
+    share = max(8, (console.width - sum(names) - len(summary.targets) - len(names) + 1)
                 // len(summary.targets))
+    rows = [[cell_text(row.cells.get(t), share if compact else None) for t in summary.targets]
+            for row in summary.rows]
     for number, name in enumerate(summary.targets):
         label = shown_text(target_label(run, name)) + (" = 1" if name == summary.baseline
                                                        else "")
@@ -460,9 +483,14 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         if previous is not None and group != previous:
             table.add_section()
         shown = shown_text(row.workload + (f"\n{params}" if params else ""))
-        table.add_row(shown if group != previous else "",
-                      f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
-                      f"{'↑' if row.higher_is_better else '↓'}", *cells)
+        metric = (f"{row.label}{'' if row.unit == row.metric else f' ({row.unit})'} "
+                  f"{'↑' if row.higher_is_better else '↓'}")
+        if not compact:
+            table.add_row(shown if group != previous else "", metric, *cells)
+        else:
+            if group != previous:
+                table.add_row(Text(shown.replace("\n", " "), style="bold"))
+            table.add_row(metric, *cells)
         previous = group
     console.print(table)
     _print_failures(console, summary)
@@ -594,12 +622,18 @@ def _change_text(c, compact: bool) -> str:
     """A comparison's change with its interval, "+1.2% [-0.5%, +3.0%]"; compact, the
     bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]",
     and a range unspaced, as the headline writes it: "-10.0% (-11.8–-8.2)"."""
-    if c.verdict == "below resolution":
-        return "–"
+    if c.verdict == "below resolution":   # compact: the verdict, on one line, in its place
+        return c.verdict if compact else "–"
     bound = (lambda v: _percent(v).rstrip("%")) if compact else _percent
     return _percent(c.change) + bracket(c.interval, bound(c.change_ci[0]),
                                         bound(c.change_ci[1]),
                                         "–" if compact and c.interval == "range" else ", ")
+
+
+def _verdict(c, compact: bool) -> str:
+    """A comparison's verdict as its column shows it: compact, "below resolution" (which
+    would take two lines there) is "–", the change column saying it."""
+    return "–" if compact and c.verdict == "below resolution" else c.verdict
 
 
 def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
@@ -645,7 +679,7 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
         words: tuple[list[str], ...] = (
             [f"{r.workload} {params}" for r, params in zip(mine, shown_params)],
             [r.metric + " ↑" for r in mine], [], [], [], [],
-            [r.comparison.verdict for r in mine])
+            [_verdict(r.comparison, compact) for r in mine])
         changes = [_change_text(r.comparison, compact) for r in mine]
         medians = [(fmt(r.comparison.median_a) + ("" if len(n_a) == 1
                                                    else f" (n={r.comparison.n_a})"),
@@ -662,10 +696,12 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
                   else max(map(len, [*header.split("\n"), *column]))
                   for number, ((header, _), column) in enumerate(zip(columns, texts))]
         if compact and sum(widths) + len(widths) - 1 > console.width:
-            changes = [change.replace(" ", "\n", 1) for change in changes]
+            changes = [change.replace(" ", "\n", 1) if r.comparison.verdict != "below resolution"
+                       else change for r, change in zip(mine, changes)]
         for number, (col, justify) in enumerate(columns):
             if compact:   # numbers whole; names and verdicts wrap between their words
-                # "below resolution" on two lines rather than a metric's name
+                # at most 10 wide, so that metric names keep their line ("below
+                # resolution" is said in the change column)
                 table.add_column(col, justify=justify, no_wrap=2 <= number <= 5,
                                  min_width=_longest(words[number]) if words[number] else None,
                                  max_width=10 if col == "verdict" else None)
@@ -685,7 +721,7 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
             table.add_row(shown if group != previous else "",
                           f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
                           median_a, median_b, change,
-                          p, Text(c.verdict, style=VERDICT_STYLE[c.verdict]))
+                          p, Text(_verdict(c, compact), style=VERDICT_STYLE[c.verdict]))
             previous = group
         console.print(table)
         # Why there is no verdict, once per distinct reason ("below resolution" is plain

@@ -43,6 +43,9 @@ class TargetSpec:
     name: str
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
+    # Where the user set an option, for an error that names what they wrote: "--accel kvm",
+    # 'plans/x.toml:4: [targets.vm] accel = "kvm"' (Target.asked_for); not part of what runs.
+    written: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -162,10 +165,11 @@ def target_specs(names: list[str], options: dict[str, list[str]]) -> list[Target
 def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetSpec]:
     labeled = [_label(value, i) for i, value in enumerate(values, 1)]
     # A label becomes part of a target's name: printable, composed, one of its kind.
-    labels = unique_names([label for label, _ in labeled], f"--{key.replace('_', '-')} label")
+    flag = f"--{key.replace('_', '-')}"
+    labels = unique_names([label for label, _ in labeled], f"{flag} label")
     labeled = list(zip(labels, [value for _, value in labeled]))
     if len(set(labels)) != len(labels):
-        raise VmtaxError(f"--{key.replace('_', '-')} labels must be unique, got "
+        raise VmtaxError(f"{flag} labels must be unique, got "
                          f"{', '.join(labels)}")
     out = []
     for s in specs:
@@ -174,10 +178,12 @@ def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetS
         if option is None:
             out.append(s)
         elif len(values) == 1:   # a single value is taken whole: kernel_args = "a=b"
-            out.append(TargetSpec(s.name, s.kind, {**s.options, option: values[0]}))
+            out.append(TargetSpec(s.name, s.kind, {**s.options, option: values[0]},
+                                  {**s.written, option: f"{flag} {values[0]}"}))
         else:
-            out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, option: value})
-                       for label, value in labeled)
+            out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, option: value},
+                                  {**s.written, option: f"{flag} {raw}"})
+                       for (label, value), raw in zip(labeled, values))
     return out
 
 

@@ -7,7 +7,8 @@
     interleave = true      # A B B A order across targets, so drift cancels
     drop_caches = false    # sync and drop host's and targets' page caches before each repetition
 
-    [targets.native]       # kind defaults to the table name when that name is a kind
+    [targets.native]       # kind defaults to the table name when that name is a kind;
+                           # a name as --targets takes ("vm:tcg") sets its variant too
 
     [targets.tcg]
     kind = "vm"            # a target kind (`vmtax list targets`); the other keys are its options
@@ -510,7 +511,9 @@ class _Reader:
             if self.table(path, table, "a table of target options") is None:
                 continue
             kinds = targets.kinds()
-            kind = table.get("kind", name if name in kinds else None)
+            # A table named as --targets names a target (vm:kvm) means what that name does.
+            named = targets.parse_name(name) if name in targets.known_names() else None
+            kind = table.get("kind", named[0] if named else None)
             if not isinstance(kind, str) or kind not in kinds:
                 got = ("nothing (the table name is not a kind)" if kind is None
                        else show(kind))
@@ -518,14 +521,26 @@ class _Reader:
                          got)
                 continue
             options = {k: v for k, v in table.items() if k not in ("kind", "zip")}
+            by_name = named[1] if named and named[0] == kind else {}
+            clash = [k for k, v in by_name.items() if options.setdefault(k, v) != v]
+            for key in clash:
+                self.bad(path + (key,), f"{show(by_name[key])}, as the target's name says",
+                         show(options[key]))
+            if clash:
+                continue
             model = targets.get(kind).Options
             for options_, swept in self.sweep(path, options, path + ("zip",), table.get("zip"),
                                               self._check_of(kind, model)):
                 label = ",".join(f"{k}={_label(v)}" for k, v in swept.items())
-                spec = TargetSpec(f"{name}[{label}]" if swept else name, kind, options_)
+                origin = _Origin(path, path, options, table.get("zip"))
+                set_at = {key: self.where_written(path, origin.of(key), f"{key} = {show(value)}")
+                          if key not in by_name else self.where_written(
+                              path, path, f"(its name sets {key} = {show(value)})")
+                          for key, value in options_.items()}
+                spec = TargetSpec(f"{name}[{label}]" if swept else name, kind, options_,
+                                  set_at)
                 if any(s.name == spec.name for s in specs):
                     self.bad(path, "target names that are unique", show(spec.name))
-                origin = _Origin(path, path, options, table.get("zip"))
                 built = self.together(origin, model, options_,
                                       "" if spec.name == name else f" (in {spec.name})")
                 if built is not None:
@@ -533,6 +548,14 @@ class _Reader:
                     self.target_origin[spec.name] = origin
                     self.target_options[spec.name] = built
         return specs
+
+    def where_written(self, table: KeyPath, at: KeyPath, value: str) -> str:
+        """Where a value of table was written (at: the table or a key in it), as an error at
+        run time names it: `FILE:LINE: [targets.vm] accel = "kvm"`; a [quick] value by
+        its own table."""
+        source = self.written_at(at)
+        table = source[:len(source) - (len(at) - len(table))]
+        return f"{self.source}:{self.where.line(at)}: [{dotted(table)}] {value}"
 
     def together(self, origin: _Origin, model: type[plugin.Options], values: dict[str, Any],
                  which: str, host: Callable[[plugin.Options], list[tuple[str, str]]] | None

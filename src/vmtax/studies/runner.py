@@ -34,6 +34,11 @@ from vmtax.studies.repetitions import Cell, Precision, RepetitionPolicy, Unit
 from vmtax.studies.session import Session, session
 
 
+# The step text's last part for a repetition a resumed run already has: the reporter counts
+# it into its cell (so a partly done cell still reports when it finishes) without running it.
+STORED_BEFORE = "stored before"
+
+
 class Reporter(Protocol):
     def start(self, total: int) -> None: ...
     def step(self, text: str) -> None: ...
@@ -230,8 +235,10 @@ class Runner:
     def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
         key = (workload.name, _params_key(workload.params))
         todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
-        for _ in range(len(units) - len(todo)):
-            self.reporter.advance()
+        for unit in units:
+            if (unit.target, *key, unit.phase, unit.idx) in done:
+                self.reporter.step(f"{unit.target} · {self.point} · {STORED_BEFORE}")
+                self.reporter.advance()
         if not todo and self.resume_id is not None and self.repetitions is not None:
             todo = self.repetitions.resumed(self._cell(workload, [], done, {}))
         if not todo:

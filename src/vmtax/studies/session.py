@@ -68,7 +68,8 @@ class Session:
     def create(self, spec: TargetSpec) -> Target:
         """The target of spec, through the registry, not yet prepared; cleaned up with the
         session."""
-        target = target_registry.create(spec.name, spec.kind, spec.options, self.ctx)
+        target = target_registry.create(spec.name, spec.kind, spec.options, self.ctx,
+                                        spec.written)
         self.targets[spec.name] = target
         return target
 

@@ -99,7 +99,8 @@ class Search:
         return f"tune-{self.key}-{stage}"
 
     def spec_with(self, name: str, changes: dict[str, Any]) -> TargetSpec:
-        return TargetSpec(name, self.baseline.kind, {**self.baseline.options, **changes})
+        return TargetSpec(name, self.baseline.kind, {**self.baseline.options, **changes},
+                          {k: v for k, v in self.baseline.written.items() if k not in changes})
 
     def singles_plan(self) -> Plan:
         base = self.baseline.name

@@ -161,7 +161,8 @@ class VmOptions(plugin.Options):
         if self.vhost and self.network not in ("bridge", "auto"):
             problems.append(("vhost", "false with network = \"" + self.network + "\" "
                                       "(vhost-net serves a tap)"))
-        if self.iothread and resolve_accel(self.accel) == "tcg":
+        # accel = "kvm" where KVM cannot run guests is refused where it was asked for.
+        if self.iothread and self.accel != "kvm" and resolve_accel(self.accel) == "tcg":
             problems.append(("iothread", "false under TCG (an I/O thread needs ioeventfd, "
                                          "which only KVM gives)"))
         if self.disk_aio == "native" and self.disk_cache not in ("auto", "none", "directsync"):
@@ -263,20 +264,13 @@ class VmTarget(GuestTarget):
     def qemu_path(self) -> str:
         return self.opts.qemu
 
-    def _accel_asked(self) -> tuple[str, str]:
-        """How the user asked for the accelerator, for resolve_accel's error: a target named
-        vm:kvm (its variant) names itself; else it was --accel (or a plan's accel key)."""
-        kind, _, variant = self.name.partition("@")[0].partition(":")
-        if variant == self.opts.accel:
-            return self.name, f"{kind}:tcg or {kind}:auto"
-        return "--accel kvm", "--accel tcg or auto"
-
     def resolve(self, run_dir: Path, disk: Path | None, disk_cache: str,
                 mem_path: Path | None = None, network: str = "none",
                 tap: Any = None) -> VmConfig:
         # Cheap checks first: a missing QEMU should not wait for a kernel download.
         qemu = find_qemu(self.opts.qemu)
-        accel = resolve_accel(self.opts.accel, self._accel_asked())
+        accel = resolve_accel(self.opts.accel,
+                              self.asked_for("accel", self.opts.accel, ["tcg", "auto"]))
         image = self.image()
         machine = self.opts.machine
         return VmConfig(
