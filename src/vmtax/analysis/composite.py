@@ -307,6 +307,12 @@ def explained(summary: RunSummary) -> list[tuple[str | None, str]]:
             elif spec is not None and spec.group == "disk I/O":
                 why = ("likely the host's page cache or fewer fsyncs reaching the disk: the "
                        "target's disk is a host file; compare dd's oflag=direct copy")
+            elif spec is not None and spec.group == "network":
+                # A server writes and reads files too, and each target has its own network
+                # path: "no I/O" would be false here.
+                why = ("no cause recorded and no clock skew seen: the baseline's network "
+                       "path differs from the target's; check the host's load during the "
+                       "baseline's runs")
             else:
                 why = ("no I/O to explain it and no clock skew seen: check the host's load "
                        "during the baseline's runs")
