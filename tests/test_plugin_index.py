@@ -50,3 +50,57 @@ def test_the_kept_index_follows_installs_renames_and_removals(tmp_path):
     shutil.rmtree(site / "vmtax_throwaway-0.dist-info")
     collectors = _collectors_and_workload_modules(site, cache)[0]
     assert "a-renamed" not in collectors and "host-cpu" in collectors
+
+
+def test_the_index_keeps_each_plugins_manifest_as_its_class_declares_it():
+    from vmtax.core import collector, plugin, workload
+    from vmtax.core.types import Manifest
+
+    for group, base in (("workload", workload.Workload), ("collector", collector.Collector)):
+        for name, cls in plugin.plugins(group).items():
+            kept = plugin._index()["groups"][group][name][2]
+            assert Manifest.from_json(kept) == Manifest.from_json(cls.manifest())
+            assert Manifest.from_json(kept).metrics == cls.metrics
+    hooks = {name: workload.manifest(name).hooks for name in workload.registered()}
+    assert hooks["serving"] == {"cell_flags"} and hooks["dd"] == hooks["fio"] == {"explain_win"}
+    assert hooks["cpu"] == frozenset()
+
+
+# Runs the command line and then names, on stderr, every module it imported.
+_IMPORTED = ("import atexit, sys\n"
+             "atexit.register(lambda: print(*sys.modules, file=sys.stderr))\n"
+             "sys.argv[0] = 'vmtax'\n"
+             "from vmtax.__main__ import run\n"
+             "run()\n")
+
+
+def test_reading_stored_runs_imports_no_plugin_and_nothing_heavy(tmp_path):
+    """`vmtax show` and `compare` read the plugins' manifests from the index: no plugin
+    module, nor pydantic (plan files), scipy or matplotlib (reports) is imported."""
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store
+
+    store = Store(tmp_path / "results")
+    plan = {"targets": [{"name": "native"}, {"name": "vm"}], "baseline": "native",
+            "workloads": [{"name": "cpu", "params": {}}]}
+    for _ in range(2):
+        run_id = store.new_run(plan, {}, "0")
+        for target, speed in (("native", 100.0), ("vm", 60.0)):
+            store.set_target(run_id, target, target, {"bare_host": target == "native"})
+            for idx in range(3):
+                store.add_rep(run_id, target=target, workload="cpu", params={},
+                              phase="measure", idx=idx, status="ok", argv=[], started=0.0,
+                              host_elapsed=5.0,
+                              metrics=[Metric("events/s", speed + idx, "events/s", True)])
+        store.finish_run(run_id, "done")
+    store.close()
+    env = {**os.environ, "VMTAX_CACHE": str(tmp_path / "cache")}
+    for command in (["show", "last"], ["compare"]):
+        argv = [sys.executable, "-c", _IMPORTED, *command, "--results", str(tmp_path / "results")]
+        subprocess.run(argv, env=env, capture_output=True, check=True)   # makes the index
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        imported = set(done.stderr.split())
+        assert "events/s" in done.stdout
+        heavy = {m for m in imported if m.partition(".")[0] in ("pydantic", "scipy", "matplotlib")
+                 or m.startswith(("vmtax.workloads.", "vmtax.targets.", "vmtax.collectors."))}
+        assert not heavy, f"vmtax {' '.join(command)} imported {sorted(heavy)}"
