@@ -127,6 +127,16 @@ def _import(module_name: str, entry_point: str | None) -> pytypes.ModuleType:
         raise VmtaxError(f"plugin {entry_point} failed to load: {exc}") from None
 
 
+def _build_options(cls: type[Plugin], entry_point: str | None) -> None:
+    """The plugin's options validator, which pydantic defers to its first use (Options)."""
+    try:
+        cls.Options.model_rebuild()
+    except Exception as exc:   # a broken third-party plugin is named, not a traceback
+        if entry_point is None:
+            raise
+        raise VmtaxError(f"plugin {entry_point} failed to load: {exc}") from None
+
+
 def _modules() -> Iterator[tuple[pytypes.ModuleType, str | None]]:
     """Every plugin module, with its entry point (None for vmtax's own)."""
     for package_name in PACKAGES:
@@ -209,6 +219,7 @@ def _build_index() -> dict[str, Any]:
                 raise VmtaxError(f"two {cls.group} plugins named {cls.name!r}: "
                                  f"{other.__module__} and {cls.__module__}")
             group[cls.name] = cls
+            _build_options(cls, entry_point)
     # By name: the order of files on disk must not change listings or messages.
     return {"groups": {g: {name: [cls.__module__, entry_points[cls.__module__],
                                   cls.manifest()]
