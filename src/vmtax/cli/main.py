@@ -541,8 +541,9 @@ def doctor(as_json) -> None:
 
     # The quiet check samples other processes' CPU use for 0.1 s: while every plugin is
     # imported (the checks need them all), and over before a probe starts a process the
-    # sample could count.
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    # sample could count. The collectors' own checks (profile's runs perf) run beside the
+    # host's.
+    with ThreadPoolExecutor(max_workers=4) as pool:
         sampled = pool.submit(quiet.snapshot)
         from vmtax.core import collector as collectors
         from vmtax.core import plugin
@@ -552,11 +553,10 @@ def doctor(as_json) -> None:
         for group in plugin.registry().values():
             list(group.values())
         now = sampled.result()
-    checks = host_doctor.doctor()
-    for name, cls in collectors.registered().items():
-        line = cls.doctor()
-        if line is not None:
-            checks.append(host_doctor.Check(name, *line))
+        own = {name: pool.submit(cls.doctor) for name, cls in collectors.registered().items()}
+        checks = host_doctor.doctor()
+        checks += [host_doctor.Check(name, *line) for name, found in own.items()
+                   if (line := found.result()) is not None]
     problems = quiet.problems(now)
     checks.append(host_doctor.Check("host quiet", not problems,
                                     "; ".join([quiet.describe(now), *problems])))
