@@ -61,6 +61,10 @@ def test_the_index_keeps_each_plugins_manifest_as_its_class_declares_it():
             kept = plugin._index()["groups"][group][name][2]
             assert Manifest.from_json(kept) == Manifest.from_json(cls.manifest())
             assert Manifest.from_json(kept).metrics == cls.metrics
+    # What the manifests are made of beyond the plugins' files (exits' metrics are
+    # perf_kvm's) is watched too: a change to it makes the index again.
+    watched = {path for path, *_ in plugin._index()["files"]}
+    assert any(path.endswith(os.path.join("helpers", "perf_kvm.py")) for path in watched)
     hooks = {name: workload.manifest(name).hooks for name in workload.registered()}
     assert hooks["serving"] == {"cell_flags"} and hooks["dd"] == hooks["fio"] == {"explain_win"}
     assert hooks["cpu"] == frozenset()

@@ -157,7 +157,9 @@ def _modules() -> Iterator[tuple[pytypes.ModuleType, str | None]]:
 # import path (whose entry points name plugins) and the files those name; a change makes
 # it again.
 
-_INDEX_VERSION = 2
+_INDEX_VERSION = 3
+# vmtax's own source directory.
+_VMTAX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _stamp(path: str) -> list[Any]:
@@ -220,6 +222,12 @@ def _build_index() -> dict[str, Any]:
                                  f"{other.__module__} and {cls.__module__}")
             group[cls.name] = cls
             _build_options(cls, entry_point)
+    # The manifests come from the plugins and what they import (perf_kvm's metrics,
+    # sysbench_report's resolutions): a change to any of vmtax's files loaded by now makes
+    # the index again, as the plugin packages' own files do (_index_key).
+    files += sorted(_stamp(path) for module in list(sys.modules.values())
+                    if isinstance(module, pytypes.ModuleType)
+                    and (path := vars(module).get("__file__") or "").startswith(_VMTAX))
     # By name: the order of files on disk must not change listings or messages.
     return {"groups": {g: {name: [cls.__module__, entry_points[cls.__module__],
                                   cls.manifest()]
