@@ -108,8 +108,9 @@ def latency() -> None:
         for command, goal in LATENCY_GOALS.items():
             store = [] if command in ("--help", "doctor") else ["--results", results]
             wall, cpu = bench_history.timed(*command.split(), *store, repeat=5)
+            over = [kind for kind, took in (("wall", wall), ("CPU", cpu)) if took > goal]
             print(f"   {'vmtax ' + command:18} {wall:6.3f} s wall {cpu:6.3f} s CPU  "
-                  f"goal <= {goal} s{'' if wall <= goal else '  (over)'}")
+                  f"goal <= {goal} s{'  (' + ' and '.join(over) + ' over)' if over else ''}")
     print()
 
 

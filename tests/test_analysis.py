@@ -4,7 +4,7 @@ from rich.console import Console
 from vmtax.analysis.model import analyse
 from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
-from vmtax.core import workload as workloads
+from vmtax.core import plugin
 from vmtax.core.types import Metric, MetricSpec
 from vmtax.core.workload import Workload
 from vmtax.report import html as htmlreport
@@ -25,7 +25,7 @@ class Spreads(Workload):
 
 @pytest.fixture
 def spreads_registered(monkeypatch):
-    monkeypatch.setattr(workloads, "registered", lambda: {"spreads": Spreads})
+    monkeypatch.setitem(plugin.registry()["workload"], Spreads.name, Spreads)
 
 
 def store_run(store, targets: dict[str, bool], reps: dict[str, list[list[Metric]]],
@@ -170,7 +170,7 @@ class Quantized(Workload):
 
 @pytest.fixture
 def quantized_registered(monkeypatch):
-    monkeypatch.setattr(workloads, "registered", lambda: {"quantized": Quantized})
+    monkeypatch.setitem(plugin.registry()["workload"], Quantized.name, Quantized)
 
 
 LATENCY = Metric("latency avg", 0, "ms", False)

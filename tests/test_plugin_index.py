@@ -62,3 +62,89 @@ def test_a_plugin_package_is_scanned_and_its_modules_key_the_index():
                for path in stamped)
     assert not any("__pycache__" in path for path in stamped)
     assert plugin.registry()["target"]["libvirt"].__module__ == "vmtax.targets.libvirt.target"
+
+
+def test_the_index_keeps_each_plugins_manifest_as_its_class_declares_it():
+    from vmtax.core import plugin, workload
+    from vmtax.core.types import Manifest
+
+    for group in ("workload", "collector"):
+        for name, cls in plugin.plugins(group).items():
+            kept = plugin._index()["groups"][group][name][2]
+            assert Manifest.from_json(kept) == Manifest.from_json(cls.manifest())
+            assert Manifest.from_json(kept).metrics == cls.metrics
+    # What the manifests are made of beyond the plugins' files (exits' metrics are
+    # perf_kvm's) is watched too: a change to it makes the index again.
+    watched = {path for path, *_ in plugin._index()["files"]}
+    assert any(path.endswith(os.path.join("helpers", "perf_kvm.py")) for path in watched)
+    hooks = {name: workload.manifest(name).hooks for name in workload.registered()}
+    assert hooks["serving"] == {"cell_flags"} and hooks["dd"] == hooks["fio"] == {"explain_win"}
+    assert hooks["cpu"] == frozenset()
+
+
+# Runs the command line and then names, on stderr, every module it imported.
+_IMPORTED = ("import atexit, sys\n"
+             "atexit.register(lambda: print(*sys.modules, file=sys.stderr))\n"
+             "sys.argv[0] = 'vmtax'\n"
+             "from vmtax.__main__ import run\n"
+             "run()\n")
+
+
+def test_reading_stored_runs_imports_no_plugin_and_nothing_heavy(tmp_path):
+    """`vmtax show` and `compare` read the plugins' manifests from the index: no plugin
+    module, nor pydantic (plan files), scipy or matplotlib (reports) is imported; `runs`
+    and `--help` import no numpy either."""
+    from vmtax.core.types import Metric
+    from vmtax.results.store import Store
+
+    store = Store(tmp_path / "results")
+    plan = {"targets": [{"name": "native"}, {"name": "vm"}], "baseline": "native",
+            "workloads": [{"name": "cpu", "params": {}}]}
+    for _ in range(2):
+        run_id = store.new_run(plan, {}, "0")
+        for target, speed in (("native", 100.0), ("vm", 60.0)):
+            store.set_target(run_id, target, target, {"bare_host": target == "native"})
+            for idx in range(3):
+                store.add_rep(run_id, target=target, workload="cpu", params={},
+                              phase="measure", idx=idx, status="ok", argv=[], started=0.0,
+                              host_elapsed=5.0,
+                              metrics=[Metric("events/s", speed + idx, "events/s", True)])
+        store.finish_run(run_id, "done")
+    store.close()
+    env = {**os.environ, "VMTAX_CACHE": str(tmp_path / "cache")}
+    results = ["--results", str(tmp_path / "results")]
+    # Listing runs and the help need no statistics either.
+    for command, shows, avoided in ((["show", "last", *results], "events/s", ()),
+                                    (["compare", *results], "events/s", ()),
+                                    (["runs", *results], "native", ("numpy",)),
+                                    (["--help"], "Commands", ("numpy",))):
+        argv = [sys.executable, "-c", _IMPORTED, *command]
+        subprocess.run(argv, env=env, capture_output=True, check=True)   # makes the index
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        assert shows in done.stdout
+        heavy = sorted({m.partition(".")[0] for m in done.stderr.split() if m.partition(".")[0]
+                        in ("pydantic", "scipy", "matplotlib", *avoided)}
+                       | {m for m in done.stderr.split() if m.startswith(
+                           ("vmtax.workloads.", "vmtax.targets.", "vmtax.collectors."))})
+        assert not heavy, f"vmtax {' '.join(command)} imported {heavy}"
+
+
+def test_a_third_party_plugin_whose_options_pydantic_cannot_build_is_named(tmp_path):
+    """Options models build their validators on first use; the index builds each plugin's
+    when it finds it, so a broken model still fails at load, naming the plugin."""
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    site.mkdir()
+    _install(site, COLLECTOR.replace(
+        "from vmtax.core.collector import Collector, Subject",
+        "from vmtax.core import plugin\n"
+        "from vmtax.core.collector import Collector, Subject\n\n\n"
+        "class Opaque:\n    pass\n\n\n"
+        "class OpaqueOptions(plugin.Options):\n"
+        "    opaque: Opaque = plugin.option(None, 'Not a type pydantic knows')\n").replace(
+        '    metrics = (', '    Options = OpaqueOptions\n    metrics = ('))
+    env = {**os.environ, "PYTHONPATH": str(site), "VMTAX_CACHE": str(cache)}
+    done = subprocess.run([sys.executable, "-m", "vmtax", "list", "collectors"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("vmtax: error: plugin throwaway_collector "
+                                  "(throwaway_collector) failed to load: Unable to generate")

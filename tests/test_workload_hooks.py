@@ -12,7 +12,6 @@ from vmtax.analysis import summary as analysis
 from vmtax.analysis.stats import Summary
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core import plugin
-from vmtax.core import workload as workloads
 from vmtax.core.figures import Bars, Lines, Mark
 from vmtax.core.types import Job, JobResult, Metric, MetricSpec
 from vmtax.core.workload import Outcome, Workload
@@ -86,8 +85,8 @@ class Capped(Workload):
 
 @pytest.fixture
 def tiny_registered(monkeypatch):
-    monkeypatch.setattr(workloads, "registered", lambda: {
-        cls.name: cls for cls in (Capped, Cached, Panels)})
+    for cls in (Capped, Cached, Panels):
+        monkeypatch.setitem(plugin.registry()["workload"], cls.name, cls)
 
 
 def _stored(tmp_path, workload, reps):

@@ -334,9 +334,10 @@ def _outcome(row: Row, cell: Cell) -> workloads.Outcome:
 def _workload_explanation(summary: RunSummary, row: Row, target: str) -> str | None:
     """The workload's own explanation of row's win on target (Workload.explain_win), given
     the target's other rows of the same workload configuration; None when it has none."""
-    cls = workloads.registered().get(row.workload)
-    if cls is None:
+    found = workloads.manifest(row.workload)
+    if found is None or "explain_win" not in found.hooks:
         return None
+    cls = workloads.get(row.workload)
     others = [_outcome(other, cell) for other in summary.rows
               if other is not row and other.workload == row.workload
               and other.params == row.params and (cell := other.cells.get(target)) is not None]

@@ -39,8 +39,8 @@ GENERATED = re.compile(r"perf-(\d+|PID)\.map")
 
 def profile_collectors() -> list[str]:
     """Names of the installed collectors that store folded stacks."""
-    return [name for name, cls in collector.registered().items()
-            if any(s.name == STACKS and "stack" in s.dimensions for s in cls.metrics)]
+    return [name for name, found in collector.manifests().items()
+            if any(s.name == STACKS and "stack" in s.dimensions for s in found.metrics)]
 
 
 @dataclass

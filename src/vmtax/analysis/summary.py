@@ -113,7 +113,7 @@ def _not_recorded(reps: list[Rep], metric: str) -> str | None:
     unavailable = [r for r in reps if r.status == UNAVAILABLE]
     if not unavailable:   # the usual case, without loading every collector
         return None
-    owners = {name for name, cls in collectors.registered().items() if cls.metric_spec(metric)}
+    owners = {name for name, found in collectors.manifests().items() if found.metric_spec(metric)}
     if owners:   # else a collector no longer installed: any reason is better than none
         unavailable = [r for r in unavailable if (r.error or "").partition(":")[0] in owners]
     return next((_why_unavailable(r.error) for r in unavailable), None)
@@ -130,14 +130,14 @@ def _clock_skewed(reps: list[Rep], overhead: float) -> bool:
 def metric_spec(workload: str, metric: str) -> MetricSpec | None:
     """What the workload's manifest says of a metric; None for one it does not declare (a
     run stored by an older vmtax, a plugin not installed here)."""
-    cls = workloads.registered().get(workload.removesuffix(" prepare"))
-    return cls.metric_spec(metric) if cls is not None else None
+    found = workloads.manifest(workload.removesuffix(" prepare"))
+    return found.metric_spec(metric) if found is not None else None
 
 
 def _not_results() -> set[str]:
     """Collectors' metrics that are breakdowns (a profile's stacks) or bookkeeping (its
     unresolved share, its own overhead): not results of a target, so not summarized."""
-    return {spec.name for cls in collectors.registered().values() for spec in cls.metrics
+    return {spec.name for found in collectors.manifests().values() for spec in found.metrics
             if spec.breakdown or spec.bookkeeping}
 
 
@@ -163,10 +163,10 @@ def is_headline(workload: str, metric: str, first: str) -> bool:
     metric the workload's configuration recorded."""
     if workload.endswith((" (host)", " prepare")):
         return False
-    cls = workloads.registered().get(workload)
-    if cls is None or not any(s.primary for s in cls.metrics):
+    found = workloads.manifest(workload)
+    if found is None or not any(s.primary for s in found.metrics):
         return metric == first
-    spec = cls.metric_spec(metric)
+    spec = found.metric_spec(metric)
     return spec is not None and spec.primary
 
 
@@ -189,10 +189,11 @@ def _workload_flags(workload: str, metric_key: str, reps: list[Rep]) -> list[str
     """Flags a workload raises on a cell itself (Workload.cell_flags), from the metrics of
     its successful repetitions; none on a collector's or a prepare step's row, or for a
     workload not installed here."""
-    cls = workloads.registered().get(workload)
-    if cls is None:
+    found = workloads.manifest(workload)
+    if found is None or "cell_flags" not in found.hooks:
         return []
-    return cls.cell_flags(metric_key, [r.metrics for r in reps if r.status == "ok"])
+    return workloads.get(workload).cell_flags(metric_key,
+                                              [r.metrics for r in reps if r.status == "ok"])
 
 
 def _duration(reps: list[Rep]) -> float | None:

@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Protocol
 
 from vmtax.core import plugin
 from vmtax.core.errors import VmtaxError
-from vmtax.core.types import Metric, MetricSpec
+from vmtax.core.types import Manifest, Metric, MetricSpec
 
 
 class CollectorJournal(Protocol):
@@ -139,6 +139,10 @@ class Collector(plugin.Plugin, abc.ABC):
     @classmethod
     def metric_spec(cls, name: str) -> MetricSpec | None:
         return next((spec for spec in cls.metrics if spec.name == name), None)
+
+    @classmethod
+    def manifest(cls) -> dict[str, Any]:
+        return Manifest(cls.metrics).to_json()
 
     def metric(self, name: str, value: float, **dimensions: str) -> Metric:
         """A metric of the manifest with its declared unit and direction; CollectorError
@@ -293,3 +297,9 @@ def registered() -> dict[str, type[Collector]]:
 def get(name: str) -> type[Collector]:
     """The collector named `name`; VmtaxError naming the known ones when there is none."""
     return plugin.get(Collector.group, name)  # type: ignore[return-value]
+
+
+def manifests() -> dict[str, Manifest]:
+    """Collector name -> its metrics, without importing any collector (nor pydantic)."""
+    return {name: found for name in registered()
+            if (found := plugin.manifest(Collector.group, name, Manifest.from_json)) is not None}

@@ -7,8 +7,8 @@ it without import cycles.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
 
 
 @dataclass
@@ -110,3 +110,24 @@ class MetricSpec:
     # The smallest step the tool prints the value in (sysbench latencies: 0.01 ms). A median
     # at or below it is "below resolution": no ratio, comparison or flag is derived from it.
     resolution: float | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What the analysis of stored results reads of a workload or collector, as the plugin
+    index keeps it (Plugin.manifest): read without importing the plugin, nor pydantic."""
+    metrics: tuple[MetricSpec, ...] = ()
+    # The analysis' hooks (Workload.cell_flags, explain_win) the plugin defines itself: only
+    # to call one is the plugin imported.
+    hooks: frozenset[str] = frozenset()
+
+    def metric_spec(self, name: str) -> MetricSpec | None:
+        return next((spec for spec in self.metrics if spec.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metrics": [asdict(spec) for spec in self.metrics], "hooks": sorted(self.hooks)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        return cls(tuple(MetricSpec(**{**spec, "dimensions": tuple(spec["dimensions"])})
+                         for spec in data["metrics"]), frozenset(data["hooks"]))

@@ -20,13 +20,15 @@ from vmtax.core import plugin
 from vmtax.core.errors import ParseError, VmtaxError
 from vmtax.core.figures import Figure
 from vmtax.core.target import SERVES, Need
-from vmtax.core.types import Endpoint, Job, JobResult, Metric, MetricSpec
+from vmtax.core.types import Endpoint, Job, JobResult, Manifest, Metric, MetricSpec
 
 
 # The KIND of a cell flag (Workload.cell_flags) saying the cell's value is only a lower
 # bound (a capacity no failing step bounded): its ratio is no measure of the tax, so the
 # analysis keeps it out of composite indices.
 LOWER_BOUND = "capacity is a lower bound"
+# The analysis' hooks a workload may define; its manifest names those it does.
+HOOKS = ("cell_flags", "explain_win")
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,13 @@ class Workload(plugin.Plugin, abc.ABC):
     @classmethod
     def metric_spec(cls, name: str) -> MetricSpec | None:
         return next((spec for spec in cls.metrics if spec.name == name), None)
+
+    @classmethod
+    def manifest(cls) -> dict[str, Any]:
+        """Its metrics, and which of the analysis' hooks it defines itself."""
+        own = frozenset(hook for hook in HOOKS
+                        if getattr(cls, hook).__func__ is not getattr(Workload, hook).__func__)
+        return Manifest(cls.metrics, own).to_json()
 
     @classmethod
     def primary_metric(cls) -> str:
@@ -263,3 +272,9 @@ def registered() -> dict[str, type[Workload]]:
 
 def get(name: str) -> type[Workload]:
     return plugin.get(Workload.group, name)  # type: ignore[return-value]
+
+
+def manifest(name: str) -> Manifest | None:
+    """The workload's metrics and own hooks, without importing it (nor pydantic); None for
+    a workload not installed here."""
+    return plugin.manifest(Workload.group, name, Manifest.from_json)
