@@ -53,7 +53,9 @@ def trace(argv: list[str]) -> tuple[list[str], collections.Counter]:
 
     sys.setprofile(profile)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        # A text stream with a binary buffer: export writes its bytes to stdout's.
+        with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())), \
+                contextlib.suppress(SystemExit):
             cli.main(argv, prog_name="vmtax", standalone_mode=True)
     finally:
         sys.setprofile(None)
