@@ -31,6 +31,9 @@ class StudyRecords:
 
 
 def study_records(run: Run) -> StudyRecords:
+    # A run of workloads (most runs) has none to read.
+    if not any(rep.workload in (records.DENSITY, records.BOOT) for rep in run.reps):
+        return StudyRecords({}, [])
     return StudyRecords({metric: records.density_points(run, metric)
                          for metric in (records.USED_DELTA, records.PSS_TOTAL)},
                         records.boot_starts(run))
