@@ -44,3 +44,64 @@ def test_the_html_report_analyses_each_run_once_then_only_renders(results, tmp_p
 def test_the_other_views_only_render(results, argv):
     crossings = callpath.trace([*argv, "--results", str(results)])
     assert crossings and callpath.renderer_calls(crossings) == []
+
+
+# The modules that render `vmtax report --html` and `export --format markdown`: each may
+# import analysis's and results' types and constants, but call none of their functions.
+# Statically, so it also holds for what the golden database has none of (a density, boot
+# or tune run's figures, profiles).
+RENDERERS = ["html", "figure", "plots", "summary_plots", "study_plots", "flamegraph",
+             "markdown"]
+
+
+def calls_into_analysis_or_results(source: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of each call of a function that source imports from
+    vmtax.analysis or vmtax.results (a class, making a value, is no call into them)."""
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(source)
+    modules: dict[str, object] = {}      # local name -> an imported analysis/results module
+    functions: dict[str, str] = {}       # local name -> "module.function"
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ImportFrom) and node.module
+                and node.module.startswith(("vmtax.analysis", "vmtax.results"))):
+            continue
+        for alias in node.names:
+            local = alias.asname or alias.name
+            try:
+                modules[local] = importlib.import_module(f"{node.module}.{alias.name}")
+                continue
+            except ImportError:
+                pass
+            value = getattr(importlib.import_module(node.module), alias.name)
+            if inspect.isfunction(value):
+                functions[local] = f"{node.module}.{alias.name}"
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in functions:
+            found.append((node.lineno, functions[f.id]))
+        elif (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+              and f.value.id in modules
+              and inspect.isfunction(getattr(modules[f.value.id], f.attr, None))):
+            found.append((node.lineno, f"{f.value.id}.{f.attr}"))
+    return found
+
+
+def test_the_check_finds_a_call_into_analysis():
+    source = ("from vmtax.analysis import summary as analysis\n"
+              "from vmtax.analysis.model import analyse, RunModel\n"
+              "x = analysis.is_secondary('cpu', 'events/s')\n"
+              "y = analyse(run)\nz = RunModel\nw = analysis.NOISY_CV\n")
+    assert calls_into_analysis_or_results(source) == [
+        (3, "analysis.is_secondary"), (4, "vmtax.analysis.model.analyse")]
+
+
+@pytest.mark.parametrize("name", RENDERERS)
+def test_the_report_renderers_call_no_analysis(name):
+    source = (ROOT / "src" / "vmtax" / "report" / f"{name}.py").read_text()
+    assert calls_into_analysis_or_results(source) == []

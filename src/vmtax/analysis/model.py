@@ -5,6 +5,7 @@ report shows B against A."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,6 +60,7 @@ class RunModel:
     # Its profiled cells (--collect profile): the report's flame graphs.
     profiles: list[CellProfile]
     records: StudyRecords
+    measured: str                        # how many measured runs each cell had (measured_runs)
     # A `vmtax tune` stage's verdicts (its forest plot); None: not a tune run.
     tune: tuning.TuneSummary | None = None
 
@@ -89,7 +91,7 @@ def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
                     explained=composite.explained(summary),
                     standings=_contenders(run, composite.standings(summary)),
                     hypotheses=profile.top_hypotheses(profiled), worst=_worst(summary),
-                    profiles=profiled, records=study_records(run),
+                    profiles=profiled, records=study_records(run), measured=measured_runs(run),
                     tune=tuning.summarize_stage(run) if tuning.is_tune_run(run) else None)
 
 
@@ -138,6 +140,21 @@ def compare(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
     return RunComparison(a.id, b.id, rows, alpha, noise_floor, method,
                          primary=[row for row, s in zip(rows, secondary) if not s],
                          secondary=[row for row, s in zip(rows, secondary) if s])
+
+
+def measured_runs(run: Run) -> str:
+    """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
+    (--runs auto, tune's racing) added some, the range stored."""
+    planned = run.plan.get("runs", "?")
+    attempts: dict[tuple, int] = {}
+    for r in run.reps:
+        if r.phase == "measure":
+            key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))
+            attempts[key] = attempts.get(key, 0) + 1
+    if isinstance(planned, int) and attempts and max(attempts.values()) > planned:
+        return (f"{min(attempts.values())} to {max(attempts.values())} measured runs "
+                f"({planned} fixed, more where the run's adaptive rule asked)")
+    return f"{planned} measured run{'' if planned == 1 else 's'}"
 
 
 def _contenders(run: Run, standings: dict[str, list[Standing]]) -> dict[str, list[Standing]]:

@@ -10,7 +10,6 @@ nothing: it opens offline and can be mailed as one file.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -107,22 +106,7 @@ class RunReport:
     # Per profiled target, its profile's strongest hypothesis of where the time goes.
     hypotheses: dict[str, str] = field(default_factory=dict)
     profiles: list[CellProfile] = field(default_factory=list)   # the flame graphs' cells
-    measured: str = ""                    # "3 measured runs" per cell (measured_runs)
-
-
-def measured_runs(run: Run) -> str:
-    """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
-    (--runs auto, tune's racing) added some, the range stored."""
-    planned = run.plan.get("runs", "?")
-    attempts: dict[tuple, int] = {}
-    for r in run.reps:
-        if r.phase == "measure":
-            key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))
-            attempts[key] = attempts.get(key, 0) + 1
-    if isinstance(planned, int) and attempts and max(attempts.values()) > planned:
-        return (f"{min(attempts.values())} to {max(attempts.values())} measured runs "
-                f"({planned} fixed, more where the run's adaptive rule asked)")
-    return f"{planned} measured run{'' if planned == 1 else 's'}"
+    measured: str = ""                    # "3 measured runs" per cell (RunModel.measured)
 
 
 def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunReport:
@@ -142,7 +126,7 @@ def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunR
                      # E4's density and start-up figures after the metrics'; tune's forest
                      # plot, its answer, first.
                      charts=(own + per_metric if model.tune is not None else per_metric + own),
-                     measured=measured_runs(run),
+                     measured=model.measured,
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
                      flags_line=report.flags_line(model.headline, quiet.during(run.host)),

@@ -173,7 +173,7 @@ def tune_forest(summary: tuning.TuneSummary | None, labels: dict[str, str]) -> l
                           summary.tax_recovered.items() if value is not None)
     caption = (f"Each knob value's gain over the baseline {summary.baseline} (positive: "
                f"faster), verdicts adjusted ({summary.method}) over every comparison of the "
-               f"search; {tuning.control_note(summary)}."
+               f"search; {summary.control_text}."
                + (f" Tax recovered by the combination, (tuned − baseline) / (native − "
                   f"baseline): {recovered}." if recovered else ""))
     return [Chart("tune-forest", title, caption, fig), *_tax_recovered(summary)]
@@ -198,7 +198,7 @@ def _tax_recovered(summary: tuning.TuneSummary) -> list[Chart]:
         ax.grid(False, axis="y")
         fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
                      fontweight=STYLE["axes.titleweight"])
-    tuned = ", ".join(tuning.knob_label(k, v) for k, v in summary.tuned.items())
+    tuned = summary.tuned_text
     return [Chart("tune-tax-recovered", title,
                   f"(tuned − baseline) / (native − baseline) of each class's primary metric "
                   f"medians, the tuned configuration being {tuned}.", fig)]
