@@ -40,18 +40,20 @@ def test_the_html_report_analyses_each_run_once_then_only_renders(results, tmp_p
 @pytest.mark.parametrize("argv", [["show", "golden-a"], ["show", "golden-a", "--all"],
                                   ["show", "golden-a", "--json"],
                                   ["compare", "golden-a", "golden-b"],
+                                  ["composite", "golden-a"],
                                   ["export", "golden-a", "--format", "markdown"]])
 def test_the_other_views_only_render(results, argv):
     crossings = callpath.trace([*argv, "--results", str(results)])
     assert crossings and callpath.renderer_calls(crossings) == []
 
 
-# The modules that render `vmtax report --html` and `export --format markdown`: each may
+# The modules that render `vmtax report --html`, `export --format markdown` and `vmtax
+# composite`: each may
 # import analysis's and results' types and constants, but call none of their functions.
 # Statically, so it also holds for what the golden database has none of (a density, boot
 # or tune run's figures, profiles).
 RENDERERS = ["html", "figure", "plots", "summary_plots", "study_plots", "flamegraph",
-             "markdown"]
+             "markdown", "composite_table"]
 
 
 def calls_into_analysis_or_results(source: str) -> list[tuple[int, str]]:
