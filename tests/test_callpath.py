@@ -47,13 +47,12 @@ def test_the_other_views_only_render(results, argv):
     assert crossings and callpath.renderer_calls(crossings) == []
 
 
-# The modules that render `vmtax report --html`, `export --format markdown` and `vmtax
-# composite`: each may
-# import analysis's and results' types and constants, but call none of their functions.
-# Statically, so it also holds for what the golden database has none of (a density, boot
-# or tune run's figures, profiles).
+# The modules that render `vmtax report --html`, `export --format markdown`, `vmtax
+# composite` and `vmtax profile`: each may import analysis's and results' types and
+# constants, but call none of their functions. Statically, so it also holds for what the
+# golden database has none of (a density, boot or tune run's figures, profiles).
 RENDERERS = ["html", "figure", "plots", "summary_plots", "study_plots", "flamegraph",
-             "markdown", "composite_table"]
+             "markdown", "composite_table", "profile_tables"]
 
 
 def calls_into_analysis_or_results(source: str) -> list[tuple[int, str]]:
