@@ -327,6 +327,7 @@ def test_figures_from_a_stored_density_and_boot_run():
     run = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
               version="0", targets={}, reps=reps)
     # The figures' contract: what the studies stored, read back as typed records.
+    from vmtax.analysis.model import study_records
     from vmtax.results import study_records as records
     assert records.density_points(run, records.USED_DELTA) == [
         records.DensityPoint("c", "off", 1.0, 10.0), records.DensityPoint("c", "off", 2.0, 20.0),
@@ -334,13 +335,13 @@ def test_figures_from_a_stored_density_and_boot_run():
     assert [p.value for p in records.density_points(run, records.PSS_TOTAL)] == [1.0, 2.0, 1.0]
     assert records.boot_starts(run)[:2] == [records.BootStart("v", "ready", 1.0),
                                             records.BootStart("v", "first http", 2.0)]
-    charts = plots.run_charts(run, {"c": "container"})
+    charts = plots.run_charts(run, {"c": "container"}, study_records(run))
     assert [c.slug for c in charts] == ["density-memory-used", "density-memory-per-instance",
                                         "boot-ecdf"]
     assert all(plots.render(c, "png").startswith(b"\x89PNG") for c in charts)
     empty = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
                 version="0", targets={}, reps=[])
-    assert plots.run_charts(empty, {}) == []
+    assert plots.run_charts(empty, {}, study_records(empty)) == []
 
 
 def test_cpu_ticks_count_a_process_own_cpu_time():

@@ -159,10 +159,15 @@ def test_compare_names_are_checked_before_anything_runs(runs, monkeypatch):
 
 
 def test_the_report_figure_says_why_ksm_did_nothing_for_containers(runs):
+    from vmtax.analysis.model import study_records
     from vmtax.report import plots
     results, container, vm = runs
     store = Store(results, readonly=True)
-    charts = {c.slug: c for c in plots.density_memory(store.load_run(container), {})}
+
+    def figures(run):
+        return {c.slug: c for c in plots.density_memory(run, {}, study_records(run).density)}
+
+    charts = figures(store.load_run(container))
     assert "no prctl(PR_SET_MEMORY_MERGE)" in charts["density-memory-used"].caption
-    charts = {c.slug: c for c in plots.density_memory(store.load_run(vm), {})}
+    charts = figures(store.load_run(vm))
     assert "MADV_MERGEABLE" not in charts["density-memory-used"].caption

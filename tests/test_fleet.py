@@ -245,6 +245,11 @@ def test_show_compare_export_and_report_of_a_fleet_run(fleet_store, tmp_path):
     header, *rows = exported.output.splitlines()
     assert header.startswith("host,run_id,target,")
     assert {r.split(",")[:2][0]: r.split(",")[1] for r in rows} == ids
+    markdown = runner.invoke(cli, ["export", ids["b"], "--format", "markdown", "--results",
+                                   results])
+    assert markdown.exit_code == 0, markdown.output
+    assert markdown.output.startswith(f"## fleet run {ids['b']}\n")
+    assert all(f"### {h}: " in markdown.output for h in ids)
     html = tmp_path / "r.html"
     reported = runner.invoke(cli, ["report", ids["b"], "--html", str(html), "--results",
                                    results])

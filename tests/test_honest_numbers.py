@@ -83,7 +83,7 @@ def test_one_run_shows_no_interval_anywhere(tmp_path):
     model = analyse(a)
     texts = [_printed(report.print_headline, model),
              _printed(report.print_summary, a, model.summary),
-             _printed(print_composite, model.summary)]
+             _printed(print_composite, model.summary, model.classes, model.explanations)]
     rows = analysis.compare_targets([(a, "container", b, "container")])
     texts.append(_printed(report.print_comparison, rows, 0.01, 0.02, "bh"))
     html = htmlreport.render_html([htmlreport.build(model)])
@@ -100,7 +100,7 @@ def test_two_runs_show_a_range_called_a_range(tmp_path):
     headline = _printed(report.print_headline, model)
     assert re.search(r"1\.60 \(1\.6–1\.6\)", headline)
     assert "ratio to it (a range: the runs' extremes, too few runs for a 95% CI)" in headline
-    index = _printed(print_composite, model.summary)
+    index = _printed(print_composite, model.summary, model.classes, model.explanations)
     assert "(" in index and "range" in index and not re.search(r"\d \[\d", index)
     rows = analysis.compare_targets([(a, "container", b, "container")])
     compared = _printed(report.print_comparison, rows, 0.01, 0.02, "bh")

@@ -100,7 +100,8 @@ def test_cells_without_a_ratio_are_left_out_and_said():
     assert set(disk.by_target) == {"native", "container"}
     assert disk.skipped == ["throughput of dbench on vm: no ratio (failed or missing runs)"]
     console = Console(record=True, width=200)
-    print_composite(console, summary(rows))
+    made = summary(rows)
+    print_composite(console, made, composite.composite(made), composite.explanations(made))
     text = console.export_text()
     assert "0.9 [0.8, 1]" in text and "not counted: throughput of dbench on vm" in text
     assert "disk I/O: no significant difference" in text

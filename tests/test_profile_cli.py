@@ -115,7 +115,8 @@ def test_a_run_without_profiles_says_why_in_one_line(tmp_path):
 
 def test_flame_graphs_are_self_contained_svg_coloured_by_change(results):
     run = Store(results, readonly=True).load_run("last")
-    graphs = flamegraph.graphs(run, "native", {"native": "native", "vm:tcg": "vm:tcg"})
+    graphs = flamegraph.graphs(profile.run_cells(run)[0], "native",
+                               {"native": "native", "vm:tcg": "vm:tcg"})
     assert [g.label.split(" · ")[0] for g in graphs] == ["native", "vm:tcg"]
     native, tcg = graphs
     assert native.diff_svg is None and tcg.baseline.startswith("native")
@@ -165,7 +166,7 @@ def test_the_differential_graph_colours_by_cpu_time_added_per_unit_of_work(tmp_p
     store.finish_run(run, "done")
     store.close()
     loaded = Store(path, readonly=True).load_run("last")
-    _, tcg = flamegraph.graphs(loaded, "native", {})
+    _, tcg = flamegraph.graphs(profile.run_cells(loaded)[0], "native", {})
     clone3 = re.search(r"<title>clone3 — [^<]*</title><rect [^>]*fill=\"(rgb\([^)]*\))\"",
                        tcg.diff_svg)
     assert clone3 and clone3.group(1).startswith("rgb(255,"), "clone3 drawn as less"

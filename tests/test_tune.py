@@ -668,9 +668,10 @@ def test_a_tune_runs_report_counts_the_runs_each_cell_had(tmp_path):
 
     store = Store(tmp_path)
     run = store.load_run(_raced_search(store, np.random.default_rng(5)))
-    assert html.measured_runs(run) == ("3 to 9 measured runs (3 fixed, more where the run's "
-                                       "adaptive rule asked)")
-    page = html.render_html([html.build(analyse(run))])
+    model = analyse(run)
+    assert model.measured == ("3 to 9 measured runs (3 fixed, more where the run's "
+                              "adaptive rule asked)")
+    page = html.render_html([html.build(model)])
     assert "3 to 9 measured runs" in page and "3 measured runs per cell" not in page
 
 

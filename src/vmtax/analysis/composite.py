@@ -269,14 +269,10 @@ def standings(summary: RunSummary) -> dict[str, list[Standing]]:
             for ci in composite(summary) if ci.cls != OVERALL}
 
 
-def to_json(summary: RunSummary) -> dict:
-    """What `show --json` and `composite --json` carry: per class each target's index
-    with its interval and the recommendation, then the suspicious wins explained."""
-    return json_of(summary.baseline, composite(summary), explanations(summary))
-
-
 def json_of(baseline: str, classes: list[ClassIndex], lines: list[str]) -> dict:
-    """to_json's document of what composite() and explanations() gave."""
+    """What `show --json` and `composite --json` carry of what composite() and
+    explanations() gave: per class each target's index with its interval and the
+    recommendation, then the suspicious wins explained."""
     return {"baseline": baseline, "classes": [asdict(c) for c in classes],
             "explanations": lines}
 

@@ -1,19 +1,43 @@
 """One stored run, analysed once: the model every view of a run renders (the terminal's
-headline, the HTML report), so that no renderer calls analysis again and every view shows
-the same numbers."""
+headline, the HTML report, Markdown), so that no renderer calls analysis again and every
+view shows the same numbers; and two runs compared once (RunComparison), as the HTML
+report shows B against A."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from vmtax.analysis import composite, profile
 from vmtax.analysis import summary as analysis
 from vmtax.analysis import tune as tuning
 from vmtax.analysis.composite import ClassIndex, Standing
-from vmtax.analysis.summary import Cell, Row, RunSummary
+from vmtax.analysis.profile import CellProfile
+from vmtax.analysis.summary import Cell, CompareRow, Row, RunSummary
+from vmtax.core.errors import VmtaxError
+from vmtax.results import study_records as records
+from vmtax.results.study_records import BootStart, DensityPoint
 from vmtax.results.store import Run
+
+
+@dataclass(frozen=True)
+class StudyRecords:
+    """What a density or boot study stored instead of repetitions, read once for its
+    figures (empty for any other run)."""
+    # Metric (records.USED_DELTA, records.PSS_TOTAL) -> its value at each density step.
+    density: dict[str, list[DensityPoint]]
+    starts: list[BootStart]              # every milestone of every cold start
+
+
+def study_records(run: Run) -> StudyRecords:
+    # A run of workloads (most runs) has none to read.
+    if not any(rep.workload in (records.DENSITY, records.BOOT) for rep in run.reps):
+        return StudyRecords({}, [])
+    return StudyRecords({metric: records.density_points(run, metric)
+                         for metric in (records.USED_DELTA, records.PSS_TOTAL)},
+                        records.boot_starts(run))
 
 
 @dataclass
@@ -33,6 +57,10 @@ class RunModel:
     # Per target, its lowest-ratio classified metric among those told apart from the
     # baseline (a 95% CI wholly below 1); a target with none is absent.
     worst: dict[str, tuple[Row, Cell]]
+    # Its profiled cells (--collect profile): the report's flame graphs.
+    profiles: list[CellProfile]
+    records: StudyRecords
+    measured: str                        # how many measured runs each cell had (measured_runs)
     # A `vmtax tune` stage's verdicts (its forest plot); None: not a tune run.
     tune: tuning.TuneSummary | None = None
 
@@ -57,12 +85,76 @@ def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
     store the run's flags)."""
     summary = summary or analysis.summarize_run(run)
     others = [t for t in summary.targets if t != summary.baseline]
+    profiled = profile.run_cells(run)[0]
     return RunModel(run=run, summary=summary, headline=analysis.headline(summary.rows),
                     classes=composite.composite(summary) if others else [],
                     explained=composite.explained(summary),
                     standings=_contenders(run, composite.standings(summary)),
-                    hypotheses=profile.top_hypotheses(run), worst=_worst(summary),
+                    hypotheses=profile.top_hypotheses(profiled), worst=_worst(summary),
+                    profiles=profiled, records=study_records(run), measured=measured_runs(run),
                     tune=tuning.summarize_stage(run) if tuning.is_tune_run(run) else None)
+
+
+@dataclass
+class RunComparison:
+    """Run B against run A, metric by metric, as `vmtax compare A B` judges it."""
+    a: str
+    b: str
+    rows: list[CompareRow]
+    alpha: float
+    noise_floor: float
+    method: str
+    # rows split: the secondary ones (a fixed time's total, a fairness spread) are shown
+    # only on request.
+    primary: list[CompareRow]
+    secondary: list[CompareRow]
+
+    @property
+    def swept(self) -> set[str]:
+        """Workloads compared in several configurations: only their rows name them."""
+        configs: dict[str, set[str]] = {}
+        for row in self.rows:
+            configs.setdefault(row.workload, set()).add(repr(sorted(row.params.items())))
+        return {w for w, c in configs.items() if len(c) > 1}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row.comparison.verdict] = counts.get(row.comparison.verdict, 0) + 1
+        return counts
+
+
+def compare(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
+            method: Literal["holm", "bh"] = "bh") -> RunComparison | None:
+    """B against A on every target they share; None when they share no metric."""
+    pairs = [(a, t, b, t) for t in a.targets if t in b.targets]
+    if not pairs:
+        return None
+    try:
+        rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor,
+                                        method=method)
+    except VmtaxError:      # nothing in common: the runs are shown side by side only
+        return None
+    secondary = [analysis.is_secondary(row.workload, row.metric) for row in rows]
+    return RunComparison(a.id, b.id, rows, alpha, noise_floor, method,
+                         primary=[row for row, s in zip(rows, secondary) if not s],
+                         secondary=[row for row, s in zip(rows, secondary) if s])
+
+
+def measured_runs(run: Run) -> str:
+    """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
+    (--runs auto, tune's racing) added some, the range stored."""
+    planned = run.plan.get("runs", "?")
+    attempts: dict[tuple, int] = {}
+    for r in run.reps:
+        if r.phase == "measure":
+            key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))
+            attempts[key] = attempts.get(key, 0) + 1
+    if isinstance(planned, int) and attempts and max(attempts.values()) > planned:
+        return (f"{min(attempts.values())} to {max(attempts.values())} measured runs "
+                f"({planned} fixed, more where the run's adaptive rule asked)")
+    return f"{planned} measured run{'' if planned == 1 else 's'}"
 
 
 def _contenders(run: Run, standings: dict[str, list[Standing]]) -> dict[str, list[Standing]]:

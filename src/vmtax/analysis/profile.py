@@ -336,11 +336,11 @@ def hints(cell: CellProfile, least: float = HINT_LEAST) -> list[str]:
             for text, share in hint_shares(cell) if share >= least]
 
 
-def top_hypotheses(run: Run) -> dict[str, str]:
-    """Per target, the hypothesis its profiled cells support most (HINT_LEAST applies),
-    with the share and the workload it was read from."""
+def top_hypotheses(cells: list[CellProfile]) -> dict[str, str]:
+    """Per target, the hypothesis its profiled cells (run_cells) support most (HINT_LEAST
+    applies), with the share and the workload it was read from."""
     best: dict[str, tuple[float, str]] = {}
-    for cell in run_cells(run)[0]:
+    for cell in cells:
         for text, share in hint_shares(cell)[:1]:
             if share >= HINT_LEAST and share > best.get(cell.target, (0.0, ""))[0]:
                 best[cell.target] = (share, f"perhaps {text}: {share:.1f}% of its host "

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmtax.analysis import summary as analysis
+from vmtax.analysis.summary import RunSummary
 from vmtax.results.store import Run
 
 
@@ -43,12 +44,14 @@ class SpreadRow:
                 "min": self.low, "max": self.high}
 
 
-def spread(per_host: dict[str, Run]) -> list[SpreadRow]:
+def spread(per_host: dict[str, Run],
+           summaries: dict[str, RunSummary] | None = None) -> list[SpreadRow]:
     """Per headline metric and non-baseline target, its ratio on every host and their
-    spread: each host's run summarized as `vmtax show` does (analysis.summarize_run)."""
+    spread: each host's run summarized as `vmtax show` does (analysis.summarize_run), or
+    as summaries has it already (per host)."""
     rows: dict[tuple, SpreadRow] = {}
     for name, run in per_host.items():
-        summary = analysis.summarize_run(run)
+        summary = summaries[name] if summaries else analysis.summarize_run(run)
         for row in analysis.headline(summary.rows):
             for target, cell in row.cells.items():
                 if target == summary.baseline:

@@ -63,6 +63,11 @@ class Row:
     unit: str
     higher_is_better: bool
     cells: dict[str, Cell]                  # target -> cell
+    # Set by summarize_run from the workload's manifest, so a view reads them off the row:
+    # shown only on request (a fixed time's total, a fairness spread; is_secondary), and
+    # its workload configuration's headline (headline()).
+    secondary: bool = False
+    headline: bool = False
 
     @property
     def key(self) -> str:
@@ -89,7 +94,12 @@ class RunSummary:
     baseline_bare_host: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # A row's secondary and headline marks are the manifest's, which a reader of the
+        # JSON has: the document is the rows' measurements.
+        doc = asdict(self)
+        for row in doc["rows"]:
+            del row["secondary"], row["headline"]
+        return doc
 
 
 def _varying(reps: list[Rep]) -> set[str]:
@@ -301,7 +311,10 @@ def summarize_run(run: Run, baseline: str | None = None,
                 cell.flags += _workload_flags(workload, metric_key, reps)
                 cells[t] = cell
             rows.append(Row(workload, json.loads(shown_key), metric.name,
-                            dict(metric.dimensions), metric.unit, hib, cells))
+                            dict(metric.dimensions), metric.unit, hib, cells,
+                            secondary=secondary))
+    for row in headline(rows):
+        row.headline = True
 
     failures = [{"target": r.target, "workload": r.workload, "params": r.params,
                  "phase": r.phase, "idx": r.idx, "status": r.status, "error": r.error}

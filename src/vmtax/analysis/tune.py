@@ -295,6 +295,16 @@ class TuneSummary:
                 for e in (control.effects if control else [])
                 if math.isfinite(e.gain.low) and math.isfinite(e.gain.high)}
 
+    @property
+    def control_text(self) -> str:
+        """What the A-vs-A control says of the verdicts (control_note), as views print it."""
+        return control_note(self)
+
+    @property
+    def tuned_text(self) -> str:
+        """The tuned configuration as views print it: "vcpus=2, hugepages=on"."""
+        return ", ".join(knob_label(k, v) for k, v in self.tuned.items())
+
     def resolution_text(self) -> str:
         """resolution() said: "CPU ±7.1%, memory ±3.0%" ("" without a control interval)."""
         return ", ".join(f"{group} ±{half:.1%}" for group, half in self.resolution().items())

@@ -35,9 +35,11 @@ def composite_command(run_id, baseline, as_json, results) -> None:
         raise VmtaxError(f"--baseline: expected a target of run {run.id} "
                          f"({', '.join(names)}), got {baseline!r}")
     summary = analysis.summarize_run(run, baseline)
+    classes, explanations = composite.composite(summary), composite.explanations(summary)
     if as_json:
-        click.echo(json.dumps({"run": run.id, **composite.to_json(summary)}, indent=2))
+        click.echo(json.dumps({"run": run.id, **composite.json_of(summary.baseline, classes,
+                                                                  explanations)}, indent=2))
     else:
         from vmtax.report.composite_table import print_composite
 
-        print_composite(Console(), summary)
+        print_composite(Console(), summary, classes, explanations)

@@ -77,15 +77,16 @@ def diff(a, b, top, results, as_json) -> None:
     """Functions whose CPU time per unit of work rose from A to B (runs or RUN:TARGET
     cells of the same workload), the most added first; by share where the work is unknown."""
     store = Store(results, readonly=True)
-    pairs = profile.pair(profile.cells(store, a)[0], profile.cells(store, b)[0])
+    diffs = [(x, y, profile.diff(x, y)[:top])
+             for x, y in profile.pair(profile.cells(store, a)[0], profile.cells(store, b)[0])]
     if as_json:
         click.echo(json.dumps({"pairs": [
             {"a": profile.as_json(x, top), "b": profile.as_json(y, top),
              "unit": y.work_unit, "total_us_per_unit": {"a": x.total_per_unit,
                                                          "b": y.total_per_unit},
-             "rose": [asdict(c) for c in profile.diff(x, y)[:top]]}
-            for x, y in pairs]}, indent=2))
+             "rose": [asdict(c) for c in rose]}
+            for x, y, rose in diffs]}, indent=2))
         return
     from vmtax.report import profile_tables
 
-    profile_tables.print_diff(out, pairs, top)
+    profile_tables.print_diff(out, diffs)

@@ -12,7 +12,7 @@ from vmtax.core import hints, paths
 from vmtax.cli.main import same_run
 from vmtax.core.errors import VmtaxError
 from vmtax.report import export as export_mod
-from vmtax.analysis.model import analyse
+from vmtax.analysis.model import RunModel, analyse, compare
 from vmtax.results.store import IMPORTED, Run, Store
 
 # Paths are plain click.Path(): writing them reports a bad one as vmtax's usual one-line
@@ -81,15 +81,19 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     runs = loaded
     per_host = _per_host(store, runs[0]) if len(runs) == 1 else None
     spread = None
+    models: list[tuple[RunModel, str | None]]    # each run's model, its fleet host's name
+    # Analysis first, each run once (and two runs' comparison once), then only rendering.
     if per_host:
         from vmtax.analysis.spread import spread as spread_of
 
-        reports = [htmlreport.build(analyse(run), host=name) for name, run in per_host.items()]
-        spread = spread_of(per_host)
+        by_host = {name: analyse(run) for name, run in per_host.items()}
+        spread = spread_of(per_host, {name: model.summary for name, model in by_host.items()})
+        models = [(model, name) for name, model in by_host.items()]
     else:
-        reports = [htmlreport.build(analyse(run)) for run in runs]
+        models = [(analyse(run), None) for run in runs]
     # Two runs: the second against the first, metric by metric, as `vmtax compare` does.
-    comparison = htmlreport.compare_runs(runs[0], runs[1]) if len(runs) == 2 else None
+    comparison = compare(runs[0], runs[1]) if len(runs) == 2 else None
+    reports = [htmlreport.build(model, host=name) for model, name in models]
     export_mod.write_file(html_path,
                           htmlreport.render_html(reports, comparison, spread).encode())
     written = 0
@@ -110,7 +114,10 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
 def _markdown(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     from vmtax.report import markdown
 
-    return markdown.render(run, per_host)
+    if per_host:
+        return markdown.render_fleet(run.id, {host: analyse(host_run)
+                                              for host, host_run in per_host.items()})
+    return markdown.render(analyse(run))
 
 
 FORMATS = {"csv": export_mod.to_csv, "json": export_mod.to_json, "jsonl": export_mod.to_jsonl,

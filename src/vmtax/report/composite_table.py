@@ -7,13 +7,15 @@ from rich.console import Console
 from rich.table import Table
 
 from vmtax.analysis import composite
+from vmtax.analysis.composite import ClassIndex
 from vmtax.analysis.summary import RunSummary
 from vmtax.report import terminal as report
 
 
-def print_composite(console: Console, summary: RunSummary) -> None:
-    """The composite index per class and target, then the recommendations."""
-    classes = composite.composite(summary)
+def print_composite(console: Console, summary: RunSummary, classes: list[ClassIndex],
+                    explanations: list[str]) -> None:
+    """The composite index per class and target (classes: composite.composite), then the
+    recommendations and the suspicious wins explained (composite.explanations)."""
     if not classes:
         console.print("no workload of this run has a ratio to the baseline in a class")
         return
@@ -39,5 +41,5 @@ def print_composite(console: Console, summary: RunSummary) -> None:
         console.print(ci.recommendation)
         for why in ci.skipped if ci.cls != composite.OVERALL else []:
             console.print(f"  not counted: {why}")
-    for line in composite.explanations(summary):
+    for line in explanations:
         console.print(f"suspicious win: {line}")

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from html import escape
 
 from vmtax.analysis import profile
-from vmtax.results.store import Run
 
 FRAME_HEIGHT = 16
 FONT_SIZE = 11
@@ -235,10 +234,11 @@ def per_unit(a: profile.CellProfile, b: profile.CellProfile) -> PerUnit | None:
     return PerUnit(sa * 1e6, sb * 1e6, b.unit)
 
 
-def graphs(run: Run, baseline: str | None, labels: dict[str, str]) -> list[ProfileGraph]:
-    """One graph per profiled cell of the run, differential against the baseline target's
-    cell of the same workload and parameters when it was profiled too."""
-    cells = profile.run_cells(run)[0]
+def graphs(cells: list[profile.CellProfile], baseline: str | None,
+           labels: dict[str, str]) -> list[ProfileGraph]:
+    """One graph per profiled cell of a run (analysis.profile.run_cells), differential
+    against the baseline target's cell of the same workload and parameters when it was
+    profiled too."""
     base = {(c.workload, repr(sorted(c.params.items()))): c for c in cells
             if c.target == baseline}
     found = []

@@ -2,17 +2,18 @@
 table of every metric, fingerprints and failures of one or more stored runs.
 
 Everything shown comes from one analysis of each run (`analysis.model.analyse`), like the
-terminal table and `vmtax show --json`, so the three always agree. The page has no scripts and loads
+terminal table and `vmtax show --json`, so the three always agree, and two runs' comparison
+from one `analysis.model.compare`: this module only renders them, it computes nothing of
+analysis's again. The page has no scripts and loads
 nothing: it opens offline and can be mailed as one file.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 
@@ -21,9 +22,9 @@ from vmtax.analysis import composite
 from vmtax.analysis import stats
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.composite import Standing
-from vmtax.analysis.model import RunModel
+from vmtax.analysis.model import RunComparison, RunModel
+from vmtax.analysis.profile import CellProfile
 from vmtax.analysis.summary import Cell, Row, RunSummary
-from vmtax.core.errors import VmtaxError
 from vmtax.core.text import bracket
 from vmtax.report import flamegraph, plots
 from vmtax.report import terminal as report
@@ -104,22 +105,8 @@ class RunReport:
     explained: dict[str | None, list[str]] = field(default_factory=dict)
     # Per profiled target, its profile's strongest hypothesis of where the time goes.
     hypotheses: dict[str, str] = field(default_factory=dict)
-    measured: str = ""                    # "3 measured runs" per cell (measured_runs)
-
-
-def measured_runs(run: Run) -> str:
-    """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
-    (--runs auto, tune's racing) added some, the range stored."""
-    planned = run.plan.get("runs", "?")
-    attempts: dict[tuple, int] = {}
-    for r in run.reps:
-        if r.phase == "measure":
-            key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))
-            attempts[key] = attempts.get(key, 0) + 1
-    if isinstance(planned, int) and attempts and max(attempts.values()) > planned:
-        return (f"{min(attempts.values())} to {max(attempts.values())} measured runs "
-                f"({planned} fixed, more where the run's adaptive rule asked)")
-    return f"{planned} measured run{'' if planned == 1 else 's'}"
+    profiles: list[CellProfile] = field(default_factory=list)   # the flame graphs' cells
+    measured: str = ""                    # "3 measured runs" per cell (RunModel.measured)
 
 
 def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunReport:
@@ -133,19 +120,20 @@ def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunR
     for cls, line in model.explained:
         explained.setdefault(cls, []).append(line)
     per_metric = _paired(plots.charts(summary, labels)) if charts else []
-    own = plots.run_charts(run, labels, model.tune) if charts else []
+    own = plots.run_charts(run, labels, model.records, model.tune) if charts else []
     return RunReport(run=run, summary=summary, labels=labels,
                      colors=plots.target_colors(summary),
                      # E4's density and start-up figures after the metrics'; tune's forest
                      # plot, its answer, first.
                      charts=(own + per_metric if model.tune is not None else per_metric + own),
-                     measured=measured_runs(run),
+                     measured=model.measured,
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
                      flags_line=report.flags_line(model.headline, quiet.during(run.host)),
                      host=host,
                      composite=model.classes if len(summary.targets) > 1 else [],
-                     explained=explained, hypotheses=model.hypotheses)
+                     explained=explained, hypotheses=model.hypotheses,
+                     profiles=model.profiles)
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
@@ -155,46 +143,6 @@ def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
     return [c for _, _, c in sorted(
         (after.get(c.slug.removesuffix("-repetitions"), i) if c.slug.endswith("-repetitions")
          else i, i, c) for i, c in enumerate(charts))]
-
-
-@dataclass
-class RunComparison:
-    """Run B against run A, metric by metric, as `vmtax compare A B` judges it."""
-    a: str
-    b: str
-    rows: list[analysis.CompareRow]
-    alpha: float
-    noise_floor: float
-    method: str
-
-    @property
-    def swept(self) -> set[str]:
-        """Workloads compared in several configurations: only their rows name them."""
-        configs: dict[str, set[str]] = {}
-        for row in self.rows:
-            configs.setdefault(row.workload, set()).add(repr(sorted(row.params.items())))
-        return {w for w, c in configs.items() if len(c) > 1}
-
-    @property
-    def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for row in self.rows:
-            counts[row.comparison.verdict] = counts.get(row.comparison.verdict, 0) + 1
-        return counts
-
-
-def compare_runs(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
-                 method: Literal["holm", "bh"] = "bh") -> RunComparison | None:
-    """B against A on every target they share; None when they share no metric."""
-    pairs = [(a, t, b, t) for t in a.targets if t in b.targets]
-    if not pairs:
-        return None
-    try:
-        rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor,
-                                        method=method)
-    except VmtaxError:      # nothing in common: the runs are shown side by side only
-        return None
-    return RunComparison(a.id, b.id, rows, alpha, noise_floor, method)
 
 
 def pct(ratio: float) -> str:
@@ -243,7 +191,6 @@ _ENV.filters["change"] = change
 _ENV.filters["bracket"] = bracket
 _ENV.filters["bounds"] = lambda i: bracket(i.interval, report.fmt(i.ci_low), report.fmt(i.ci_high))
 _ENV.tests["finite"] = math.isfinite
-_ENV.tests["secondary"] = lambda row: analysis.is_secondary(row.workload, row.metric)
 
 
 def render_html(reports: list[RunReport], comparison: RunComparison | None = None,
@@ -254,7 +201,7 @@ def render_html(reports: list[RunReport], comparison: RunComparison | None = Non
             for i, r in enumerate(reports) for c in r.charts}
     return _ENV.get_template("report.html.j2").render(
         reports=reports, svgs=svgs, comparison=comparison, spread=spread,
-        flames={i: flamegraph.graphs(r.run, r.summary.baseline, r.labels)
+        flames={i: flamegraph.graphs(r.profiles, r.summary.baseline, r.labels)
                 for i, r in enumerate(reports)},
         version=__version__,
         generated=when(time.time()),

@@ -12,10 +12,9 @@ from __future__ import annotations
 import re
 
 from vmtax.analysis import composite
-from vmtax.analysis.model import analyse
+from vmtax.analysis.model import RunModel
 from vmtax.core.text import printable
 from vmtax.report import terminal
-from vmtax.results.store import Run
 
 # What Markdown (GitHub's included) would read as markup, a cell's end or HTML; a bracket
 # only where it would close a link's text (intervals keep their plain brackets).
@@ -31,9 +30,8 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _run(run: Run, heading: str) -> list[str]:
-    model = analyse(run)
-    summary = model.summary
+def _run(model: RunModel, heading: str) -> list[str]:
+    run, summary = model.run, model.summary
     others = [t for t in summary.targets if t != summary.baseline]
     names = [summary.baseline, *others]
     lines = [f"{heading} {_md(terminal._title(run))}", "",
@@ -63,11 +61,14 @@ def _run(run: Run, heading: str) -> list[str]:
     return lines + [f"- {_md(line)}" for line in said] + ([""] if said else [])
 
 
-def render(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
-    """The run, or each host's run of its fleet run set, as Markdown."""
-    if not per_host:
-        return "\n".join(_run(run, "###")).encode()
-    lines = [f"## {_md(f'fleet run {run.id}')}", ""]
-    for host, host_run in per_host.items():
-        lines += _run(host_run, f"### {_md(host)}:")
+def render(model: RunModel) -> bytes:
+    """The run (analysis.model.analyse) as Markdown."""
+    return "\n".join(_run(model, "###")).encode()
+
+
+def render_fleet(run_id: str, per_host: dict[str, RunModel]) -> bytes:
+    """Each host's run of a fleet run set as Markdown."""
+    lines = [f"## {_md(f'fleet run {run_id}')}", ""]
+    for host, host_model in per_host.items():
+        lines += _run(host_model, f"### {_md(host)}:")
     return "\n".join(lines).encode()

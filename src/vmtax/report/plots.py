@@ -19,6 +19,7 @@ from typing import Any
 
 import matplotlib
 
+from vmtax.analysis.model import StudyRecords
 from vmtax.analysis.summary import RunSummary
 from vmtax.analysis.tune import TuneSummary
 # The figure machinery and the builders live in modules of their own; their names used
@@ -49,8 +50,10 @@ def charts(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     return made
 
 
-def run_charts(run: Any, labels: dict[str, str],
+def run_charts(run: Any, labels: dict[str, str], records: StudyRecords,
                tune: TuneSummary | None = None) -> list[Chart]:
-    """Figures drawn from a stored run itself rather than its summary (E4), and a tune
-    stage's (tune: its verdicts, RunModel.tune)."""
-    return [*density_memory(run, labels), *boot_ecdf(run, labels), *tune_forest(tune, labels)]
+    """Figures drawn from what a study stored instead of repetitions (E4: records, read
+    by analysis.model.study_records), and a tune stage's (tune: its verdicts,
+    RunModel.tune)."""
+    return [*density_memory(run, labels, records.density), *boot_ecdf(records.starts, labels),
+            *tune_forest(tune, labels)]

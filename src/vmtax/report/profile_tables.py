@@ -56,14 +56,15 @@ def print_cells(out: Console, found: list[profile.CellProfile], missing: list[st
         out.print(escape(line))
 
 
-def print_diff(out: Console, pairs: list[tuple[profile.CellProfile, profile.CellProfile]],
-               top: int) -> None:
-    """Per pair of cells, the functions whose CPU time per unit of work rose, A to B."""
-    for x, y in pairs:
+def print_diff(out: Console, diffs: list[tuple[profile.CellProfile, profile.CellProfile,
+                                                 list[profile.Change]]]) -> None:
+    """Per pair of cells, the functions whose CPU time per unit of work rose, A to B
+    (profile.diff's top ones)."""
+    for x, y, rose in diffs:
         table = _table(f"{escape(x.label)} → {escape(y.label)}: CPU µs per "
                        f"{escape(y.unit)}",
                        ["function", "DSO", "A %", "B %", "A µs", "B µs", "added µs"])
-        for change in profile.diff(x, y)[:top]:
+        for change in rose:
             table.add_row(escape(change.function), escape(change.dso), _pct(change.share_a),
                           _pct(change.share_b), _num(change.per_unit_a),
                           _num(change.per_unit_b), _num(change.added))

@@ -15,7 +15,7 @@ import html
 from pathlib import Path
 
 from vmtax.analysis.history import Trend
-from vmtax.analysis.model import analyse
+from vmtax.analysis.model import analyse, compare
 from vmtax.report import export as export_mod
 from vmtax.report import html as htmlreport
 from vmtax.report import trend_html
@@ -100,4 +100,4 @@ def _compare_page(store: Store, path: Path, before: str, after: str) -> None:
     a, b = store.load_run(before), store.load_run(after)
     export_mod.write_file(path, htmlreport.render_html(
         [htmlreport.build(analyse(a)), htmlreport.build(analyse(b))],
-        htmlreport.compare_runs(a, b)).encode())
+        compare(a, b)).encode())

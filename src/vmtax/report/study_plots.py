@@ -26,10 +26,11 @@ def _run_colors(targets: list[str]) -> dict[str, str]:
     return dict(zip(targets, cycle(PALETTE)))
 
 
-def _density_lines(run: Any, metric: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
+def _density_lines(points: list[records.DensityPoint]
+                   ) -> dict[tuple[str, str], list[tuple[float, float]]]:
     """(target, KSM on|off) -> [(instances, value)] of a density run's steps."""
     lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for point in records.density_points(run, metric):
+    for point in points:
         lines.setdefault((point.target, point.ksm), []).append((point.instances, point.value))
     return {key: sorted(points) for key, points in lines.items()}
 
@@ -55,14 +56,15 @@ def _density_figure(title: str, ylabel: str,
     return fig
 
 
-def density_memory(run: Any, labels: dict[str, str]) -> list[Chart]:
+def density_memory(run: Any, labels: dict[str, str],
+                   steps: dict[str, list[records.DensityPoint]]) -> list[Chart]:
     """Host used memory (delta) against the instance count, and PSS per instance: one
-    line per target and KSM setting."""
-    used = _density_lines(run, records.USED_DELTA)
+    line per target and KSM setting (steps: each metric's points, analysis.model.study_records)."""
+    used = _density_lines(steps.get(records.USED_DELTA, []))
     if not used:
         return []
     pss = {key: [(n, v / n) for n, v in points if n > 0]
-           for key, points in _density_lines(run, records.PSS_TOTAL).items()}
+           for key, points in _density_lines(steps.get(records.PSS_TOTAL, [])).items()}
     # Containers measured with KSM on: why their lines do not move.
     note = unmarked_note([run.targets.get(t, {}).get("kind", "") for t, on in used
                           if on == "on"], str(run.host.get("kernel", "")))
@@ -81,11 +83,11 @@ def density_memory(run: Any, labels: dict[str, str]) -> list[Chart]:
                                   pss, labels))]
 
 
-def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
+def boot_ecdf(starts: list[records.BootStart], labels: dict[str, str]) -> list[Chart]:
     """Cold-start times as empirical CDFs: one line per target, to ready (solid) and to
     the first HTTP answer (dashed)."""
     times: dict[tuple[str, str], list[float]] = {}
-    for start in records.boot_starts(run):
+    for start in starts:
         times.setdefault((start.target, start.milestone), []).append(start.seconds)
     if not times:
         return []
@@ -171,7 +173,7 @@ def tune_forest(summary: tuning.TuneSummary | None, labels: dict[str, str]) -> l
                           summary.tax_recovered.items() if value is not None)
     caption = (f"Each knob value's gain over the baseline {summary.baseline} (positive: "
                f"faster), verdicts adjusted ({summary.method}) over every comparison of the "
-               f"search; {tuning.control_note(summary)}."
+               f"search; {summary.control_text}."
                + (f" Tax recovered by the combination, (tuned − baseline) / (native − "
                   f"baseline): {recovered}." if recovered else ""))
     return [Chart("tune-forest", title, caption, fig), *_tax_recovered(summary)]
@@ -196,7 +198,7 @@ def _tax_recovered(summary: tuning.TuneSummary) -> list[Chart]:
         ax.grid(False, axis="y")
         fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
                      fontweight=STYLE["axes.titleweight"])
-    tuned = ", ".join(tuning.knob_label(k, v) for k, v in summary.tuned.items())
+    tuned = summary.tuned_text
     return [Chart("tune-tax-recovered", title,
                   f"(tuned − baseline) / (native − baseline) of each class's primary metric "
                   f"medians, the tuned configuration being {tuned}.", fig)]

@@ -11,7 +11,6 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from vmtax.analysis import summary as analysis
 from vmtax.analysis.summary import Row, RunSummary
 from vmtax.core import figures
 from vmtax.core import workload as workloads
@@ -29,7 +28,7 @@ def normalized_bars(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
         # swept ones get line plots instead; secondary ones (a fixed time's total) say
         # nothing of the targets
         if (not row.params and not _declared(row.workload)
-                and not analysis.is_secondary(row.workload, row.metric)):
+                and not row.secondary):
             by_workload.setdefault(row.workload, []).append(row)
     colors = target_colors(summary)
     charts = []
@@ -119,8 +118,8 @@ def distributions(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
     """Per workload, every repetition of its primary metric(s), one strip per target, in
     the metric's own unit: the spread behind each median and ratio, outliers included."""
     by_workload: dict[str, list[Row]] = {}
-    for row in analysis.headline(summary.rows):
-        if not row.params and not _declared(row.workload):
+    for row in summary.rows:
+        if row.headline and not row.params and not _declared(row.workload):
             by_workload.setdefault(row.workload, []).append(row)
     colors = target_colors(summary)
     charts = []

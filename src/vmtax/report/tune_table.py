@@ -70,9 +70,9 @@ def print_summary(out: Console, summary: tuning.TuneSummary) -> None:
         out.print(f"[dim]{UNADJUSTED} its interval excludes 0, but the change is not "
                   f"significant once adjusted for the {len(effects)} comparisons above, or "
                   "racing stopped it early as no win[/dim]")
-    out.print(escape(tuning.control_note(summary)))
+    out.print(escape(summary.control_text))
     if summary.combined_run is not None:
-        tuned = ", ".join(tuning.knob_label(k, v) for k, v in summary.tuned.items())
+        tuned = summary.tuned_text
         out.print(f"\ncombined ({escape(tuned)}) against {escape(summary.baseline)}: "
                   + "; ".join(f"{escape(_column(e, several))} {_effect(e)}"
                               for e in summary.vs_baseline))
