@@ -211,18 +211,15 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     them) per host."""
     per_host = _runs(store, name, since, until)
     by_id = {r.id: r for runs in per_host.values() for r in runs}
-    # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values:
-    # rows as stored, decoded once per key, not once per repetition.
-    values: dict[tuple, list[float]] = defaultdict(list)
+    # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values.
+    values = {key: vals for key, vals in store.named_values(
+                  name, metrics or _headline_names(store.named_workloads(name))).items()
+              if key[0] in by_id and not (targets and key[1] not in targets)}
     configs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     firsts: dict[tuple[str, str, str, str], str] = {}
-    for row in store.named_values(name, metrics or _headline_names(store.named_workloads(name))):
-        run_id, target, workload, params, metric_name, value, *kind = tuple(row)
-        if run_id not in by_id or (targets and target not in targets):
-            continue
+    for run_id, target, workload, params, metric_name, *_ in values:
         configs[(run_id, target, workload)].add(params)
         firsts.setdefault((run_id, target, workload, params), metric_name)
-        values[(run_id, target, workload, params, metric_name, *kind)].append(value)
     found: dict[tuple, Series] = {}
     headline = functools.cache(analysis.is_headline)
     # The same few parameter and dimension strings recur in every run: decoded once each
