@@ -31,6 +31,7 @@ together (series × metrics), as `compare` does.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -83,17 +84,20 @@ class Detection:
         return list(zip(bounds[:-1], bounds[1:]))
 
 
+@functools.lru_cache(maxsize=32)   # a trend's series are mostly of one length
 def _intervals(n: int, min_segment: int, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Candidate stretches [i, j) that differ from the rest: at least `min_segment` points
     inside and outside, and each outside piece empty or at least `min_segment` long; i = 0
     or j = n is a single change, others a change and its recovery. `step` thins the grid
-    of ends for long series."""
+    of ends for long series. Read-only: they are shared."""
     ends = np.unique(np.r_[np.arange(0, n + 1, step), n])
     i, j = np.meshgrid(ends, ends, indexing="ij")
     inside = j - i
     ok = ((inside >= min_segment) & (n - inside >= min_segment)
           & ((i == 0) | (i >= min_segment)) & ((j == n) | (n - j >= min_segment)))
-    return i[ok], j[ok]
+    i, j = i[ok], j[ok]
+    i.flags.writeable = j.flags.writeable = False
+    return i, j
 
 
 class _Stretches:
@@ -135,14 +139,10 @@ def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return cumulative[..., ends] - ends * (n + 1) / 2
 
 
-def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
-             rng: np.random.Generator) -> float:
-    """Is there a change in these points? Two rank statistics are each compared with the
-    same maximum over permuted orders: the largest over single changes (stretches that
-    touch an end), and over a change and its recovery (stretches inside); the smaller p,
-    Bonferroni-corrected for two. Either alone misses what the other sees: one step is
-    diluted among all stretches, a regression that recovered among single changes."""
-    n = len(ranks)
+@functools.lru_cache(maxsize=32)
+def _tests(n: int, min_segment: int) -> tuple[int, np.ndarray, list[_Stretches]]:
+    """What _p_value tests in n points: how many permutations a batch holds, the grid's
+    ends, and the stretches of each kind."""
     i, j = _intervals(n, min_segment, step=-(-n // _GRID))
     # Batches sized by every stretch, as before the mirrors were left out: the same batches
     # stop the test after the same permutations, so a series keeps its p-value.
@@ -151,7 +151,18 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     # same statistic).
     ends = np.unique(np.r_[i, j])
     single, inner = i == 0, (i > 0) & (j < n)
-    kinds = [_Stretches(ends, i[kind], j[kind], n) for kind in (single, inner) if kind.any()]
+    return batch, ends, [_Stretches(ends, i[kind], j[kind], n) for kind in (single, inner)
+                         if kind.any()]
+
+
+def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
+             rng: np.random.Generator) -> float:
+    """Is there a change in these points? Two rank statistics are each compared with the
+    same maximum over permuted orders: the largest over single changes (stretches that
+    touch an end), and over a change and its recovery (stretches inside); the smaller p,
+    Bonferroni-corrected for two. Either alone misses what the other sees: one step is
+    diluted among all stretches, a regression that recovered among single changes."""
+    batch, ends, kinds = _tests(len(ranks), min_segment)
     observed = np.array([kind.maxima(_centred_sums(ranks, ends)) for kind in kinds]) - 1e-12
     # Permutations in batches, stopping once every statistic saw _EXCEEDANCES arrangements
     # as extreme as the observed one (Besag & Clifford's sequential test: the p-value stays

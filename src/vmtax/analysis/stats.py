@@ -224,8 +224,10 @@ def _draws(seed: int, n_boot: int, first: int, second: int) -> tuple[np.ndarray,
 
 def _row_medians(samples: np.ndarray) -> np.ndarray:
     """np.median(samples, axis=1), bit for bit (the middle value, or the mean of the two
-    middle ones), for finite rows; sorting short rows is twice as fast as its partition."""
-    s = np.sort(samples, axis=1)
+    middle ones), for finite rows; sorting short rows is twice as fast as its partition.
+    Sorts samples in place (a long segment's replicates are tens of megabytes to copy)."""
+    samples.sort(axis=1)
+    s = samples
     half = s.shape[1] // 2
     return s[:, half] if s.shape[1] % 2 else (s[:, half - 1] + s[:, half]) / 2
 
@@ -415,6 +417,7 @@ def _t_sf(t: float, df: float) -> float:
     return 0.5 * _betainc(df / 2, 0.5, df / (df + t2), t2 / (df + t2))
 
 
+@functools.lru_cache(maxsize=64)   # a trend asks it again for every series of a length
 def t_isf(p: float, df: float) -> float:
     """The t with P(T > t) = p, 0 < p <= 0.5, for Student's t with df degrees of freedom:
     _t_sf inverted by bisection (it falls as t grows)."""
