@@ -222,13 +222,15 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
         firsts.setdefault((run_id, target, workload, params), metric_name)
     found: dict[tuple, Series] = {}
     headline = functools.cache(analysis.is_headline)
-    # The same few parameter and dimension strings recur in every run: decoded once each
+    # The same few parameter strings and metrics recur in every run: decoded once each
     # (each point still gets a dict of its own).
     decoded = functools.cache(json.loads)
     canonical = functools.cache(lambda params: json.dumps(json.loads(params), sort_keys=True))
+    described = functools.cache(lambda name, unit, higher_is_better, dims: Metric(
+        name, 0.0, unit, bool(higher_is_better), json.loads(dims)))
     for key, vals in values.items():
-        run_id, target, workload, params, metric_name, unit, higher_is_better, dims = key
-        metric = Metric(metric_name, 0.0, unit, bool(higher_is_better), decoded(dims))
+        run_id, target, workload, params = key[:4]
+        metric = described(*key[4:])
         metric_key = metric.key
         wanted = (metric.name in metrics or metric_key in metrics if metrics else
                   headline(workload, metric.name, firsts[key[:4]]))
