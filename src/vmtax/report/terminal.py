@@ -588,7 +588,8 @@ class _RunsTable:
                 for group, stand_in in zip(groups, stand_ins)):
             yield from console.render(_runs_table(self.rows, self.started), options)
             return
-        by_shape = dict(zip(shapes, groups))
+        by_shape = {shape: [_merged(line) for line in group]
+                    for shape, group in zip(shapes, groups)}
         for line in lines[:starts[0]] if starts else lines:
             yield from line
             yield Segment.line()
@@ -596,13 +597,27 @@ class _RunsTable:
             own = {re.sub(r"\S", _STAND_IN[key], row[key]): row[key] for key in _OWN}
             for line in by_shape[_shape(row)]:
                 for segment in line:
-                    if any(char in segment.text for char in _STAND_IN.values()):
+                    if segment.style is None and any(c in segment.text for c in _STAND_IN.values()):
                         text = segment.text
                         for stand_in, value in own.items():
                             text = text.replace(stand_in, value)
-                        segment = Segment(text, segment.style, segment.control)
+                        segment = Segment(text)
                     yield segment
                 yield Segment.line()
+
+
+def _merged(line: list[Segment]) -> list[Segment]:
+    """The line with each run of unstyled segments as one segment: printed alike (rich
+    writes no codes for them), and rich's work per segment done for a few, not dozens."""
+    merged: list[Segment] = []
+    for segment in line:
+        if segment.style or segment.control:
+            merged.append(segment)
+        elif merged and merged[-1].style is None and not merged[-1].control:
+            merged[-1] = Segment(merged[-1].text + segment.text)
+        else:
+            merged.append(Segment(segment.text))
+    return merged
 
 
 def _whole(lines: list[list[Segment]], stand_in: dict[str, str], started: bool) -> bool:
