@@ -4,10 +4,11 @@
 A store of N runs (default 400) of the classic plan (native, container, vm × cpu, threads,
 memory, fileio, mutex, 5 measured repetitions with every metric each workload declares),
 synthetic repetitions written through the Store, all named `nightly`, with a 10% step in
-vm's fileio at run 3N/4. Then the wall time of `vmtax runs`, `show last`, `compare` and
+vm's fileio at run 3N/4. Then the time of `vmtax runs`, `show last`, `compare` and
 `trend nightly`, each run as a user runs it (a new process: Python's start-up included),
-median of 3, wall and CPU time (goal: < 0.5 s each); and of `publish nightly` into a new
-directory, once (goal: < 60 s).
+median of 5, CPU and wall time with the host's load (goal: < 0.5 s each); and of `publish
+nightly` into a new directory, once (goal: < 60 s). The goals are judged on CPU time (user
++ system): on a shared host the wall time adds the waiting for a CPU, which the load says.
 """
 
 from __future__ import annotations
@@ -118,15 +119,17 @@ def main() -> None:
         fill(results, args.runs)
         print(f"   store filled in {time.perf_counter() - start:.0f} s")
         print(f"   host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        wall, cpu = timed("--version")
-        print(f"   {'vmtax --version':22} {wall:6.2f} s wall {cpu:6.2f} s CPU (start-up)")
+        wall, cpu = timed("--version", repeat=5)
+        print(f"   {'vmtax --version':22} {cpu:6.2f} s CPU {wall:6.2f} s wall (start-up)")
         for command in (["runs"], ["show", "last"], ["compare"], ["trend", "nightly"]):
-            wall, cpu = timed(*command, "--results", results)
-            print(f"   {'vmtax ' + ' '.join(command):22} {wall:6.2f} s wall {cpu:6.2f} s CPU"
-                  + ("" if wall < GOAL else f"  over the goal of {GOAL} s"))
+            wall, cpu = timed(*command, "--results", results, repeat=5)
+            print(f"   {'vmtax ' + ' '.join(command):22} {cpu:6.2f} s CPU {wall:6.2f} s wall"
+                  f" (load {os.getloadavg()[0]:.1f})"
+                  + ("" if cpu < GOAL else f"  over the goal of {GOAL} s"))
         wall, cpu = timed_publish(results)
-        print(f"   {'vmtax publish nightly':22} {wall:6.1f} s wall {cpu:6.1f} s CPU"
-              + ("" if wall < PUBLISH_GOAL else f"  over the goal of {PUBLISH_GOAL} s"))
+        print(f"   {'vmtax publish nightly':22} {cpu:6.1f} s CPU {wall:6.1f} s wall"
+              f" (load {os.getloadavg()[0]:.1f})"
+              + ("" if cpu < PUBLISH_GOAL else f"  over the goal of {PUBLISH_GOAL} s"))
     print()
 
 
