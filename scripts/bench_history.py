@@ -4,7 +4,10 @@
 A store of N runs (default 400) of the classic plan (native, container, vm × cpu, threads,
 memory, fileio, mutex, 5 measured repetitions with every metric each workload declares),
 synthetic repetitions written through the Store, all named `nightly`, with a 10% step in
-vm's fileio at run 3N/4. Then the time of `vmtax runs`, `show last`, `compare` and
+vm's fileio at run 3N/4. Each run stores as much as a real one: a warm-up repetition of
+each workload, fileio's prepare on each target, and each repetition's command line and
+sysbench's output (a recorded one: tests/fixtures/sysbench), which are most of a real
+store's bytes. Then the time of `vmtax runs`, `show last`, `compare` and
 `trend nightly`, each run as a user runs it (a new process: Python's start-up included),
 median of 5, CPU and wall time with the host's load (goal: < 0.5 s each); and of `publish
 nightly` into a new directory, once (goal: < 60 s). The goals are judged on CPU time (user
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +33,7 @@ from vmtax.core.types import Metric
 from vmtax.results.store import Store, StoreError
 
 VMTAX = [sys.executable, "-m", "vmtax"]
+OUTPUTS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sysbench" / "1.0.20"
 TARGETS = {"native": 1.0, "container": 0.97, "vm": 0.6}
 WORKLOADS = ("cpu", "threads", "memory", "fileio", "mutex")
 REPS = 5
@@ -52,6 +57,8 @@ def fill(results: str, runs: int, targets: dict[str, float] = TARGETS,
     store.db.execute("PRAGMA synchronous = OFF")   # a fixture: no need to survive a crash
     rng = np.random.default_rng(0)
     specs = {w: workloads.registered()[w].metrics for w in workload_names}
+    made = {w: workloads.registered()[w].make({"time": 2}) for w in workload_names}
+    outputs = {w: (OUTPUTS / f"{w}.txt").read_text() for w in workload_names}
     plan = {"name": "nightly", "runs": REPS, "warmup": 1, "time": 2, "baseline": "native",
             "targets": [{"name": t, "kind": t, "options": {}} for t in targets],
             "workloads": [{"name": w, "params": {}} for w in workload_names]}
@@ -62,16 +69,22 @@ def fill(results: str, runs: int, targets: dict[str, float] = TARGETS,
             store.set_target(run_id, target, target, {"bare_host": target == "native"})
             for workload in workload_names:
                 step = 0.9 if (target, workload) == ("vm", "fileio") and i >= 3 * runs // 4 else 1
-                for rep in range(REPS):
+                for idx, job in enumerate(made[workload].prepare_jobs()):
+                    store.add_rep(run_id, target=target, workload=workload,
+                                  params={"time": 2}, phase="prepare", idx=idx, status="ok",
+                                  argv=job.argv, started=time.time(), host_elapsed=2.0,
+                                  stdout=(OUTPUTS / f"{workload}-prepare.txt").read_text())
+                for rep in range(1 + REPS):
                     noise = float(np.exp(rng.normal(0, 0.02)))
                     metrics = [Metric(s.name, 100 * noise * (speed * step if s.higher_is_better
                                                              else 1 / (speed * step)),
                                       s.unit, s.higher_is_better)
                                for s in specs[workload]]
                     store.add_rep(run_id, target=target, workload=workload,
-                                  params={"time": 2}, phase="measure", idx=rep, status="ok",
-                                  argv=["sysbench", workload, "run"], started=time.time(),
-                                  host_elapsed=2.0, metrics=metrics)
+                                  params={"time": 2}, phase="measure" if rep else "warmup",
+                                  idx=rep, status="ok", argv=made[workload].run_job().argv,
+                                  started=time.time(), host_elapsed=2.0,
+                                  stdout=outputs[workload], metrics=metrics)
         store.finish_run(run_id, "done")
     store.close()
 
