@@ -273,3 +273,25 @@ def test_readonly_upgrades_an_old_database_then_reads_it_readonly(tmp_path):
     assert reader.load_run("last").targets["native"]["fingerprint"]["bare_host"] is True
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         reader.db.execute("DELETE FROM runs")
+
+
+def test_listing_runs_and_a_series_workloads_read_the_index_not_the_repetitions(tmp_path):
+    """A repetition's row holds its output, most of a store's bytes: `runs`, `compare`
+    and `trend` count and name a run's repetitions from an index alone, in a migrated
+    database as in a new one."""
+    for results in (v0_copy(tmp_path), tmp_path / "new"):
+        store = Store(results)
+        run_id = store.new_run({"name": "nightly", "targets": []}, {}, "0")
+        store.add_rep(run_id, target="native", workload="cpu", params={}, phase="measure",
+                      idx=0, status="ok", argv=["sysbench"], started=1.0, stdout="x" * 900)
+        store.finish_run(run_id, "done")
+        statements: list[str] = []
+        store.db.set_trace_callback(statements.append)
+        assert store.list_runs()[-1]["workloads"] == ["cpu"]
+        assert store.named_workloads("nightly") == ["cpu"]
+        store.db.set_trace_callback(None)
+        plans = [row[3] for sql in statements if "reps" in sql
+                 for row in store.db.execute(f"EXPLAIN QUERY PLAN {sql}")]
+        reads = [step for step in plans if step.startswith(("SCAN p", "SEARCH p"))]
+        assert len(reads) == 4 and all("COVERING INDEX reps_run_phase" in step
+                                       for step in reads), plans
