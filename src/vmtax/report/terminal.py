@@ -597,11 +597,12 @@ class _RunsTable:
             own = {re.sub(r"\S", _STAND_IN[key], row[key]): row[key] for key in _OWN}
             for line in by_shape[_shape(row)]:
                 for segment in line:
-                    if segment.style is None and any(c in segment.text for c in _STAND_IN.values()):
+                    if not segment.control and any(c in segment.text
+                                                   for c in _STAND_IN.values()):
                         text = segment.text
                         for stand_in, value in own.items():
                             text = text.replace(stand_in, value)
-                        segment = Segment(text)
+                        segment = Segment(text, segment.style)
                     yield segment
                 yield Segment.line()
 
