@@ -10,7 +10,7 @@
    initramfs's size against the classic plan's.
 3. Wall time of the classic plan at default settings.
 4. The commands that read a store (runs, show, compare, trend) on a store of 400 runs
-   (scripts/bench_history.py; goal: < 0.5 s each).
+   (scripts/bench_history.py; goal: < 0.5 s CPU each, medians of 5).
 5. The everyday commands' latency against issue #37's goals: --help, runs, show last,
    compare (two runs of 2 targets × 2 workloads), doctor; whole-process medians of 5.
 """

@@ -4,10 +4,14 @@
 A store of N runs (default 400) of the classic plan (native, container, vm × cpu, threads,
 memory, fileio, mutex, 5 measured repetitions with every metric each workload declares),
 synthetic repetitions written through the Store, all named `nightly`, with a 10% step in
-vm's fileio at run 3N/4. Then the wall time of `vmtax runs`, `show last`, `compare` and
+vm's fileio at run 3N/4. Each run stores as much as a real one: a warm-up repetition of
+each workload, fileio's prepare on each target, and each repetition's command line and
+sysbench's output (a recorded one: tests/fixtures/sysbench), which are most of a real
+store's bytes. Then the time of `vmtax runs`, `show last`, `compare` and
 `trend nightly`, each run as a user runs it (a new process: Python's start-up included),
-median of 3, wall and CPU time (goal: < 0.5 s each); and of `publish nightly` into a new
-directory, once (goal: < 60 s).
+median of 5, CPU and wall time with the host's load (goal: < 0.5 s each); and of `publish
+nightly` into a new directory, once (goal: < 60 s). The goals are judged on CPU time (user
++ system): on a shared host the wall time adds the waiting for a CPU, which the load says.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +33,7 @@ from vmtax.core.types import Metric
 from vmtax.results.store import Store, StoreError
 
 VMTAX = [sys.executable, "-m", "vmtax"]
+OUTPUTS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sysbench" / "1.0.20"
 TARGETS = {"native": 1.0, "container": 0.97, "vm": 0.6}
 WORKLOADS = ("cpu", "threads", "memory", "fileio", "mutex")
 REPS = 5
@@ -51,6 +57,8 @@ def fill(results: str, runs: int, targets: dict[str, float] = TARGETS,
     store.db.execute("PRAGMA synchronous = OFF")   # a fixture: no need to survive a crash
     rng = np.random.default_rng(0)
     specs = {w: workloads.registered()[w].metrics for w in workload_names}
+    made = {w: workloads.registered()[w].make({"time": 2}) for w in workload_names}
+    outputs = {w: (OUTPUTS / f"{w}.txt").read_text() for w in workload_names}
     plan = {"name": "nightly", "runs": REPS, "warmup": 1, "time": 2, "baseline": "native",
             "targets": [{"name": t, "kind": t, "options": {}} for t in targets],
             "workloads": [{"name": w, "params": {}} for w in workload_names]}
@@ -61,16 +69,22 @@ def fill(results: str, runs: int, targets: dict[str, float] = TARGETS,
             store.set_target(run_id, target, target, {"bare_host": target == "native"})
             for workload in workload_names:
                 step = 0.9 if (target, workload) == ("vm", "fileio") and i >= 3 * runs // 4 else 1
-                for rep in range(REPS):
+                for idx, job in enumerate(made[workload].prepare_jobs()):
+                    store.add_rep(run_id, target=target, workload=workload,
+                                  params={"time": 2}, phase="prepare", idx=idx, status="ok",
+                                  argv=job.argv, started=time.time(), host_elapsed=2.0,
+                                  stdout=(OUTPUTS / f"{workload}-prepare.txt").read_text())
+                for rep in range(1 + REPS):
                     noise = float(np.exp(rng.normal(0, 0.02)))
                     metrics = [Metric(s.name, 100 * noise * (speed * step if s.higher_is_better
                                                              else 1 / (speed * step)),
                                       s.unit, s.higher_is_better)
                                for s in specs[workload]]
                     store.add_rep(run_id, target=target, workload=workload,
-                                  params={"time": 2}, phase="measure", idx=rep, status="ok",
-                                  argv=["sysbench", workload, "run"], started=time.time(),
-                                  host_elapsed=2.0, metrics=metrics)
+                                  params={"time": 2}, phase="measure" if rep else "warmup",
+                                  idx=rep, status="ok", argv=made[workload].run_job().argv,
+                                  started=time.time(), host_elapsed=2.0,
+                                  stdout=outputs[workload], metrics=metrics)
         store.finish_run(run_id, "done")
     store.close()
 
@@ -118,15 +132,17 @@ def main() -> None:
         fill(results, args.runs)
         print(f"   store filled in {time.perf_counter() - start:.0f} s")
         print(f"   host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        wall, cpu = timed("--version")
-        print(f"   {'vmtax --version':22} {wall:6.2f} s wall {cpu:6.2f} s CPU (start-up)")
+        wall, cpu = timed("--version", repeat=5)
+        print(f"   {'vmtax --version':22} {cpu:6.2f} s CPU {wall:6.2f} s wall (start-up)")
         for command in (["runs"], ["show", "last"], ["compare"], ["trend", "nightly"]):
-            wall, cpu = timed(*command, "--results", results)
-            print(f"   {'vmtax ' + ' '.join(command):22} {wall:6.2f} s wall {cpu:6.2f} s CPU"
-                  + ("" if wall < GOAL else f"  over the goal of {GOAL} s"))
+            wall, cpu = timed(*command, "--results", results, repeat=5)
+            print(f"   {'vmtax ' + ' '.join(command):22} {cpu:6.2f} s CPU {wall:6.2f} s wall"
+                  f" (load {os.getloadavg()[0]:.1f})"
+                  + ("" if cpu < GOAL else f"  over the goal of {GOAL} s"))
         wall, cpu = timed_publish(results)
-        print(f"   {'vmtax publish nightly':22} {wall:6.1f} s wall {cpu:6.1f} s CPU"
-              + ("" if wall < PUBLISH_GOAL else f"  over the goal of {PUBLISH_GOAL} s"))
+        print(f"   {'vmtax publish nightly':22} {cpu:6.1f} s CPU {wall:6.1f} s wall"
+              f" (load {os.getloadavg()[0]:.1f})"
+              + ("" if cpu < PUBLISH_GOAL else f"  over the goal of {PUBLISH_GOAL} s"))
     print()
 
 

@@ -273,3 +273,74 @@ def test_readonly_upgrades_an_old_database_then_reads_it_readonly(tmp_path):
     assert reader.load_run("last").targets["native"]["fingerprint"]["bare_host"] is True
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         reader.db.execute("DELETE FROM runs")
+
+
+def test_listing_runs_and_a_series_workloads_read_the_index_not_the_repetitions(tmp_path):
+    """A repetition's row holds its output, most of a store's bytes: `runs`, `compare`
+    and `trend` count and name a run's repetitions from an index alone, in a migrated
+    database as in a new one."""
+    for results in (v0_copy(tmp_path), tmp_path / "new"):
+        store = Store(results)
+        run_id = store.new_run({"name": "nightly", "targets": []}, {}, "0")
+        store.add_rep(run_id, target="native", workload="cpu", params={}, phase="measure",
+                      idx=0, status="ok", argv=["sysbench"], started=1.0, stdout="x" * 900)
+        store.finish_run(run_id, "done")
+        statements: list[str] = []
+        store.db.set_trace_callback(statements.append)
+        assert store.list_runs()[-1]["workloads"] == ["cpu"]
+        assert store.named_workloads("nightly") == ["cpu"]
+        store.db.set_trace_callback(None)
+        plans = [row[3] for sql in statements if "reps" in sql
+                 for row in store.db.execute(f"EXPLAIN QUERY PLAN {sql}")]
+        reads = [step for step in plans if step.startswith(("SCAN p", "SEARCH p"))]
+        assert len(reads) == 4 and all("COVERING INDEX reps_run_phase" in step
+                                       for step in reads), plans
+
+
+def values_from_repetitions(results, name: str) -> dict[tuple, list[float]]:
+    """Each point's values read from the repetitions themselves, as the points table must
+    hold them."""
+    points: dict[tuple, list[float]] = {}
+    with raw(results) as db:
+        for *key, value in db.execute(
+                "SELECT p.run_id, p.target, p.workload, p.params, m.name, m.unit,"
+                " m.higher_is_better, m.dimensions, m.value FROM runs r"
+                " JOIN reps p ON p.run_id = r.id JOIN metrics m ON m.rep_id = p.id"
+                " WHERE json_extract(r.plan, '$.name') = ? AND p.phase = 'measure'"
+                " AND p.status = 'ok' ORDER BY p.id, m.rowid", (name,)):
+            points.setdefault(tuple(key), []).append(value)
+    return points
+
+
+def test_a_series_points_hold_its_repetitions_values_as_stored(tmp_path):
+    """The points table, kept as repetitions are stored (here, copied in from another
+    store, and built by the migration of an old one), holds each point's values exactly
+    and in order: successful measured repetitions only."""
+    other = Store(tmp_path / "other")
+    for store, runs in ((Store(tmp_path / "here"), 3), (other, 2)):
+        for i in range(runs):
+            run_id = store.new_run({"name": "nightly", "targets": []}, {}, "0")
+            for idx, (phase, status) in enumerate([("warmup", "ok"), ("measure", "ok"),
+                                                   ("measure", "failed"), ("measure", "ok")]):
+                for params in ({"time": 1}, {"time": 1, "threads": 4}):
+                    store.add_rep(run_id, target="vm", workload="cpu", params=params,
+                                  phase=phase, idx=idx, status=status, argv=["x"],
+                                  started=1.0, metrics=[
+                        Metric("events/s", 0.1 + 0.2 * (i + idx), "events/s", True),
+                        Metric("latency", 7 + idx, "ms", False, {"percentile": "99"})])
+            store.finish_run(run_id, "done")
+    other.close()
+    store = Store(tmp_path / "here")
+    store.import_runs(tmp_path / "other")
+    expected = values_from_repetitions(tmp_path / "here", "nightly")
+    assert len(expected) == 5 * 2 * 2 and all(len(v) == 2 for v in expected.values())
+    assert [*store.named_values("nightly").items()] == [*expected.items()]
+    assert store.named_values("nightly", ["latency"]) == {
+        key: values for key, values in expected.items() if key[4] == "latency"}
+
+    migrated = v0_copy(tmp_path)
+    Store(migrated, readonly=True).close()
+    with raw(migrated) as db:
+        db.execute("UPDATE runs SET plan = json_set(plan, '$.name', 'old')")
+    from_v0 = values_from_repetitions(migrated, "old")
+    assert len(from_v0) == 36 and Store(migrated).named_values("old") == from_v0

@@ -31,6 +31,7 @@ together (series × metrics), as `compare` does.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -83,33 +84,75 @@ class Detection:
         return list(zip(bounds[:-1], bounds[1:]))
 
 
+@functools.lru_cache(maxsize=32)   # a trend's series are mostly of one length
 def _intervals(n: int, min_segment: int, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Candidate stretches [i, j) that differ from the rest: at least `min_segment` points
     inside and outside, and each outside piece empty or at least `min_segment` long; i = 0
     or j = n is a single change, others a change and its recovery. `step` thins the grid
-    of ends for long series."""
+    of ends for long series. Read-only: they are shared."""
     ends = np.unique(np.r_[np.arange(0, n + 1, step), n])
     i, j = np.meshgrid(ends, ends, indexing="ij")
     inside = j - i
     ok = ((inside >= min_segment) & (n - inside >= min_segment)
           & ((i == 0) | (i >= min_segment)) & ((j == n) | (n - j >= min_segment)))
-    return i[ok], j[ok]
+    i, j = i[ok], j[ok]
+    i.flags.writeable = j.flags.writeable = False
+    return i, j
 
 
-def _rank_statistics(ranks: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Per row of `ranks` (points in order, or permuted) and stretch [i, j): the
-    |standardized rank sum| of the stretch (Mann-Whitney's statistic, inside vs outside)."""
+class _Stretches:
+    """The stretches of one kind that a test takes the largest statistic over, grouped by
+    where they start: for each start, the stretch ends that go with it are a run of
+    consecutive grid ends (`ends[first:last]`)."""
+
+    def __init__(self, ends: np.ndarray, i: np.ndarray, j: np.ndarray, n: int):
+        self.groups = []
+        for start in np.unique(i):
+            stops = np.searchsorted(ends, j[i == start])
+            first, last = int(stops.min()), int(stops.max()) + 1
+            assert last - first == len(stops), "a start's ends are consecutive grid ends"
+            inside = ends[first:last] - start
+            self.groups.append((int(np.searchsorted(ends, start)), first, last,
+                                np.sqrt(inside * (n - inside) * (n + 1) / 12)))
+
+    def maxima(self, centred: np.ndarray) -> np.ndarray:
+        """Per row of `centred` (_centred_sums at the grid's ends), the largest
+        |standardized rank sum| over the stretches: Mann-Whitney's statistic, inside vs
+        outside."""
+        largest = np.full(centred.shape[:-1], -np.inf)
+        for at, first, last, scale in self.groups:
+            z = centred[..., first:last] - centred[..., at:at + 1]
+            np.abs(z, out=z)
+            z /= scale
+            np.maximum(largest, z.max(axis=-1), out=largest)
+        return largest
+
+
+def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per row of `ranks` (points in order, or permuted), at each end e: the sum of the
+    ranks before e less what it is expected to be, e (n + 1) / 2. A stretch [i, j)'s rank
+    sum less its expectation is the difference of two of these: exact (ranks are halves
+    of integers), so a statistic is the same float whichever way it is summed."""
     n = ranks.shape[-1]
     cumulative = np.zeros(ranks.shape[:-1] + (n + 1,))
     np.cumsum(ranks, axis=-1, out=cumulative[..., 1:])
-    inside = j - i
-    # In place: these are a batch's largest arrays (the permutations' statistics).
-    sums = cumulative[..., j]
-    sums -= cumulative[..., i]
-    sums -= inside * (n + 1) / 2
-    np.abs(sums, out=sums)
-    sums /= np.sqrt(inside * (n - inside) * (n + 1) / 12)
-    return sums
+    return cumulative[..., ends] - ends * (n + 1) / 2
+
+
+@functools.lru_cache(maxsize=32)
+def _tests(n: int, min_segment: int) -> tuple[int, np.ndarray, list[_Stretches]]:
+    """What _p_value tests in n points: how many permutations a batch holds, the grid's
+    ends, and the stretches of each kind."""
+    i, j = _intervals(n, min_segment, step=-(-n // _GRID))
+    # Batches sized by every stretch, as before the mirrors were left out: the same batches
+    # stop the test after the same permutations, so a series keeps its p-value.
+    batch = max(50, _BATCH_CELLS // max(1, len(i)))
+    # Only the stretches of the two kinds (a stretch [i, n) is the mirror of [0, i): the
+    # same statistic).
+    ends = np.unique(np.r_[i, j])
+    single, inner = i == 0, (i > 0) & (j < n)
+    return batch, ends, [_Stretches(ends, i[kind], j[kind], n) for kind in (single, inner)
+                         if kind.any()]
 
 
 def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
@@ -119,18 +162,8 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     touch an end), and over a change and its recovery (stretches inside); the smaller p,
     Bonferroni-corrected for two. Either alone misses what the other sees: one step is
     diluted among all stretches, a regression that recovered among single changes."""
-    i, j = _intervals(len(ranks), min_segment, step=-(-len(ranks) // _GRID))
-    # Batches sized by every stretch, as before the mirrors were left out: the same batches
-    # stop the test after the same permutations, so a series keeps its p-value.
-    batch = max(50, _BATCH_CELLS // max(1, len(i)))
-    # Only the stretches of the two kinds, each kind contiguous so that its maximum is
-    # taken over a view (a stretch [i, n) is the mirror of [0, i): the same statistic).
-    single, inner = i == 0, (i > 0) & (j < len(ranks))
-    i, j = np.r_[i[single], i[inner]], np.r_[j[single], j[inner]]
-    kinds = [kind for kind in (slice(0, single.sum()), slice(single.sum(), len(i)))
-             if kind.stop > kind.start]
-    z = _rank_statistics(ranks, i, j)
-    observed = np.array([z[kind].max() for kind in kinds]) - 1e-12
+    batch, ends, kinds = _tests(len(ranks), min_segment)
+    observed = np.array([kind.maxima(_centred_sums(ranks, ends)) for kind in kinds]) - 1e-12
     # Permutations in batches, stopping once every statistic saw _EXCEEDANCES arrangements
     # as extreme as the observed one (Besag & Clifford's sequential test: the p-value stays
     # valid, and a series clearly without a change costs hundreds of permutations, not
@@ -140,9 +173,9 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
         # Batches grow from a few hundred: a series without a change is done after the
         # first, where a full batch of a long series would cost ten times as much.
         size = min(batch, permutations - done, max(4 * _EXCEEDANCES, done))
-        null = _rank_statistics(rng.permuted(np.tile(ranks, (size, 1)), axis=1), i, j)
-        extreme += [np.count_nonzero(null[:, kind].max(axis=1) >= o)
-                    for kind, o in zip(kinds, observed)]
+        orders = np.tile(ranks, (size, 1))
+        null = _centred_sums(rng.permuted(orders, axis=1, out=orders), ends)
+        extreme += [np.count_nonzero(kind.maxima(null) >= o) for kind, o in zip(kinds, observed)]
         done += size
     # Unless stopped early, the observed order counts as one of the arrangements.
     p = (extreme / done if extreme.min() >= _EXCEEDANCES else (1 + extreme) / (1 + done))

@@ -211,27 +211,26 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     them) per host."""
     per_host = _runs(store, name, since, until)
     by_id = {r.id: r for runs in per_host.values() for r in runs}
-    # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values:
-    # rows as stored, decoded once per key, not once per repetition.
-    values: dict[tuple, list[float]] = defaultdict(list)
+    # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values.
+    values = {key: vals for key, vals in store.named_values(
+                  name, metrics or _headline_names(store.named_workloads(name))).items()
+              if key[0] in by_id and not (targets and key[1] not in targets)}
     configs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     firsts: dict[tuple[str, str, str, str], str] = {}
-    for row in store.named_values(name, metrics or _headline_names(store.named_workloads(name))):
-        run_id, target, workload, params, metric_name, value, *kind = tuple(row)
-        if run_id not in by_id or (targets and target not in targets):
-            continue
+    for run_id, target, workload, params, metric_name, *_ in values:
         configs[(run_id, target, workload)].add(params)
         firsts.setdefault((run_id, target, workload, params), metric_name)
-        values[(run_id, target, workload, params, metric_name, *kind)].append(value)
     found: dict[tuple, Series] = {}
     headline = functools.cache(analysis.is_headline)
-    # The same few parameter and dimension strings recur in every run: decoded once each
+    # The same few parameter strings and metrics recur in every run: decoded once each
     # (each point still gets a dict of its own).
     decoded = functools.cache(json.loads)
     canonical = functools.cache(lambda params: json.dumps(json.loads(params), sort_keys=True))
+    described = functools.cache(lambda name, unit, higher_is_better, dims: Metric(
+        name, 0.0, unit, bool(higher_is_better), json.loads(dims)))
     for key, vals in values.items():
-        run_id, target, workload, params, metric_name, unit, higher_is_better, dims = key
-        metric = Metric(metric_name, 0.0, unit, bool(higher_is_better), decoded(dims))
+        run_id, target, workload, params = key[:4]
+        metric = described(*key[4:])
         metric_key = metric.key
         wanted = (metric.name in metrics or metric_key in metrics if metrics else
                   headline(workload, metric.name, firsts[key[:4]]))

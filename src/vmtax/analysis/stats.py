@@ -228,8 +228,10 @@ def _draws(seed: int, n_boot: int, first: int, second: int) -> tuple[np.ndarray,
 def _row_medians(samples: np.ndarray) -> np.ndarray:
     """np.median(samples, axis=1), bit for bit (the middle value, or the mean of the two
     middle ones), for finite rows; sorting short rows is twice as fast as its partition.
-    Its mean adds to 0.0 first, so a middle -0.0 is 0.0 as np.median gives it."""
-    s = np.sort(samples, axis=1)
+    Its mean adds to 0.0 first, so a middle -0.0 is 0.0 as np.median gives it. Sorts
+    samples in place (a long segment's replicates are tens of megabytes to copy)."""
+    samples.sort(axis=1)
+    s = samples
     half = s.shape[1] // 2
     return s[:, half] + 0.0 if s.shape[1] % 2 else (s[:, half - 1] + s[:, half] + 0.0) / 2
 
@@ -237,7 +239,7 @@ def _row_medians(samples: np.ndarray) -> np.ndarray:
 def _median(x: np.ndarray) -> np.floating:
     """np.median(x) of a finite sample, bit for bit, without the NaN check that loads
     numpy.ma (~6 ms of a `vmtax show`)."""
-    return _row_medians(x[np.newaxis])[0]  # type: ignore[no-any-return]
+    return _row_medians(np.array(x)[np.newaxis])[0]  # type: ignore[no-any-return]
 
 
 def _percentile_ci(replicates: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -425,6 +427,7 @@ def _t_sf(t: float, df: float) -> float:
     return 0.5 * _betainc(df / 2, 0.5, df / (df + t2), t2 / (df + t2))
 
 
+@functools.lru_cache(maxsize=64)   # a trend asks it again for every series of a length
 def t_isf(p: float, df: float) -> float:
     """The t with P(T > t) = p, 0 < p <= 0.5, for Student's t with df degrees of freedom:
     _t_sf inverted by bisection (it falls as t grows)."""

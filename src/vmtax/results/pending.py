@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vmtax.results.connection import StoreError
+from vmtax.results.schema import add_point_value
 
 PENDING_NAME = "vmtax.pending.jsonl"
 # A line of PENDING_NAME that names the runtime side file a run's later records went to.
@@ -249,4 +250,9 @@ class PendingSideFile:
         self.db.executemany(
             "INSERT INTO metrics (rep_id, name, value, unit, higher_is_better, dimensions)"
             " VALUES (?,?,?,?,?,?)", [(rep_id, *m) for m in r["metrics"]])
+        if r["phase"] == "measure" and r["status"] == "ok":
+            for name, value, unit, higher_is_better, dimensions in r["metrics"]:
+                add_point_value(self.db, rep_id, (r["run_id"], r["target"], r["workload"],
+                                                  r["params"], name, unit, higher_is_better,
+                                                  dimensions), value)
         return rep_id

@@ -541,17 +541,23 @@ class Store(PendingSideFile):
 
     @guarded
     def named_values(self, name: str,
-                     metrics: Collection[str] | None = None) -> list[sqlite3.Row]:
+                     metrics: Collection[str] | None = None) -> dict[tuple, list[float]]:
         """The metrics (those named, or all) of the successful measured repetitions of one
-        name's runs: run_id, target, workload, params (JSON), metric, value, unit,
-        higher_is_better, dimensions (JSON), in the order they were stored."""
-        only = f" AND m.name IN ({','.join('?' * len(metrics))})" if metrics is not None else ""
-        return self.db.execute(
-            "SELECT p.run_id, p.target, p.workload, p.params, m.name AS metric, m.value,"
-            " m.unit, m.higher_is_better, m.dimensions FROM runs r"
-            " JOIN reps p ON p.run_id = r.id JOIN metrics m ON m.rep_id = p.id"
-            " WHERE json_extract(r.plan, '$.name') = ? AND p.phase = 'measure'"
-            f" AND p.status = 'ok'{only} ORDER BY p.id", (name, *(metrics or ()))).fetchall()
+        name's runs, per point: (run_id, target, workload, params (JSON), metric, unit,
+        higher_is_better, dimensions (JSON)) -> its values in the order they were stored;
+        the points in the order of their first value. Read from the points table: one
+        row a point, not one a repetition."""
+        only = f" AND q.metric IN ({','.join('?' * len(metrics))})" if metrics is not None else ""
+        cursor = self.db.cursor()
+        cursor.row_factory = None
+        rows = cursor.execute(
+            "SELECT json_array(q.run_id, q.target, q.workload, q.params, q.metric, q.unit,"
+            " q.higher_is_better, q.dimensions), q.vals FROM runs r"
+            " JOIN points q ON q.run_id = r.id WHERE json_extract(r.plan, '$.name') = ?"
+            f"{only} ORDER BY q.first_rep, q.rowid", (name, *(metrics or ()))).fetchall()
+        keys = json.loads(f"[{','.join(key for key, _ in rows)}]")   # one decoding
+        return {tuple(key): [float(value) for value in vals.split(",")]
+                for key, (_, vals) in zip(keys, rows)}
 
     @guarded
     def accept(self, name: str, host: str, run_id: str, who: str) -> None:
