@@ -36,9 +36,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from vmtax.analysis import stats
+from vmtax.core import blas
+
+with blas.one_thread():   # numpy without OpenBLAS's spinning threads
+    import numpy as np
 
 MIN_SEGMENT = 3
 # 1 / (1 + PERMUTATIONS) is the smallest p-value; small enough to survive adjusting

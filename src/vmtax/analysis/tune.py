@@ -24,13 +24,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-import numpy as np
-
 from vmtax.analysis import stats
-from vmtax.core import plugin
+from vmtax.core import blas, plugin
 from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.results.store import Run
+
+with blas.one_thread():   # numpy without OpenBLAS's spinning threads
+    import numpy as np
 
 State = Literal["open", "better", "worse", "no gain"]
 Method = Literal["holm", "bh"]
