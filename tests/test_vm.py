@@ -158,6 +158,17 @@ def test_kernel_cmdline():
     assert "lpj=" not in kernel_cmdline("microvm", 2596122, None)
 
 
+def test_kernel_cmdline_under_tcg_and_with_the_minimal_kernels_parameters():
+    assert "noreplace-smp" not in kernel_cmdline("microvm", 2596122, 1000).split()
+    assert "noreplace-smp" in kernel_cmdline("microvm", 2596122, 1000, tcg=True).split()
+    # QEMU's APIC timer: 1 GHz, in bus cycles per tick; only to a kernel that takes it.
+    assert "lapic_timer_period=1000000" in kernel_cmdline(
+        "q35", None, 1000, params=("lapic_timer_period",)).split()
+    assert "lapic_timer_period" not in kernel_cmdline("q35", None, 1000)
+    assert "lapic_timer_period" not in kernel_cmdline("q35", None, None,
+                                                      params=("lapic_timer_period",))
+
+
 def test_parse_size():
     assert parse_size("4G") == 4 << 30
     assert parse_size("512M") == 512 << 20
