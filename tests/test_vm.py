@@ -518,8 +518,27 @@ def test_fingerprint_without_boot(ctx, tmp_path, monkeypatch):
     assert (fp["accel"], fp["machine"], fp["cpu"], fp["vcpus"], fp["memory"]) == (
         "tcg", "microvm", "max", 2, "1G")
     assert fp["kernel_version"] == "6.6.6-fake"
-    assert "tsc_early_khz=2000000" in fp["append"]
+    assert "tsc_early_khz=2000000" in fp["append"] and "noreplace-smp" in fp["append"]
     assert fp["initramfs"] and fp["binaries"] == []
+    assert fp["transparent_hugepages"] is False   # under TCG: vm_instance.qemu_preexec
+
+
+def thp_enabled(preexec) -> str:
+    status = subprocess.run(["cat", "/proc/self/status"], preexec_fn=preexec,
+                            capture_output=True, text=True, check=True).stdout
+    return re.search(r"^THP_enabled:\s+(\d)", status, re.MULTILINE)[1]
+
+
+def test_qemu_goes_without_transparent_hugepages_under_tcg_only():
+    from vmtax.targets.vm_instance import qemu_preexec
+    assert thp_enabled(qemu_preexec(config("tcg", "microvm", "max"), None)) == "0"
+    assert qemu_preexec(config("kvm", "microvm", "host"), None) is None
+    assert thp_enabled(None) == "1"
+    entered = []
+    in_network = qemu_preexec(config("kvm", "q35", "host"), lambda: entered.append(1))
+    assert in_network is not None
+    in_network()
+    assert entered == [1]
 
 
 # --- huge pages and pinning ----------------------------------------------------------------

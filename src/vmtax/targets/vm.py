@@ -414,6 +414,9 @@ class VmTarget(GuestTarget):
             "disk_bus": self.opts.disk_bus,
             "tcg_thread": self.opts.tcg_thread if accel == "tcg" else None,
             "tb_size": self.opts.tb_size if accel == "tcg" else None, "vhost": self.opts.vhost,
+            # Whether QEMU may back guest RAM with transparent huge pages (not under TCG:
+            # vmtax.targets.vm_instance.qemu_preexec).
+            "transparent_hugepages": accel != "tcg",
             "append": cfg.append if cfg else self._cmdline(image, accel),
             # Requested and granted on each side: E5's precondition, kept with the results.
             "host_hugepages": host_pages,
