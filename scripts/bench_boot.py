@@ -134,10 +134,14 @@ def main() -> int:
                 per_mib = (full["kernel"] - empty["kernel"]) / (full["size"] - empty["size"])
                 plan_label = next(iter(measured))
                 plan_mib = measured[plan_label]["size"]
-                print(f"  unpacking, estimated from the kernel part's growth: "
-                      f"{per_mib * 1000:.1f} ms per MiB of initramfs; the per-plan image's "
-                      f"{plan_mib:.1f} MiB ≈ {per_mib * plan_mib:.3f} s, the classic plan's "
-                      f"{full['size']:.1f} MiB ≈ {per_mib * full['size']:.3f} s")
+                if per_mib <= 0:
+                    print("  unpacking: not estimated (the kernel part did not grow with the "
+                          "initramfs: a busy host's noise outweighs it; see the load averages)")
+                else:
+                    print(f"  unpacking, estimated from the kernel part's growth: "
+                          f"{per_mib * 1000:.1f} ms per MiB of initramfs; the per-plan image's "
+                          f"{plan_mib:.1f} MiB ≈ {per_mib * plan_mib:.3f} s, the classic plan's "
+                          f"{full['size']:.1f} MiB ≈ {per_mib * full['size']:.3f} s")
             status = kvm.probe()
             if status.usable:
                 ctx = TargetContext(work_dir=Path(tmp), journal=journal, binaries=tuple(plan),
