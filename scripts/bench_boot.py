@@ -17,12 +17,15 @@ The parts of a boot, from the guest's clock (/proc/uptime when /init starts, and
   kernel    the guest kernel until /init, unpacking the initramfs included
   init      /init until the agent's READY (mounts, finding the agent's port)
 and the unpacking alone, estimated as the kernel part's growth against an image carrying
-no program at all, per MiB of initramfs.
+no program at all, per MiB of initramfs. Beside them: QEMU's CPU time until READY (the
+boot's cost, comparable when other processes share the host's CPUs) and the host's load
+average (1 min) as the boots ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -46,6 +49,7 @@ class Boot:
     host: float     # s, QEMU spawn -> READY on the host's clock
     ready: float    # s, guest uptime at READY
     init: float     # s, guest uptime as /init started
+    cpu: float      # s, QEMU's CPU time until READY
 
     def parts(self) -> dict[str, float]:
         return {"QEMU": self.host - self.ready, "kernel": self.init,
@@ -61,7 +65,7 @@ def boots(accel: str, runs: int, options: dict, ctx: TargetContext) -> list[Boot
             guest = target.guest   # type: ignore[attr-defined]
             stamp = guest.run(Job(["cat", "/vmtax/init-uptime"], timeout=30))
             results.append(Boot(guest.boot_seconds, guest.guest_boot_seconds,
-                                float(stamp.stdout.split()[0])))
+                                float(stamp.stdout.split()[0]), guest.boot_cpu_seconds))
         finally:
             target.cleanup()
     return results
@@ -73,12 +77,13 @@ def plan_programs(path: Path) -> list[str]:
     return sorted({b for w in plan.workloads for b in w.make(plan.time).binaries})
 
 
-def report(label: str, image: GuestImage, results: list[Boot]) -> dict[str, float]:
+def report(label: str, image: GuestImage, results: list[Boot], load: float) -> dict[str, float]:
     size = image.initramfs().stat().st_size / 2**20
     medians = {part: statistics.median(b.parts()[part] for b in results)
                for part in ("QEMU", "kernel", "init")}
     print(f"{label}: initramfs {size:.1f} MiB; median "
-          f"{statistics.median(b.host for b in results):.3f} s to agent READY")
+          f"{statistics.median(b.host for b in results):.3f} s to agent READY (QEMU's CPU "
+          f"{statistics.median(b.cpu for b in results):.2f} s; load average {load:.1f})")
     print("  parts (medians): " + ", ".join(f"{k} {v:.3f} s" for k, v in medians.items()))
     print("  all: " + ", ".join(f"{b.host:.3f}" for b in results))
     return {"size": size, **medians}
@@ -120,24 +125,30 @@ def main() -> int:
                                     image=GuestImage(programs, args.kernel))
                 assert ctx.image is not None
                 ctx.image.initramfs()
+                results = boots("tcg", args.runs, options, ctx)
                 measured[label] = report(f"TCG, {args.machine}, {shape}, {label}", ctx.image,
-                                         boots("tcg", args.runs, options, ctx))
+                                         results, os.getloadavg()[0])
             if args.against_full:
                 empty, full = measured["no program (agent only)"], measured[
                     "the classic plan's programs"]
                 per_mib = (full["kernel"] - empty["kernel"]) / (full["size"] - empty["size"])
                 plan_label = next(iter(measured))
                 plan_mib = measured[plan_label]["size"]
-                print(f"  unpacking, estimated from the kernel part's growth: "
-                      f"{per_mib * 1000:.1f} ms per MiB of initramfs; the per-plan image's "
-                      f"{plan_mib:.1f} MiB ≈ {per_mib * plan_mib:.3f} s, the classic plan's "
-                      f"{full['size']:.1f} MiB ≈ {per_mib * full['size']:.3f} s")
+                if per_mib <= 0:
+                    print("  unpacking: not estimated (the kernel part did not grow with the "
+                          "initramfs: a busy host's noise outweighs it; see the load averages)")
+                else:
+                    print(f"  unpacking, estimated from the kernel part's growth: "
+                          f"{per_mib * 1000:.1f} ms per MiB of initramfs; the per-plan image's "
+                          f"{plan_mib:.1f} MiB ≈ {per_mib * plan_mib:.3f} s, the classic plan's "
+                          f"{full['size']:.1f} MiB ≈ {per_mib * full['size']:.3f} s")
             status = kvm.probe()
             if status.usable:
                 ctx = TargetContext(work_dir=Path(tmp), journal=journal, binaries=tuple(plan),
                                     image=GuestImage(plan, args.kernel))
                 assert ctx.image is not None
-                report(f"KVM, {args.machine}", ctx.image, boots("kvm", args.runs, options, ctx))
+                results = boots("kvm", args.runs, options, ctx)
+                report(f"KVM, {args.machine}", ctx.image, results, os.getloadavg()[0])
             else:
                 print(f"KVM: not measured ({status.reason})")
         except VmtaxError as exc:

@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import json
 import lzma
 import os
 import stat
@@ -142,6 +143,22 @@ def test_user_kernel_elf_used_as_is(tmp_path):
     src.write_bytes(ELF)
     kernel = user_kernel(src, tmp_path / "cache")
     assert kernel.path == src.resolve()
+
+
+def test_a_kernel_vmtax_built_given_by_its_path_is_the_one_it_built(tmp_path):
+    built = tmp_path / "cache" / "kernels" / "minimal-0123456789abcdef"
+    built.mkdir(parents=True)
+    (built / "vmlinux").write_bytes(ELF)
+    (built / "meta.json").write_text(json.dumps({
+        "path": "vmlinux", "version": "6.1.192", "sha256": "ab", "modules": {}, "hz": 1000,
+        "params": ["lapic_timer_period"]}))
+    kernel = user_kernel(built / "vmlinux", tmp_path / "cache")
+    # Its HZ and boot parameters, as by name (a copy elsewhere is only a user's kernel).
+    assert (kernel.hz, kernel.params, kernel.path) == (
+        1000, ("lapic_timer_period",), built / "vmlinux")
+    elsewhere = tmp_path / "vmlinux"
+    elsewhere.write_bytes(ELF)
+    assert user_kernel(elsewhere, tmp_path / "cache").params == ()
 
 
 def test_insmod_order_skips_crc32c_intel_and_builtins(monkeypatch, tmp_path):

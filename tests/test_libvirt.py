@@ -104,7 +104,7 @@ class FakeImage:
         return self.dir / "initramfs.cpio"
 
     def kernel_info(self):
-        return SimpleNamespace(hz=250)
+        return SimpleNamespace(hz=250, params=("lapic_timer_period",))
 
     def fingerprint(self) -> dict:
         return {"image": "fake"}
@@ -130,7 +130,8 @@ def test_on_a_kvm_host_the_target_asks_for_kvm_and_the_hosts_cpu(tmp_path, monke
     assert spec.emulator_cpus == tuple(cpus[1:])
     # libvirt-qemu reads copies in the domain's directory, never the cache under /root.
     assert spec.kernel.parent == spec.initrd.parent == domain_dir and spec.kernel.exists()
-    assert "vmtax.bus=pci" in spec.cmdline
+    assert "vmtax.bus=pci" in spec.cmdline and "noreplace-smp" not in spec.cmdline
+    assert "lapic_timer_period=4000000" in spec.cmdline.split()
     assert validate(domain_xml(spec), tmp_path).returncode == 0
 
 
@@ -141,6 +142,7 @@ def test_under_tcg_the_domain_is_qemu_with_the_maximum_cpu(tmp_path, monkeypatch
     assert (spec.domain_type, spec.cpu, spec.disk_cache, spec.disk_aio) == (
         "qemu", "maximum", None, None)
     assert spec.cmdline.endswith(" mitigations=off")
+    assert "noreplace-smp" in spec.cmdline.split()
 
 
 def test_libvirt_name_measures_an_existing_domain():

@@ -45,7 +45,25 @@ def test_the_cache_key_follows_source_content_and_configuration(tmp_path, monkey
     second = minimal_kernel.cache_key(tarball)
     assert second != first
     monkeypatch.setattr(minimal_kernel, "CONFIG", (*minimal_kernel.CONFIG, "IPV6"))
-    assert minimal_kernel.cache_key(tarball) not in (first, second)
+    third = minimal_kernel.cache_key(tarball)
+    assert third not in (first, second)
+    monkeypatch.setattr(minimal_kernel, "SOURCE_EDITS", {})
+    assert minimal_kernel.cache_key(tarball) not in (first, second, third)
+
+
+def test_source_edits_are_made_where_their_text_is_and_skipped_elsewhere(tmp_path, monkeypatch):
+    (tmp_path / "arch").mkdir()
+    (tmp_path / "arch" / "a.c").write_text("int x = 0;\nint y;\n")
+    (tmp_path / "arch" / "twice.c").write_text("int z;\nint z;\n")
+    monkeypatch.setattr(minimal_kernel, "SOURCE_EDITS", {
+        "x": ("arch/a.c", "int x = 0;\n", "int x = 1;\n"),
+        "gone": ("arch/a.c", "int w;\n", "int v;\n"),
+        "ambiguous": ("arch/twice.c", "int z;\n", "int q;\n"),
+        "no file": ("arch/none.c", "", "int n;\n")})
+    assert minimal_kernel.edit_source(tmp_path) == ["x"]
+    assert (tmp_path / "arch" / "a.c").read_text() == "int x = 1;\nint y;\n"
+    assert (tmp_path / "arch" / "twice.c").read_text() == "int z;\nint z;\n"
+    assert not (tmp_path / "arch" / "none.c").exists()
 
 
 def test_no_linux_source_is_one_line(monkeypatch, tmp_path):
@@ -65,14 +83,15 @@ def test_a_built_kernel_is_taken_from_the_cache(tmp_path, monkeypatch):
     dest.mkdir(parents=True)
     (dest / "vmlinux").write_bytes(b"\x7fELF")
     (dest / "meta.json").write_text(json.dumps({"path": "vmlinux", "version": "6.1.0",
-                                                "sha256": "ab", "modules": {}, "hz": 1000}))
+                                                "sha256": "ab", "modules": {}, "hz": 1000,
+                                                "params": ["lapic_timer_period"]}))
 
     def no_build(*args, **kwargs):
         raise AssertionError("built again")
     monkeypatch.setattr(minimal_kernel, "build", no_build)
     kernel = minimal_kernel.minimal_kernel(tmp_path)
     assert isinstance(kernel, image.Kernel)
-    assert (kernel.path, kernel.modules, kernel.modules_dir, kernel.hz) == (
-        dest / "vmlinux", {}, None, 1000)
+    assert (kernel.path, kernel.modules, kernel.modules_dir, kernel.hz, kernel.params) == (
+        dest / "vmlinux", {}, None, 1000, ("lapic_timer_period",))
     assert minimal_kernel.cached(tmp_path) == dest
     assert Path(kernel.path).read_bytes() == b"\x7fELF"

@@ -107,7 +107,7 @@ def test_vm_options_reach_the_configuration(tmp_path, monkeypatch):
 
     target = vm.VmTarget("vm", opts, targets.TargetContext(work_dir=tmp_path, journal=None))
     monkeypatch.setattr(target, "image", lambda: Image(), raising=False)
-    monkeypatch.setattr(target, "_cmdline", lambda image: "", raising=False)
+    monkeypatch.setattr(target, "_cmdline", lambda image, accel: "", raising=False)
     config = target.resolve(tmp_path, tmp_path / "d", "none")
     assert (config.disk_cache, config.tcg_thread, config.tb_size) == ("writeback", "single", 64)
 

@@ -158,6 +158,17 @@ def test_kernel_cmdline():
     assert "lpj=" not in kernel_cmdline("microvm", 2596122, None)
 
 
+def test_kernel_cmdline_under_tcg_and_with_the_minimal_kernels_parameters():
+    assert "noreplace-smp" not in kernel_cmdline("microvm", 2596122, 1000).split()
+    assert "noreplace-smp" in kernel_cmdline("microvm", 2596122, 1000, tcg=True).split()
+    # QEMU's APIC timer: 1 GHz, in bus cycles per tick; only to a kernel that takes it.
+    assert "lapic_timer_period=1000000" in kernel_cmdline(
+        "q35", None, 1000, params=("lapic_timer_period",)).split()
+    assert "lapic_timer_period" not in kernel_cmdline("q35", None, 1000)
+    assert "lapic_timer_period" not in kernel_cmdline("q35", None, None,
+                                                      params=("lapic_timer_period",))
+
+
 def test_parse_size():
     assert parse_size("4G") == 4 << 30
     assert parse_size("512M") == 512 << 20
@@ -507,8 +518,27 @@ def test_fingerprint_without_boot(ctx, tmp_path, monkeypatch):
     assert (fp["accel"], fp["machine"], fp["cpu"], fp["vcpus"], fp["memory"]) == (
         "tcg", "microvm", "max", 2, "1G")
     assert fp["kernel_version"] == "6.6.6-fake"
-    assert "tsc_early_khz=2000000" in fp["append"]
+    assert "tsc_early_khz=2000000" in fp["append"] and "noreplace-smp" in fp["append"]
     assert fp["initramfs"] and fp["binaries"] == []
+    assert fp["transparent_hugepages"] is False   # under TCG: vm_instance.qemu_preexec
+
+
+def thp_enabled(preexec) -> str:
+    status = subprocess.run(["cat", "/proc/self/status"], preexec_fn=preexec,
+                            capture_output=True, text=True, check=True).stdout
+    return re.search(r"^THP_enabled:\s+(\d)", status, re.MULTILINE)[1]
+
+
+def test_qemu_goes_without_transparent_hugepages_under_tcg_only():
+    from vmtax.targets.vm_instance import qemu_preexec
+    assert thp_enabled(qemu_preexec(config("tcg", "microvm", "max"), None)) == "0"
+    assert qemu_preexec(config("kvm", "microvm", "host"), None) is None
+    assert thp_enabled(None) == "1"
+    entered = []
+    in_network = qemu_preexec(config("kvm", "q35", "host"), lambda: entered.append(1))
+    assert in_network is not None
+    in_network()
+    assert entered == [1]
 
 
 # --- huge pages and pinning ----------------------------------------------------------------

@@ -259,9 +259,16 @@ def user_kernel(path: str | Path, cache: Path) -> Kernel:
     src = Path(path).expanduser()
     if not src.is_file():
         raise VmtaxError(f"kernel {path} not found (--kernel wants a vmlinux or bzImage file)")
+    kernels = cache / "kernels"
+    built = src.resolve().parent
+    if built.parent == kernels.resolve() and (built / "meta.json").exists():
+        # One vmtax built (the minimal kernel, a Debian one): its HZ and boot parameters are
+        # known, as when it is asked for by name.
+        kernel = load_kernel(built)
+        if kernel.path.resolve() == src.resolve():
+            return kernel
     st = src.stat()
     key = _sha256_bytes(f"{FORMAT}\0{src.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-    kernels = cache / "kernels"
     dest = kernels / f"user-{key[:16]}"
     if (dest / "meta.json").exists():
         return load_kernel(dest)

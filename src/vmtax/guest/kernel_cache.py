@@ -43,6 +43,9 @@ class Kernel:
     modules_dir: Path | None          # flat directory of .ko files, None if all built in
     modules: dict[str, list[str]]     # phase -> insmod order
     hz: int | None = None             # CONFIG_HZ, when its config is known
+    # Boot parameters this kernel takes beyond upstream's (vmtax.guest.minimal_kernel's
+    # source edits): "lapic_timer_period".
+    params: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -54,7 +57,8 @@ def load_kernel(kdir: Path) -> Kernel:
     meta = json.loads((kdir / "meta.json").read_text())
     modules_dir = kdir / "modules"
     return Kernel(kdir / meta["path"], meta["version"], meta["sha256"],
-                  modules_dir if modules_dir.is_dir() else None, meta["modules"], meta.get("hz"))
+                  modules_dir if modules_dir.is_dir() else None, meta["modules"], meta.get("hz"),
+                  tuple(meta.get("params", ())))
 
 
 def publish_dir(tmp: Path, dest: Path, marker: str = "meta.json") -> None:

@@ -11,7 +11,9 @@ devices, the serial console, the initramfs (gzip or none), and what the agent, b
 the workloads use (proc, sysfs, devtmpfs, tmpfs, futex, epoll, timers, SysV IPC and
 hugetlbfs for sysbench's --memory-hugetlb, real-time scheduling for cyclictest). What the
 defaults bring that no guest uses and that costs boot time under TCG is switched off
-(DISABLE): with it, a TCG boot to agent READY took ~0.2-0.5 s less on this host.
+(DISABLE): with it, a TCG boot to agent READY took ~0.2-0.5 s less on this host. Three
+small edits to the source (SOURCE_EDITS) drop work that only TCG makes dear: poisoning freed
+init memory, and calibrating the APIC timer and the CPU clock against the PIT.
 
 The build (unpack ~1.3 GB of source, configure, `make vmlinux`) takes minutes; its result
 is cached under the cache's kernels/ by the content hash of the source tarball and of the
@@ -36,7 +38,7 @@ from vmtax.core.errors import VmtaxError
 from vmtax.guest.kernel_cache import Kernel, build_lock, kernel_version, load_kernel, publish_dir
 from vmtax.host import build_progress
 
-FORMAT = "2"   # bump when the build or its layout changes, to invalidate caches
+FORMAT = "3"   # bump when the build or its layout changes, to invalidate caches
 SOURCE_GLOB = "/usr/src/linux-source-*.tar.xz"
 # Which linux-source to build from when several are installed: a version ("6.1", "6.12")
 # or a tarball's path; unset, the newest installed.
@@ -77,6 +79,31 @@ DISABLE = (
 SETTINGS = {"SERIAL_8250_NR_UARTS": "1", "SERIAL_8250_RUNTIME_UARTS": "1"}
 # The guest's timer tick: cyclictest and the lpj= vmtax passes both depend on it.
 HZ = 1000
+# Edits to the source, each (file, text, replacement): boot-time work that TCG makes dear
+# and no option turns off (measured by sampling the guest's instruction pointer through QMP
+# during boots, on this 2-core host). An edit whose text a source version lacks is skipped:
+# that version's guests boot as before. meta.json lists the edits made ("edits").
+SOURCE_EDITS = {
+    # Freed init memory is poisoned page by page. Under TCG every store to a page that held
+    # executed, hence translated, code takes QEMU's self-modifying-code path: 0.1-0.25 s for
+    # the kernel's ~750 KiB of init code. Unpoisoned, the pages are freed as they are.
+    "no-init-poison": ("arch/x86/mm/init.c", "POISON_FREE_INITMEM, what);", "-1, what);"),
+    # lapic_timer_period= on the command line (vmtax.guest.qemu gives QEMU's APIC bus rate):
+    # the kernel then skips calibrating the APIC timer against the PIT, which takes 100 ticks
+    # (0.1 s) and under TCG is off by a few per cent anyway.
+    "lapic_timer_period": (
+        "arch/x86/kernel/apic/apic.c", "unsigned int lapic_timer_period = 0;\n",
+        "unsigned int lapic_timer_period = 0;\n\n"
+        "static int __init lapic_timer_period_setup(char *arg)\n"
+        "{\n\treturn kstrtouint(arg, 0, &lapic_timer_period);\n}\n"
+        'early_param("lapic_timer_period", lapic_timer_period_setup);\n'),
+    # With tsc_early_khz= given, the CPU's clock is taken to be the TSC's (a QEMU vCPU's are
+    # one clock) instead of being measured against the PIT (up to 50 ms).
+    "cpu_khz": ("arch/x86/kernel/tsc.c", "\t\tcpu_khz = x86_platform.calibrate_cpu();\n",
+                "\t\tcpu_khz = tsc_early_khz ?: x86_platform.calibrate_cpu();\n"),
+}
+# The command-line parameters an edit adds (the kernel's meta.json "params").
+EDIT_PARAMS = {"lapic_timer_period": "lapic_timer_period"}
 BUILD_TIMEOUT = 3600.0
 # The lines kbuild prints building vmlinux, the bar's total until a build here has counted
 # them: 1,924 from linux-source-6.12 on Debian 12.
@@ -135,11 +162,23 @@ def tarball_sha256(tarball: Path) -> str:
 
 
 def cache_key(tarball: Path) -> str:
-    """Content hash of the source and the configuration."""
+    """Content hash of the source, the configuration and the source edits."""
     h = hashlib.sha256(f"{FORMAT}\0".encode())
     h.update(tarball_sha256(tarball).encode())
     h.update("\n".join(config_lines()).encode())
+    h.update(json.dumps(SOURCE_EDITS, sort_keys=True).encode())
     return h.hexdigest()[:16]
+
+
+def edit_source(tree: Path) -> list[str]:
+    """Make SOURCE_EDITS in the unpacked tree; the names of those made (each text once)."""
+    made = []
+    for name, (rel, text, replacement) in SOURCE_EDITS.items():
+        path = tree / rel
+        if path.is_file() and (source := path.read_text()).count(text) == 1:
+            path.write_text(source.replace(text, replacement))
+            made.append(name)
+    return made
 
 
 def unpack_tinyconfig(tarball: Path, into: Path, build: build_progress.Build) -> Path:
@@ -170,6 +209,7 @@ def build(tarball: Path, dest: Path, jobs: int | None = None) -> None:
         with build_progress.Build(f"minimal guest kernel from {tarball.name}",
                                   "minimal-kernel", SOURCE_NOTE) as progress:
             tree = unpack_tinyconfig(tarball, tmp, progress)
+            edits = edit_source(tree)
             fragment = tree / "vmtax.config"
             fragment.write_text("\n".join(config_lines()) + "\n")
             # olddefconfig then resolves dependencies and drops what cannot be had (checked
@@ -194,7 +234,8 @@ def build(tarball: Path, dest: Path, jobs: int | None = None) -> None:
         (out / "meta.json").write_text(json.dumps(
             {"path": "vmlinux", "version": kernel_version(data) or "unknown",
              "sha256": hashlib.sha256(data).hexdigest(), "modules": {}, "hz": HZ,
-             "source": str(tarball), "config": config_lines()}, indent=1))
+             "source": str(tarball), "config": config_lines(), "edits": edits,
+             "params": [EDIT_PARAMS[e] for e in edits if e in EDIT_PARAMS]}, indent=1))
         shutil.rmtree(tree)   # ~1.5 GB of objects: only vmlinux and its config are kept
         publish_dir(out, dest)
     finally:

@@ -169,3 +169,21 @@ def smaps_rollup(path: Path) -> tuple[int, int] | None:
                 raise ValueError(f"unexpected line in {path}: {line!r}")
             found[key] = int(value[0])
     return (found["Rss"], found["Pss"]) if len(found) == 2 else None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) process pid has used so far; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_PR_SET_THP_DISABLE = 41
+
+
+def no_transparent_hugepages() -> None:
+    """In a child before exec: no transparent huge pages for it (kept across exec), even
+    where it asks for them with madvise."""
+    _libc.prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0)

@@ -278,7 +278,7 @@ class VmTarget(GuestTarget):
             cpu=self.opts.cpu or ("host" if accel == "kvm" else "max"),
             vcpus=self.opts.vcpus, memory=self.opts.memory,
             kernel=image.kernel(), initramfs=image.initramfs(),
-            append=self._cmdline(image),
+            append=self._cmdline(image, accel),
             agent_socket=run_dir / "agent.sock", qmp_socket=run_dir / "qmp.sock",
             console_log=run_dir / "console.log", disk=disk,
             disk_cache=disk_cache if self.opts.disk_cache == "auto" else self.opts.disk_cache,
@@ -289,9 +289,11 @@ class VmTarget(GuestTarget):
             hugepages=self.opts.hugepages, mem_path=mem_path, network=network, tap=tap,
             trees=tuple((trees.ext4_image(tree), str(tree)) for tree in self.ctx.trees))
 
-    def _cmdline(self, image: GuestImage) -> str:
-        return kernel_cmdline(self.opts.machine, host_tsc_khz(), image.kernel_info().hz,
-                              self.opts.guest_hugepages, self.opts.kernel_args)
+    def _cmdline(self, image: GuestImage, accel: str) -> str:
+        kernel = image.kernel_info()
+        return kernel_cmdline(self.opts.machine, host_tsc_khz(), kernel.hz,
+                              self.opts.guest_hugepages, self.opts.kernel_args,
+                              tcg=accel == "tcg", params=kernel.params)
 
     def _network(self) -> str:
         """The network of the plan's guest: one only where a server needs it."""
@@ -378,7 +380,10 @@ class VmTarget(GuestTarget):
             "disk_bus": self.opts.disk_bus,
             "tcg_thread": self.opts.tcg_thread if accel == "tcg" else None,
             "tb_size": self.opts.tb_size if accel == "tcg" else None, "vhost": self.opts.vhost,
-            "append": cfg.append if cfg else self._cmdline(image),
+            # Whether QEMU may back guest RAM with transparent huge pages (not under TCG:
+            # vmtax.targets.vm_instance.qemu_preexec).
+            "transparent_hugepages": accel != "tcg",
+            "append": cfg.append if cfg else self._cmdline(image, accel),
             # Requested and granted on each side: E5's precondition, kept with the results.
             "host_hugepages": host_pages,
             "guest_hugepages": {"requested": self.opts.guest_hugepages,

@@ -283,9 +283,11 @@ class LibvirtTarget(GuestTarget):
     def cpu_mode(self, domain_type: str) -> str:
         return self.opts.cpu or ("host-passthrough" if domain_type == "kvm" else "maximum")
 
-    def _cmdline(self, image: GuestImage) -> str:
-        return kernel_cmdline(self.opts.machine, host_tsc_khz(), image.kernel_info().hz, 0,
-                              self.opts.kernel_args)
+    def _cmdline(self, image: GuestImage, domain_type: str) -> str:
+        kernel = image.kernel_info()
+        return kernel_cmdline(self.opts.machine, host_tsc_khz(), kernel.hz, 0,
+                              self.opts.kernel_args, tcg=domain_type == "qemu",
+                              params=kernel.params)
 
     def specify(self, domain: str, directory: Path, disk: Path | None, nic: Any) -> DomainSpec:
         """The domain's specification, its kernel and initramfs copied into directory
@@ -302,7 +304,7 @@ class LibvirtTarget(GuestTarget):
             name=domain, domain_type=domain_type, emulator=emulator,
             machine=self.opts.machine, cpu=self.cpu_mode(domain_type), vcpus=self.opts.vcpus,
             memory=parse_size(self.opts.memory), kernel=kernel, initrd=initrd,
-            cmdline=self._cmdline(image), console_log=directory / "console.log",
+            cmdline=self._cmdline(image, domain_type), console_log=directory / "console.log",
             agent_socket=directory / "agent.sock", agent_port=AGENT_PORT, disk=disk,
             disk_cache=None if self.opts.disk_cache == "default" else self.opts.disk_cache,
             disk_aio=None if self.opts.disk_aio == "default" else self.opts.disk_aio,
