@@ -91,14 +91,15 @@ _IMPORTED = ("import atexit, sys\n"
 
 
 def test_reading_stored_runs_imports_no_plugin_and_nothing_heavy(tmp_path):
-    """`vmtax show` and `compare` read the plugins' manifests from the index: no plugin
+    """`vmtax show`, `compare` and `trend` read the plugins' manifests from the index: no plugin
     module, nor pydantic (plan files), scipy or matplotlib (reports) is imported; `runs`
     and `--help` import no numpy either."""
     from vmtax.core.types import Metric
     from vmtax.results.store import Store
 
     store = Store(tmp_path / "results")
-    plan = {"targets": [{"name": "native"}, {"name": "vm"}], "baseline": "native",
+    plan = {"name": "nightly", "targets": [{"name": "native"}, {"name": "vm"}],
+            "baseline": "native",
             "workloads": [{"name": "cpu", "params": {}}]}
     for _ in range(2):
         run_id = store.new_run(plan, {}, "0")
@@ -116,6 +117,7 @@ def test_reading_stored_runs_imports_no_plugin_and_nothing_heavy(tmp_path):
     # Listing runs and the help need no statistics either.
     for command, shows, avoided in ((["show", "last", *results], "events/s", ()),
                                     (["compare", *results], "events/s", ()),
+                                    (["trend", "nightly", *results], "events/s", ()),
                                     (["runs", *results], "native", ("numpy",)),
                                     (["--help"], "Commands", ("numpy",))):
         argv = [sys.executable, "-c", _IMPORTED, *command]

@@ -266,8 +266,8 @@ def _headline_names(workload_names: list[str]) -> set[str] | None:
     when one has no declared headline (a plugin not installed here: its first metric)."""
     names = set()
     for workload in workload_names:
-        cls = workloads.registered().get(workload)
-        primary = {spec.name for spec in cls.metrics if spec.primary} if cls else set()
+        found = workloads.manifest(workload)   # from the plugin index: no plugin imported
+        primary = {spec.name for spec in found.metrics if spec.primary} if found else set()
         if not primary and not workload.endswith((" (host)", " prepare")):
             return None
         names |= primary
