@@ -25,11 +25,12 @@ from vmtax.analysis.tune import TuneSummary
 # elsewhere stay reachable here.
 from vmtax.report.figure import (BAR_SIZE, DPI, STYLE, SWEEP_SIZE, Chart, inline_svg,
                                  render, target_colors)
-from vmtax.report.study_plots import boot_ecdf, density_memory, tune_forest
+from vmtax.report.study_plots import boot_ecdf, density_ksm, density_memory, tune_forest
 from vmtax.report.summary_plots import declared, distributions, normalized_bars, numeric, sweeps
 
 __all__ = ["BAR_SIZE", "DPI", "SWEEP_SIZE", "Chart", "inline_svg", "render", "target_colors",
-           "boot_ecdf", "density_memory", "tune_forest", "numeric", "charts", "run_charts"]
+           "boot_ecdf", "density_ksm", "density_memory", "tune_forest", "numeric", "charts",
+           "run_charts"]
 
 # -- all figures, rendering --------------------------------------------------------------------
 
@@ -53,4 +54,5 @@ def run_charts(run: Any, labels: dict[str, str],
                tune: TuneSummary | None = None) -> list[Chart]:
     """Figures drawn from a stored run itself rather than its summary (E4), and a tune
     stage's (tune: its verdicts, RunModel.tune)."""
-    return [*density_memory(run, labels), *boot_ecdf(run, labels), *tune_forest(tune, labels)]
+    return [*density_memory(run, labels), *density_ksm(run, labels),
+            *boot_ecdf(run, labels), *tune_forest(tune, labels)]

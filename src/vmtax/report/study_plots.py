@@ -81,6 +81,44 @@ def density_memory(run: Any, labels: dict[str, str]) -> list[Chart]:
                                   pss, labels))]
 
 
+def density_ksm(run: Any, labels: dict[str, str]) -> list[Chart]:
+    """KSM's merge curve: memory it saved against the seconds of the study, one line per
+    target measured with KSM on, a marker where each step's wait for merging ended."""
+    lines: dict[str, list[records.KsmReading]] = {}
+    for reading in records.ksm_readings(run):
+        lines.setdefault(reading.target, []).append(reading)
+    if not lines:
+        return []
+    colors = _run_colors(list(lines))
+    title = "density: KSM merge curve"
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=SWEEP_SIZE, dpi=DPI, layout="constrained")
+        ax = fig.subplots()
+        for target, readings in lines.items():
+            readings = sorted(readings, key=lambda r: r.seconds)
+            ax.plot([r.seconds for r in readings], [r.saved for r in readings],
+                    color=colors[target], linewidth=1.6, label=labels.get(target, target))
+            ends: dict[float, records.KsmReading] = {}
+            for r in readings:   # each step's last reading
+                ends[r.instances] = r
+            ax.plot([r.seconds for r in ends.values()], [r.saved for r in ends.values()],
+                    color=colors[target], linestyle="none", marker="o", markersize=3)
+            last = readings[-1]
+            ax.annotate(f"{last.instances:g} instances", (last.seconds, last.saved),
+                        fontsize=7, xytext=(-4, 4), textcoords="offset points", ha="right")
+        ax.set_xlabel("seconds since the study started")
+        ax.set_ylabel("memory KSM saved (MiB)")
+        ax.grid(True, axis="y", color="#eef0f2")
+        fig.legend(loc="outside right upper", fontsize=8)
+        fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                     fontweight=STYLE["axes.titleweight"])
+    return [Chart("density-ksm-curve", title,
+                  "Memory KSM saved (pages_sharing × page size) while each step waited for "
+                  "merging to settle, against the seconds since the study started; a dot "
+                  "where each step's wait ended (the next step's instances start after "
+                  "it).", fig)]
+
+
 def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
     """Cold-start times as empirical CDFs: one line per target, to ready (solid) and to
     the first HTTP answer (dashed)."""
