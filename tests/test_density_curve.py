@@ -4,6 +4,7 @@ a budget ended it, and KSM's merge curve: stored, drawn, and in one terminal lin
 import dataclasses
 
 import pytest
+from test_density import FakeTarget, host  # noqa: F401 - host: a fixture
 from test_density_compare import step
 
 from vmtax.core import plugin
@@ -48,17 +49,8 @@ def test_cpus_with_room_are_not_called_the_limit():
     assert density.http_line(old) is None
 
 
-def test_a_budget_that_ends_it_says_what_the_next_step_needed(monkeypatch):
-    from test_density import FakeTarget, host  # noqa: F401 - the fixture's parts
-    used = [1000]
-    info = lambda: {"MemTotal": 4096 * 1024, "MemAvailable": (4096 - used[0]) * 1024,  # noqa: E731
-                    "Slab": 0, "PageTables": 0, "KernelStack": 0}
-    monkeypatch.setattr(density.hugepages, "meminfo", info)
-    monkeypatch.setattr(density, "settle", lambda *a, **k: (True, 0.0, info()))
-    monkeypatch.setattr(density, "probe_http",
-                        lambda instances, timeout: {i.address: 1.0 for i in instances})
-    monkeypatch.setattr(density.ksm, "counters", lambda: {})
-    outcome = density.study(FakeTarget(used), "net",
+def test_a_budget_that_ends_it_says_what_the_next_step_needed(host):  # noqa: F811
+    outcome = density.study(FakeTarget(host), "net",
                             settings(max=50, singles=2, batch=3, budget="1G"), False, None)
     assert outcome.stopped == "budget"
     assert outcome.detail == ("8 instances took 800 MiB; 3 more at 100.0 MiB each would take "
@@ -113,3 +105,13 @@ def test_the_ksm_curve_figure_from_a_stored_run():
     assert chart.slug == "density-ksm-curve"
     assert plots.render(chart, "png").startswith(b"\x89PNG")
     assert "density-ksm-curve" in [c.slug for c in plots.run_charts(run, {})]
+
+
+def test_a_steps_line_has_the_slowest_answer_and_the_cpu_per_instance():
+    from vmtax.cli.density import _step_line
+    s = dataclasses.replace(step(200, 10, 8000.0, 7400.0), http_wait=90.0, http_slowest=61.5,
+                            host_busy=97.0, instances_cpu=0.4)
+    line = _step_line("vm:tcg", True, s)
+    assert "200/200 answer HTTP (the slowest after 61.5 s of 90)" in line
+    assert line.endswith("idle, host CPUs 97% busy, the instances 40% of one core "
+                         "(0.20% each)")

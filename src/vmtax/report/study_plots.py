@@ -34,6 +34,15 @@ def _density_lines(run: Any, metric: str) -> dict[tuple[str, str], list[tuple[fl
     return {key: sorted(points) for key, points in lines.items()}
 
 
+def _finish(fig: Figure, ax: Any, title: str, grid: str) -> None:
+    """The E4 figures' common frame: light grid lines on one axis, the legend outside on
+    the right, the title left."""
+    ax.grid(True, axis=grid, color="#eef0f2")
+    fig.legend(loc="outside right upper", fontsize=8)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                 fontweight=STYLE["axes.titleweight"])
+
+
 def _density_figure(title: str, ylabel: str,
                     lines: dict[tuple[str, str], list[tuple[float, float]]],
                     labels: dict[str, str]) -> Figure:
@@ -48,10 +57,7 @@ def _density_figure(title: str, ylabel: str,
                 linewidth=1.6, label=f"{labels.get(target, target)}, KSM {ksm}")
     ax.set_xlabel("instances")
     ax.set_ylabel(ylabel)
-    ax.grid(True, axis="x", color="#eef0f2")
-    fig.legend(loc="outside right upper", fontsize=8)
-    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
-                 fontweight=STYLE["axes.titleweight"])
+    _finish(fig, ax, title, "x")
     return fig
 
 
@@ -108,10 +114,7 @@ def density_ksm(run: Any, labels: dict[str, str]) -> list[Chart]:
                         fontsize=7, xytext=(-4, 4), textcoords="offset points", ha="right")
         ax.set_xlabel("seconds since the study started")
         ax.set_ylabel("memory KSM saved (MiB)")
-        ax.grid(True, axis="y", color="#eef0f2")
-        fig.legend(loc="outside right upper", fontsize=8)
-        fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
-                     fontweight=STYLE["axes.titleweight"])
+        _finish(fig, ax, title, "y")
     return [Chart("density-ksm-curve", title,
                   "Memory KSM saved (pages_sharing × page size) while each step waited for "
                   "merging to settle, against the seconds since the study started; a dot "
@@ -148,10 +151,7 @@ def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
                 max(max(v) for v in times.values()) / min(min(v) for v in times.values()) \
                 >= LOG_SPAN / 10:
             ax.set_xscale("log")
-        ax.grid(True, axis="x", color="#eef0f2")
-        fig.legend(loc="outside right upper", fontsize=8)
-        fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
-                     fontweight=STYLE["axes.titleweight"])
+        _finish(fig, ax, title, "x")
     return [Chart("boot-ecdf", title,
                   "Each cold start's time to ready (solid: a guest's agent READY, a "
                   "container's first process) and to its first HTTP answer (dashed); "
