@@ -115,3 +115,14 @@ def test_a_steps_line_has_the_slowest_answer_and_the_cpu_per_instance():
     assert "200/200 answer HTTP (the slowest after 61.5 s of 90)" in line
     assert line.endswith("idle, host CPUs 97% busy, the instances 40% of one core "
                          "(0.20% each)")
+
+
+def test_pages_ksm_merged_with_ksm_off_are_a_warning():
+    s = dataclasses.replace(step(10, 5, 900.0, 700.0), merged=160.0)
+    summary = density.summarize(density.Outcome("vm:tcg", False, [s], "max", 0.0))
+    assert summary.warning is not None
+    assert summary.warning.startswith("KSM had merged 160 MiB of these instances although")
+    clean = dataclasses.replace(s, merged=0.0)
+    assert density.summarize(density.Outcome("vm:tcg", False, [clean], "max", 0.0)).warning \
+        is None
+    assert density.merging_pages(2 ** 22 + 1) == 0   # no such process

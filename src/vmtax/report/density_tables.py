@@ -53,6 +53,8 @@ def print_summaries(out: Console, summaries: Sequence[Any],
         setting = f"{escape(s.target)} (KSM {'on' if s.ksm else 'off'})"
         if s.not_results:
             out.print(f"[yellow]not a result:[/yellow] {setting}: {escape(s.not_results)}")
+        if s.warning:
+            out.print(f"[yellow]warning:[/yellow] {setting}: {escape(s.warning)}")
         if s.detail:
             out.print(f"ended by {escape(s.stopped)}, {setting}: {escape(s.detail)}")
         if line is not None:

@@ -61,6 +61,7 @@ KERNEL_LINES = ("Slab", "PageTables", "KernelStack")
 # The host's CPUs are saturated (the limit of instances answering) when at least this
 # share of them was busy while the instances idled.
 SATURATED = 90.0
+PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 # Written and run inside the instance by its own shell: no host shell, no host files.
 SERVE_SCRIPT = r"""
@@ -227,6 +228,14 @@ def settle(threshold_mib: float, window: float, timeout: float,
         sleep(min(0.5, window / 5))
 
 
+def merging_pages(pid: int) -> int:
+    """Pages of pid that KSM merged (0: none, or a kernel before 5.19, or pid gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/ksm_merging_pages").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def memory_of(pids: Sequence[int]) -> tuple[int, int]:
     """(RSS, PSS) in KiB summed over pids (those gone count nothing)."""
     rss = pss = 0
@@ -310,6 +319,9 @@ class Step:
     # the slowest answer, in seconds from the check's start.
     load: float | None = None
     cpus: int | None = None
+    # MiB of the instances' pages KSM had merged (/proc/PID/ksm_merging_pages): with KSM
+    # off, more than 0 means another process turned KSM on meanwhile, and PSS is low.
+    merged: float | None = None
     http_wait: float | None = None
     http_slowest: float | None = None
 
@@ -434,6 +446,7 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
     if not with_ksm:
         counters = ksm.counters()
     rss, pss = memory_of(pids)
+    merged_mib = sum(map(merging_pages, pids)) * PAGE_MIB
     cpus = os.cpu_count() or 1
     load = os.getloadavg()[0] / cpus
     wait = settings.http_deadline(load if busy_share_pct >= SATURATED else 1.0)
@@ -451,7 +464,7 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
         boot_seconds=[round(i.boot_seconds, 4) for i in added if i.boot_seconds is not None],
         ksm_curve=curve, host_busy=round(busy_share_pct, 1),
         instances_cpu=None if own_cpu is None else round(own_cpu, 3),
-        load=round(load, 2), cpus=cpus, http_wait=wait,
+        load=round(load, 2), cpus=cpus, merged=round(merged_mib, 1), http_wait=wait,
         http_slowest=round(max(times), 2) if times else None)
 
 
@@ -481,6 +494,7 @@ class Summary:
     cpus: int | None = None
     # What the budget or the host's memory that ended it came to (Outcome.detail).
     detail: str = ""
+    warning: str | None = None    # a figure the host made less than it seems
 
 
 def summarize(outcome: Outcome) -> Summary:
@@ -505,12 +519,17 @@ def summarize(outcome: Outcome) -> Summary:
                 "freed memory while these started, so the host's used memory says nothing "
                 "of them here; PSS stands")
     kept = {name: None if name in impossible else value for name, value in from_used.items()}
+    warning = None
+    if not outcome.ksm and last.merged:
+        warning = (f"KSM had merged {last.merged:,.0f} MiB of these instances although this "
+                   "study ran with KSM off (another process turned it on meanwhile): their "
+                   "PSS is up to that much lower than with KSM off")
     return Summary(
         outcome.target, outcome.ksm, n, outcome.stopped, kept["raw"], kept["adjusted"],
         round(last.pss / n, 2), kept["marginal"],
         all(s.answering == s.instances for s in steps), last.settled, note,
         last.answering, last.http_slowest, last.http_wait, last.host_busy,
-        last.instances_cpu, last.cpus, outcome.detail)
+        last.instances_cpu, last.cpus, outcome.detail, warning)
 
 
 def http_line(summary: Summary) -> str | None:
@@ -581,7 +600,6 @@ def step_metrics(step: Step) -> list[Metric]:
     return metrics
 
 
-PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 CURVE_READINGS = 24   # per step, stored as metrics (the step's JSON keeps every reading)
 
 
