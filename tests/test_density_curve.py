@@ -41,6 +41,15 @@ def test_saturated_cpus_are_named_as_the_limit_with_the_cpu_per_instance():
                          "processes than the instances")
 
 
+def test_saturated_cpus_are_no_limit_when_every_instance_answered():
+    s = dataclasses.replace(step(200, 10, 8000.0, 7400.0), http_wait=90.0, http_slowest=18.9,
+                            cpus=2, host_busy=100.0, instances_cpu=0.42)
+    line = density.http_line(density.summarize(density.Outcome("v", True, [s], "max", 0.0)))
+    assert line is not None and "limit" not in line
+    assert line.endswith("the host's 2 CPUs were saturated, 1.58 of them busy with other "
+                         "processes than the instances")
+
+
 def test_cpus_with_room_are_not_called_the_limit():
     line = density.http_line(summary(host_busy=40.0, instances_cpu=0.4))
     assert line is not None and "limit" not in line and line.endswith("40% busy")
@@ -67,6 +76,24 @@ def curve_outcome():
                                  ksm_curve=[[20.0, 0], [30.0, int(50 / page)],
                                             [40.0, int(100 / page)], [50.0, int(100 / page)]])]
     return density.Outcome("vm:tcg", True, steps, "max", 0.0)
+
+
+def test_density_show_prints_the_stored_merge_curve(tmp_path):
+    from vmtax.results.store import Store
+    from vmtax.studies.plan import TargetSpec
+    from vmtax.results import study_records as records
+    store = Store(tmp_path)
+    outcome = curve_outcome()
+    run_id = store.new_run(density.stored_plan(density.WORKLOAD,
+                                               {"vm:tcg": TargetSpec("vm:tcg", "vm")}),
+                           {"kernel": "6.1"}, "0")
+    for i, s in enumerate(outcome.steps):
+        store.add_rep(run_id, target="vm:tcg", workload=density.WORKLOAD,
+                      params=density.params(True), phase=records.STEP, idx=i, status="ok",
+                      argv=["density"], started=0.0, stdout=density.json_step(s),
+                      metrics=density.step_metrics(s))
+    study = density.stored_study(store.load_run(run_id, with_output=True))
+    assert study.curves == [density.ksm_curve_line(outcome)]
 
 
 def test_ksm_merge_curve_in_one_line():

@@ -138,6 +138,9 @@ def print_comparison(studies: list[density.StoredStudy]) -> None:
     rows, kinds = density.combine(studies)
     print_summaries([s for _, s in rows], comparison_notes(studies, rows, kinds),
                     runs=[run for run, _ in rows])
+    for study in studies:
+        for line in study.curves:
+            out.print(escape(f"{line} (run {study.run_id})" if len(studies) > 1 else line))
 
 
 def comparison_notes(studies: list[density.StoredStudy], rows: list[tuple[str, density.Summary]],

@@ -550,8 +550,10 @@ def http_line(summary: Summary) -> str | None:
              f"{cpus} CPUs ({summary.instances_cpu / n * 100:.2f}% of one each), "
              f"the host was {summary.host_busy:.0f}% busy")
     if summary.host_busy >= SATURATED:
+        # Limit: some did not answer; else the CPUs only slowed the answers.
         others = max(0.0, summary.host_busy / 100 * cpus - summary.instances_cpu)
-        line += (f": the host's {cpus} CPUs are the limit"
+        line += (f": the host's {cpus} CPUs "
+                 + ("are the limit" if summary.answering < n else "were saturated")
                  + (f", {others:.2f} of them busy with other processes than the instances"
                     if others >= summary.instances_cpu else ""))
     return line
@@ -699,6 +701,7 @@ class StoredStudy:
     summaries: list[Summary]
     kinds: dict[str, str]         # target label -> target kind
     kernel: str                   # the host's kernel release when it ran
+    curves: list[str] = field(default_factory=list)   # ksm_curve_line of each KSM-on study
 
 
 def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredStudy:
@@ -720,7 +723,8 @@ def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredSt
              if isinstance(t, dict) and "name" in t}
     kinds.update({name: t.get("kind", kinds.get(name, "")) for name, t in run.targets.items()})
     return StoredStudy(run.id, [summarize(o) for o in outcomes], kinds,
-                       str(run.host.get("kernel", "")))
+                       str(run.host.get("kernel", "")),
+                       [line for o in outcomes if (line := ksm_curve_line(o))])
 
 
 def combine(studies: Sequence[StoredStudy]) -> tuple[list[tuple[str, Summary]],
