@@ -102,11 +102,17 @@ def density_ksm(run: Any, labels: dict[str, str]) -> list[Chart]:
         ax = fig.subplots()
         for target, readings in lines.items():
             readings = sorted(readings, key=lambda r: r.seconds)
-            ax.plot([r.seconds for r in readings], [r.saved for r in readings],
-                    color=colors[target], linewidth=1.6, label=labels.get(target, target))
+            # One segment per step's wait: between them instances start, unread (a gap).
+            xs: list[float] = []
+            ys: list[float] = []
             ends: dict[float, records.KsmReading] = {}
-            for r in readings:   # each step's last reading
-                ends[r.instances] = r
+            for r in readings:
+                if ends and r.instances not in ends:
+                    xs, ys = [*xs, float("nan")], [*ys, float("nan")]
+                xs, ys = [*xs, r.seconds], [*ys, r.saved]
+                ends[r.instances] = r   # each step's last reading
+            ax.plot(xs, ys, color=colors[target], linewidth=1.6,
+                    label=labels.get(target, target))
             ax.plot([r.seconds for r in ends.values()], [r.saved for r in ends.values()],
                     color=colors[target], linestyle="none", marker="o", markersize=3)
             last = readings[-1]
@@ -118,8 +124,8 @@ def density_ksm(run: Any, labels: dict[str, str]) -> list[Chart]:
     return [Chart("density-ksm-curve", title,
                   "Memory KSM saved (pages_sharing × page size) while each step waited for "
                   "merging to settle, against the seconds since the study started; a dot "
-                  "where each step's wait ended (the next step's instances start after "
-                  "it).", fig)]
+                  "where each step's wait ended. The gaps: the next step's instances "
+                  "starting, and memory settling, while KSM is not read.", fig)]
 
 
 def boot_ecdf(run: Any, labels: dict[str, str]) -> list[Chart]:
