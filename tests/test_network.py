@@ -274,7 +274,7 @@ def test_a_failed_bridge_removes_the_namespace(j):
 def test_destroy_removes_newest_first_and_is_idempotent(j):
     net, ip = make(j)
     net.create()
-    net.attach_tap(), net.attach_veth(PID)
+    t, v = net.attach_tap(), net.attach_veth(PID)
     before = len(ip.calls)
     net.destroy()
     assert ip.calls[before:] == [
