@@ -2,7 +2,7 @@
 VENV := .venv
 VMTAX := $(VENV)/bin/vmtax
 
-.PHONY: deps venv run test builds test-unit lint bench bench-stats torture clean
+.PHONY: deps venv run test builds test-unit lint bench bench-stats torture torture-density clean
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -44,6 +44,11 @@ bench-stats: deps
 # kill -9, fuzzing, corrupt databases (issue #16); `make test` runs its --quick form.
 torture: deps
 	$(VENV)/bin/python scripts/torture.py
+
+# kill -9 with 200 TCG guests of `vmtax density` up: nothing left within 10 s (issue #37;
+# tens of minutes, so in neither `make test` nor `make torture`).
+torture-density: deps
+	$(VENV)/bin/python scripts/torture_density.py --instances 200
 
 clean:
 	rm -rf $(VENV) results test-artifacts

@@ -62,8 +62,9 @@ def check(result: dict, target: str, count: int, ksm_settings: list[bool]) -> No
         steps = outcome["steps"]
         assert outcome["stopped"] == "max", outcome["stopped"]
         assert steps[-1]["instances"] == count
-        # Every instance answers HTTP at every step.
+        # Every instance answers HTTP at every step, each asked until it answered.
         assert [s["answering"] for s in steps] == [s["instances"] for s in steps]
+        assert all(0 <= s["http_slowest"] <= s["http_wait"] for s in steps)
         assert all(s["pss"] > 0 and s["rss"] >= s["pss"] for s in steps)
         if outcome["ksm"]:
             assert "pages_sharing" in steps[-1]["ksm"]

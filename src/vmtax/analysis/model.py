@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vmtax.analysis import composite, profile
@@ -18,7 +18,7 @@ from vmtax.analysis.profile import CellProfile
 from vmtax.analysis.summary import Cell, CompareRow, Row, RunSummary
 from vmtax.core.errors import VmtaxError
 from vmtax.results import study_records as records
-from vmtax.results.study_records import BootStart, DensityPoint
+from vmtax.results.study_records import BootStart, DensityPoint, KsmReading
 from vmtax.results.store import Run
 
 
@@ -29,6 +29,7 @@ class StudyRecords:
     # Metric (records.USED_DELTA, records.PSS_TOTAL) -> its value at each density step.
     density: dict[str, list[DensityPoint]]
     starts: list[BootStart]              # every milestone of every cold start
+    ksm: list[KsmReading] = field(default_factory=list)   # KSM's merge curve, as read
 
 
 def study_records(run: Run) -> StudyRecords:
@@ -37,7 +38,7 @@ def study_records(run: Run) -> StudyRecords:
         return StudyRecords({}, [])
     return StudyRecords({metric: records.density_points(run, metric)
                          for metric in (records.USED_DELTA, records.PSS_TOTAL)},
-                        records.boot_starts(run))
+                        records.boot_starts(run), records.ksm_readings(run))
 
 
 @dataclass

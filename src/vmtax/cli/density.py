@@ -97,9 +97,12 @@ def _step_line(name: str, with_ksm: bool, step: density.Step) -> str:
     return (f"{name} (KSM {'on' if with_ksm else 'off'}): {step.instances} instances, "
             f"used +{step.used_delta:.0f} MiB, PSS {step.pss / step.instances:.1f} "
             f"MiB/instance, {step.answering}/{step.instances} answer HTTP"
+            + (f" (the slowest after {step.http_slowest:.1f} s of {step.http_wait:g})"
+               if step.http_slowest is not None and step.http_wait is not None else "")
             + ("" if step.settled else ", memory not settled") + ksm
             + (f"; idle, host CPUs {step.host_busy:.0f}% busy, the instances "
-               f"{step.instances_cpu * 100:.0f}% of one core"
+               f"{step.instances_cpu * 100:.0f}% of one core "
+               f"({step.instances_cpu / step.instances * 100:.2f}% each)"
                if step.host_busy is not None and step.instances_cpu is not None else ""))
 
 
@@ -116,7 +119,8 @@ def print_summaries(summaries: list[density.Summary], notes: Iterable[str] = (),
     from vmtax.report import density_tables
 
     density_tables.print_summaries(out, summaries, density.ratios(summaries),
-                                   density.ratio_lines(summaries), notes, runs)
+                                   density.ratio_lines(summaries), notes, runs,
+                                   [density.http_line(s) for s in summaries])
 
 
 def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:
@@ -134,6 +138,9 @@ def print_comparison(studies: list[density.StoredStudy]) -> None:
     rows, kinds = density.combine(studies)
     print_summaries([s for _, s in rows], comparison_notes(studies, rows, kinds),
                     runs=[run for run, _ in rows])
+    for study in studies:
+        for line in study.curves:
+            out.print(escape(f"{line} (run {study.run_id})" if len(studies) > 1 else line))
 
 
 def comparison_notes(studies: list[density.StoredStudy], rows: list[tuple[str, density.Summary]],
@@ -237,6 +244,8 @@ def density_command(args, target_names, max_, batch, singles, budget, ksm, quick
     else:
         print_summaries(summaries, comparison_notes([this], [(run_id, s) for s in summaries],
                                                     kinds))
+        for line in filter(None, map(density.ksm_curve_line, outcomes)):
+            out.print(escape(line))
         if others:
             print_comparison([this, *others])
 

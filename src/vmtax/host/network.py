@@ -29,7 +29,9 @@ Every namespace and device is journaled (an argv undo entry) before it is made, 
 undone first: endpoints, then the bridge, then the namespace. `destroy()` runs those undo
 entries (and is idempotent); after a crash, the guardian or the next start's
 `journal.recover()` runs them. Deleting the namespace would remove the devices in it anyway,
-but only once no process holds it any more: a device deleted by name goes at once. Addresses
+but only once no process holds it any more: a device deleted by name goes at once. (A whole
+journal undone after a crash leaves them to the namespace's deletion, its processes killed
+by the same undo: one by one, 200 guests' taps took seconds; `Journal.undo_all`.) Addresses
 and routes live on those devices and go with them. A container's end of a veth pair is
 removed with its peer (and with the container's namespace). One host change is not undone:
 the first `ip netns add` on a host makes /run/netns a shared bind mount, which iproute2

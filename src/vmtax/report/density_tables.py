@@ -14,10 +14,12 @@ from vmtax.core.text import markup as escape  # control characters too
 
 def print_summaries(out: Console, summaries: Sequence[Any],
                     ratio: dict[tuple[str, bool], float], ratio_lines: list[str],
-                    notes: Iterable[str] = (), runs: list[str] | None = None) -> None:
+                    notes: Iterable[str] = (), runs: list[str] | None = None,
+                    http_lines: Sequence[str | None] = ()) -> None:
     """The table of memory per instance (summaries: vmtax.studies.density.Summary; ratio
     and ratio_lines: its ratios, density.ratios and density.ratio_lines); runs: the run of
-    each summary (across runs)."""
+    each summary (across runs); http_lines: each summary's HTTP check in words
+    (density.http_line)."""
     title = "Memory per instance (MiB)" + (", across runs" if runs else "")
     # Spaces between columns, not rules: the room goes to the numbers and names.
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
@@ -38,18 +40,25 @@ def print_summaries(out: Console, summaries: Sequence[Any],
                       num(s.pss), num(s.marginal), "–" if r is None else f"{r:.2f}",
                       "all" if s.all_answered else "NOT ALL")
     out.print(table)
-    for line in ratio_lines:
-        out.print(f"density ratio, {escape(line)}")
+    for ratio_line in ratio_lines:
+        out.print(f"density ratio, {escape(ratio_line)}")
     out.print("raw = host used memory delta / instances; adjusted = the same minus the "
               "growth of Slab, PageTables and KernelStack (kernel memory the instances "
               "made); PSS = the instances' processes, shared pages divided; marginal = the "
               "last batch's delta per instance; ratio = adjusted cost / the cheapest "
               "target's with the same KSM setting; HTTP = instances answering at every "
               "step.")
-    for s in summaries:
+    checks: list[str | None] = [*http_lines, *[None] * len(summaries)]
+    for s, line in zip(summaries, checks):
+        setting = f"{escape(s.target)} (KSM {'on' if s.ksm else 'off'})"
         if s.not_results:
-            out.print(f"[yellow]not a result:[/yellow] {escape(s.target)} (KSM "
-                      f"{'on' if s.ksm else 'off'}): {escape(s.not_results)}")
+            out.print(f"[yellow]not a result:[/yellow] {setting}: {escape(s.not_results)}")
+        if s.warning:
+            out.print(f"[yellow]warning:[/yellow] {setting}: {escape(s.warning)}")
+        if s.detail:
+            out.print(f"ended by {escape(s.stopped)}, {setting}: {escape(s.detail)}")
+        if line is not None:
+            out.print(f"HTTP, {escape(line)}")
     if not all(s.settled for s in summaries if s.instances):
         out.print("[yellow]warning:[/yellow] host memory did not settle after the last step "
                   "(something else on the host allocates or frees memory): raw, adjusted "

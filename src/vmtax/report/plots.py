@@ -26,11 +26,12 @@ from vmtax.analysis.tune import TuneSummary
 # elsewhere stay reachable here.
 from vmtax.report.figure import (BAR_SIZE, DPI, STYLE, SWEEP_SIZE, Chart, inline_svg,
                                  render, target_colors)
-from vmtax.report.study_plots import boot_ecdf, density_memory, tune_forest
+from vmtax.report.study_plots import boot_ecdf, density_ksm, density_memory, tune_forest
 from vmtax.report.summary_plots import declared, distributions, normalized_bars, numeric, sweeps
 
 __all__ = ["BAR_SIZE", "DPI", "SWEEP_SIZE", "Chart", "inline_svg", "render", "target_colors",
-           "boot_ecdf", "density_memory", "tune_forest", "numeric", "charts", "run_charts"]
+           "boot_ecdf", "density_ksm", "density_memory", "tune_forest", "numeric", "charts",
+           "run_charts"]
 
 # -- all figures, rendering --------------------------------------------------------------------
 
@@ -55,5 +56,5 @@ def run_charts(run: Any, labels: dict[str, str], records: StudyRecords,
     """Figures drawn from what a study stored instead of repetitions (E4: records, read
     by analysis.model.study_records), and a tune stage's (tune: its verdicts,
     RunModel.tune)."""
-    return [*density_memory(run, labels, records.density), *boot_ecdf(records.starts, labels),
-            *tune_forest(tune, labels)]
+    return [*density_memory(run, labels, records.density), *density_ksm(records.ksm, labels),
+            *boot_ecdf(records.starts, labels), *tune_forest(tune, labels)]

@@ -35,6 +35,15 @@ def _density_lines(points: list[records.DensityPoint]
     return {key: sorted(points) for key, points in lines.items()}
 
 
+def _finish(fig: Figure, ax: Any, title: str, grid: str) -> None:
+    """The E4 figures' common frame: light grid lines on one axis, the legend outside on
+    the right, the title left."""
+    ax.grid(True, axis=grid, color="#eef0f2")
+    fig.legend(loc="outside right upper", fontsize=8)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
+                 fontweight=STYLE["axes.titleweight"])
+
+
 def _density_figure(title: str, ylabel: str,
                     lines: dict[tuple[str, str], list[tuple[float, float]]],
                     labels: dict[str, str]) -> Figure:
@@ -49,10 +58,7 @@ def _density_figure(title: str, ylabel: str,
                 linewidth=1.6, label=f"{labels.get(target, target)}, KSM {ksm}")
     ax.set_xlabel("instances")
     ax.set_ylabel(ylabel)
-    ax.grid(True, axis="x", color="#eef0f2")
-    fig.legend(loc="outside right upper", fontsize=8)
-    fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
-                 fontweight=STYLE["axes.titleweight"])
+    _finish(fig, ax, title, "x")
     return fig
 
 
@@ -81,6 +87,47 @@ def density_memory(run: Any, labels: dict[str, str],
                   "among their sharers) per instance, after each step.",
                   _density_figure("density: memory per instance", "PSS per instance (MiB)",
                                   pss, labels))]
+
+
+def density_ksm(readings: list[records.KsmReading], labels: dict[str, str]) -> list[Chart]:
+    """KSM's merge curve: memory it saved against the seconds of the study, one line per
+    target measured with KSM on, a marker where each step's wait for merging ended."""
+    lines: dict[str, list[records.KsmReading]] = {}
+    for reading in readings:
+        lines.setdefault(reading.target, []).append(reading)
+    if not lines:
+        return []
+    colors = _run_colors(list(lines))
+    title = "density: KSM merge curve"
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=SWEEP_SIZE, dpi=DPI, layout="constrained")
+        ax = fig.subplots()
+        for target, readings in lines.items():
+            readings = sorted(readings, key=lambda r: r.seconds)
+            # One segment per step's wait: between them instances start, unread (a gap).
+            xs: list[float] = []
+            ys: list[float] = []
+            ends: dict[float, records.KsmReading] = {}
+            for r in readings:
+                if ends and r.instances not in ends:
+                    xs, ys = [*xs, float("nan")], [*ys, float("nan")]
+                xs, ys = [*xs, r.seconds], [*ys, r.saved]
+                ends[r.instances] = r   # each step's last reading
+            ax.plot(xs, ys, color=colors[target], linewidth=1.6,
+                    label=labels.get(target, target))
+            ax.plot([r.seconds for r in ends.values()], [r.saved for r in ends.values()],
+                    color=colors[target], linestyle="none", marker="o", markersize=3)
+            last = readings[-1]
+            ax.annotate(f"{last.instances:g} instances", (last.seconds, last.saved),
+                        fontsize=7, xytext=(-4, 4), textcoords="offset points", ha="right")
+        ax.set_xlabel("seconds since the study started")
+        ax.set_ylabel("memory KSM saved (MiB)")
+        _finish(fig, ax, title, "y")
+    return [Chart("density-ksm-curve", title,
+                  "Memory KSM saved (pages_sharing × page size) while each step waited for "
+                  "merging to settle, against the seconds since the study started; a dot "
+                  "where each step's wait ended. The gaps: the next step's instances "
+                  "starting, and memory settling, while KSM is not read.", fig)]
 
 
 def boot_ecdf(starts: list[records.BootStart], labels: dict[str, str]) -> list[Chart]:
@@ -112,10 +159,7 @@ def boot_ecdf(starts: list[records.BootStart], labels: dict[str, str]) -> list[C
                 max(max(v) for v in times.values()) / min(min(v) for v in times.values()) \
                 >= LOG_SPAN / 10:
             ax.set_xscale("log")
-        ax.grid(True, axis="x", color="#eef0f2")
-        fig.legend(loc="outside right upper", fontsize=8)
-        fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
-                     fontweight=STYLE["axes.titleweight"])
+        _finish(fig, ax, title, "x")
     return [Chart("boot-ecdf", title,
                   "Each cold start's time to ready (solid: a guest's agent READY, a "
                   "container's first process) and to its first HTTP answer (dashed); "

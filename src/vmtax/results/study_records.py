@@ -16,6 +16,11 @@ INSTANCES = "instances"
 KSM = "ksm"
 USED_DELTA = "used delta"       # MiB the host's used memory grew since the first instance
 PSS_TOTAL = "pss total"         # MiB: summed PSS of every instance's host processes
+# KSM's merge curve while a step waited for merging to settle: memory KSM saved
+# (pages_sharing × page size), dimensioned by the instance count and SECONDS since the
+# study (one target, KSM on) started.
+KSM_SAVED = "ksm saved"
+SECONDS = "seconds"
 
 # A boot study's records: one per cold start (phase "measure"), a metric per milestone.
 BOOT = "boot"
@@ -34,6 +39,16 @@ class DensityPoint:
 
 
 @dataclass(frozen=True)
+class KsmReading:
+    """One reading of KSM's merge curve: seconds since the study started, with instances
+    running, and the memory KSM saved (MiB)."""
+    target: str
+    instances: float
+    seconds: float
+    saved: float
+
+
+@dataclass(frozen=True)
 class BootStart:
     """One cold start's time to one milestone ("ready", "guest ready", "first answer"…)."""
     target: str
@@ -48,6 +63,16 @@ def density_points(run: Any, metric: str) -> list[DensityPoint]:
                          float(m.dimensions[INSTANCES]), m.value)
             for rep in run.reps if rep.workload == DENSITY and rep.phase == STEP
             for m in rep.metrics if m.name == metric and INSTANCES in m.dimensions]
+
+
+def ksm_readings(run: Any) -> list[KsmReading]:
+    """KSM's merge curve in a stored density run, every reading of every KSM-on step, in
+    the order stored."""
+    return [KsmReading(rep.target, float(m.dimensions[INSTANCES]),
+                       float(m.dimensions[SECONDS]), m.value)
+            for rep in run.reps if rep.workload == DENSITY and rep.phase == STEP
+            for m in rep.metrics
+            if m.name == KSM_SAVED and INSTANCES in m.dimensions and SECONDS in m.dimensions]
 
 
 def boot_starts(run: Any) -> list[BootStart]:

@@ -58,6 +58,10 @@ MARKER = "vmtax density site"
 # Memory the host keeps for itself: a step that would leave it less is not started.
 HOST_RESERVE = hugepages.HOST_HEADROOM
 KERNEL_LINES = ("Slab", "PageTables", "KernelStack")
+# The host's CPUs are saturated (the limit of instances answering) when at least this
+# share of them was busy while the instances idled.
+SATURATED = 90.0
+PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 # Written and run inside the instance by its own shell: no host shell, no host files.
 SERVE_SCRIPT = r"""
@@ -163,13 +167,25 @@ class Settings(plugin.Options):
     settle_window: float = plugin.option(5.0, "The settle window", unit="s", gt=0)
     settle_timeout: float = plugin.option(60.0, "Give up waiting for memory to settle",
                                           unit="s", gt=0)
-    http_timeout: float = plugin.option(30.0, "How long an instance may take to answer HTTP",
-                                        unit="s", gt=0)
+    http_timeout: float = plugin.option(
+        30.0, "How long an instance may take to answer HTTP on a host with CPU to spare; "
+        "where the host's CPUs are saturated, this times the runnable tasks per CPU",
+        unit="s", gt=0)
+    http_timeout_max: float = plugin.option(
+        600.0, "The HTTP timeout, however saturated the host", unit="s", gt=0)
 
     def problems(self) -> list[tuple[str, str]]:
         if len(set(self.ksm)) != len(self.ksm):
             return [("ksm", "each of false and true at most once")]
+        if self.http_timeout_max < self.http_timeout:
+            return [("http_timeout_max", f"at least http_timeout ({self.http_timeout:g} s)")]
         return []
+
+    def http_deadline(self, load: float) -> float:
+        """Seconds every instance is given to answer HTTP, scaled by load (runnable tasks
+        per CPU, when the CPUs are saturated): each task gets about 1/load of a CPU, so an
+        answer that needs a guest's CPU takes about load times as long."""
+        return round(min(self.http_timeout_max, self.http_timeout * max(1.0, load)), 1)
 
     def sizes(self) -> list[int]:
         """Instances added at each step."""
@@ -212,6 +228,14 @@ def settle(threshold_mib: float, window: float, timeout: float,
         sleep(min(0.5, window / 5))
 
 
+def merging_pages(pid: int) -> int:
+    """Pages of pid that KSM merged (0: none, or a kernel before 5.19, or pid gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/ksm_merging_pages").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def memory_of(pids: Sequence[int]) -> tuple[int, int]:
     """(RSS, PSS) in KiB summed over pids (those gone count nothing)."""
     rss = pss = 0
@@ -224,16 +248,18 @@ def memory_of(pids: Sequence[int]) -> tuple[int, int]:
 
 # Run in the network's namespace by the interpreter running vmtax: GET / of every address
 # at once until each answers with the site or the deadline; prints address -> when it
-# answered (CLOCK_MONOTONIC, the same in every process; null: it did not).
+# answered (CLOCK_MONOTONIC, the same in every process; null: it did not). A request may
+# take all the time left: a guest starved of CPU can need many seconds for one answer,
+# and a shorter per-request timeout would drop it every time, however long the deadline.
 PROBE = r"""
 import json, sys, threading, time, urllib.request
 timeout, port, marker, addresses = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
 start = time.monotonic()
 found = {}
 def one(address):
-    while time.monotonic() - start < timeout:
+    while (left := timeout - (time.monotonic() - start)) > 0:
         try:
-            with urllib.request.urlopen(f"http://{address}:{port}/", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{address}:{port}/", timeout=left) as r:
                 if r.status == 200 and marker in r.read().decode(errors="replace"):
                     found[address] = time.monotonic()
                     return
@@ -250,7 +276,7 @@ print(json.dumps({a: found.get(a) for a in addresses}))
 def probe_http(instances: Sequence[Instance], timeout: float,
                port: int = PORT) -> dict[str, float | None]:
     """Address -> when (time.monotonic()) it answered GET / with the site (None: it did
-    not)."""
+    not within timeout)."""
     reachable = [i for i in instances if i.address]
     if not reachable:
         return {}
@@ -288,6 +314,16 @@ class Step:
     # other processes included) and the instances' own CPU (cores' worth, summed).
     host_busy: float | None = None
     instances_cpu: float | None = None
+    # The HTTP check: every instance asked until it answered or http_wait seconds, scaled
+    # from http_timeout by load (runnable tasks per CPU, 1-minute average, at the check);
+    # the slowest answer, in seconds from the check's start.
+    load: float | None = None
+    cpus: int | None = None
+    # MiB of the instances' pages KSM had merged (/proc/PID/ksm_merging_pages): with KSM
+    # off, more than 0 means another process turned KSM on meanwhile, and PSS is low.
+    merged: float | None = None
+    http_wait: float | None = None
+    http_slowest: float | None = None
 
 
 @dataclass
@@ -297,6 +333,7 @@ class Outcome:
     steps: list[Step]
     stopped: str                  # why it ended: "max", "budget", "memory", "a start failed: …"
     baseline_used: float          # MiB
+    detail: str = ""              # budget, memory: what the next step needed against what was left
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -329,11 +366,23 @@ def study(target: Target, network: Any, settings: Settings, with_ksm: bool, jour
             for size in settings.sizes():
                 info = hugepages.meminfo()
                 need = per_instance * size
+                running = len(factory.instances)
                 if last_used + need > budget:
                     outcome.stopped = "budget"
+                    outcome.detail = (
+                        f"{running} instances took {last_used / 1024:,.0f} MiB; {size} more "
+                        f"at {per_instance / 1024:.1f} MiB each would take "
+                        f"{(last_used + need) / 1024:,.0f} MiB, over the budget of "
+                        f"{budget / 1024:,.0f} MiB ({settings.budget}); {settings.max} at "
+                        f"that cost would need {per_instance * settings.max / 1024:,.0f} MiB")
                     break
                 if info["MemAvailable"] - max(need, unmerged * size) < HOST_RESERVE / 1024:
                     outcome.stopped = "memory"
+                    outcome.detail = (
+                        f"{running} instances running; {size} more need "
+                        f"{max(need, unmerged * size) / 1024:,.0f} MiB before KSM merges "
+                        f"any of it, the host has {info['MemAvailable'] / 1024:,.0f} MiB "
+                        f"available and keeps {HOST_RESERVE / 2**20:,.0f} MiB for itself")
                     break
                 say(f"{target.name} (KSM {'on' if with_ksm else 'off'}): starting {size} "
                     f"more ({len(factory.instances)} running)")
@@ -397,7 +446,13 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
     if not with_ksm:
         counters = ksm.counters()
     rss, pss = memory_of(pids)
-    answers = probe_http(instances, settings.http_timeout)
+    merged_mib = sum(map(merging_pages, pids)) * PAGE_MIB
+    cpus = os.cpu_count() or 1
+    load = os.getloadavg()[0] / cpus
+    wait = settings.http_deadline(load if busy_share_pct >= SATURATED else 1.0)
+    asked = time.monotonic()
+    answers = probe_http(instances, wait)
+    times = [v - asked for v in answers.values() if v is not None]
     return Step(
         instances=len(instances), added=len(added), start_seconds=round(start_seconds, 3),
         used_delta=_mib(used_kib(info) - used_kib(before)),
@@ -408,7 +463,9 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
         ksm=counters, ksm_settled=ksm_settled,
         boot_seconds=[round(i.boot_seconds, 4) for i in added if i.boot_seconds is not None],
         ksm_curve=curve, host_busy=round(busy_share_pct, 1),
-        instances_cpu=None if own_cpu is None else round(own_cpu, 3))
+        instances_cpu=None if own_cpu is None else round(own_cpu, 3),
+        load=round(load, 2), cpus=cpus, merged=round(merged_mib, 1), http_wait=wait,
+        http_slowest=round(max(times), 2) if times else None)
 
 
 # --- what it comes to --------------------------------------------------------------------
@@ -428,6 +485,16 @@ class Summary:
     # Why raw, adjusted or marginal is None although measured: what they came to, which
     # no instance can cost (None: every figure is a result).
     not_results: str | None = None
+    # The last step's HTTP check and the CPU while the instances idled (Step's fields).
+    answering: int = 0
+    http_slowest: float | None = None
+    http_wait: float | None = None
+    host_busy: float | None = None
+    instances_cpu: float | None = None
+    cpus: int | None = None
+    # What the budget or the host's memory that ended it came to (Outcome.detail).
+    detail: str = ""
+    warning: str | None = None    # a figure the host made less than it seems
 
 
 def summarize(outcome: Outcome) -> Summary:
@@ -452,10 +519,44 @@ def summarize(outcome: Outcome) -> Summary:
                 "freed memory while these started, so the host's used memory says nothing "
                 "of them here; PSS stands")
     kept = {name: None if name in impossible else value for name, value in from_used.items()}
+    warning = None
+    if not outcome.ksm and last.merged:
+        warning = (f"KSM had merged {last.merged:,.0f} MiB of these instances although this "
+                   "study ran with KSM off (another process turned it on meanwhile): their "
+                   "PSS is up to that much lower than with KSM off")
     return Summary(
         outcome.target, outcome.ksm, n, outcome.stopped, kept["raw"], kept["adjusted"],
         round(last.pss / n, 2), kept["marginal"],
-        all(s.answering == s.instances for s in steps), last.settled, note)
+        all(s.answering == s.instances for s in steps), last.settled, note,
+        last.answering, last.http_slowest, last.http_wait, last.host_busy,
+        last.instances_cpu, last.cpus, outcome.detail, warning)
+
+
+def http_line(summary: Summary) -> str | None:
+    """The last step's HTTP check in words: how many answered and the slowest; with the
+    CPU the idle instances took, and whether the host's CPUs were the limit (None: not
+    measured)."""
+    if not summary.instances or summary.http_wait is None:
+        return None
+    n = summary.instances
+    line = (f"{summary.target} (KSM {'on' if summary.ksm else 'off'}): "
+            f"{summary.answering}/{n} answered HTTP within {summary.http_wait:g} s"
+            + (f", the slowest after {summary.http_slowest:.1f} s"
+               if summary.http_slowest is not None else ""))
+    if summary.host_busy is None or summary.instances_cpu is None:
+        return line
+    cpus = summary.cpus or 1
+    line += (f"; idle, the {n} instances took {summary.instances_cpu:.2f} of the host's "
+             f"{cpus} CPUs ({summary.instances_cpu / n * 100:.2f}% of one each), "
+             f"the host was {summary.host_busy:.0f}% busy")
+    if summary.host_busy >= SATURATED:
+        # Limit: some did not answer; else the CPUs only slowed the answers.
+        others = max(0.0, summary.host_busy / 100 * cpus - summary.instances_cpu)
+        line += (f": the host's {cpus} CPUs "
+                 + ("are the limit" if summary.answering < n else "were saturated")
+                 + (f", {others:.2f} of them busy with other processes than the instances"
+                    if others >= summary.instances_cpu else ""))
+    return line
 
 
 def ratios(summaries: Sequence[Summary]) -> dict[tuple[str, bool], float]:
@@ -495,7 +596,50 @@ def step_metrics(step: Step) -> list[Metric]:
                     Metric("instances cpu", step.instances_cpu, "cores", False, dims)]
     metrics += [Metric(f"ksm {k}", float(v), "pages", k == "pages_sharing", dims)
                 for k, v in step.ksm.items()]
+    metrics += [Metric(records.KSM_SAVED, saved, "MiB", True,
+                       {**dims, records.SECONDS: f"{seconds:g}"})
+                for seconds, saved in curve_points(step.ksm_curve)]
     return metrics
+
+
+CURVE_READINGS = 24   # per step, stored as metrics (the step's JSON keeps every reading)
+
+
+def curve_points(curve: Sequence[Sequence[float]],
+                 most: int = CURVE_READINGS) -> list[tuple[float, float]]:
+    """(seconds, MiB KSM saved) of a step's merge curve, at most `most` readings of it
+    evenly spread, its first and last always among them."""
+    if not curve:
+        return []
+    count = min(most, len(curve))
+    picks = sorted({round(i * (len(curve) - 1) / max(1, count - 1)) for i in range(count)})
+    return [(float(curve[i][0]), round(curve[i][1] * PAGE_MIB, 2)) for i in picks]
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def ksm_curve_line(outcome: Outcome, width: int = 40) -> str | None:
+    """KSM's merge curve over the whole study in one line: a sparkline of the memory it
+    saved over time, where it ended and when it first came within 10% of that (None: KSM
+    off or no reading)."""
+    readings = [(t, pages * PAGE_MIB) for step in outcome.steps for t, pages in step.ksm_curve]
+    if not outcome.ksm or not readings:
+        return None
+    readings.sort()
+    end_t, end = readings[-1]
+    first_t = readings[0][0]
+    top = max(v for _, v in readings) or 1.0
+    sparks = ""
+    for i in range(width):
+        at = first_t + (end_t - first_t) * i / max(1, width - 1)
+        value = next(v for t, v in reversed(readings) if t <= at + 1e-9)
+        sparks += SPARKS[min(len(SPARKS) - 1, int(value / top * len(SPARKS)))]
+    near = next(t for t, v in readings if v >= 0.9 * end) if end > 0 else end_t
+    return (f"KSM merge curve, {outcome.target}: {sparks} {readings[0][1]:,.0f} → "
+            f"{end:,.0f} MiB saved from {first_t:,.0f} to {end_t:,.0f} s of the study "
+            f"({outcome.steps[-1].instances} instances; within 10% of the end by "
+            f"{near:,.0f} s)")
 
 
 def summary_metrics(summary: Summary, ratio: float | None) -> list[Metric]:
@@ -532,7 +676,9 @@ def load_outcomes(run: Any) -> list[Outcome]:
         if rep.workload == WORKLOAD and rep.phase == "measure":
             key = (rep.target, rep.params.get(records.KSM) == "on")
             if key in found and rep.stdout:
-                found[key].stopped = json.loads(rep.stdout).get("stopped", "")
+                stored = json.loads(rep.stdout)
+                found[key].stopped = stored.get("stopped", "")
+                found[key].detail = stored.get("detail", "")
     return list(found.values())
 
 
@@ -542,7 +688,8 @@ def json_step(step: Step) -> str:
 
 
 def json_summary(outcome: Outcome) -> str:
-    return json.dumps({"stopped": outcome.stopped, "baseline_used": outcome.baseline_used})
+    return json.dumps({"stopped": outcome.stopped, "baseline_used": outcome.baseline_used,
+                       "detail": outcome.detail})
 
 
 # --- across runs -------------------------------------------------------------------------
@@ -554,6 +701,7 @@ class StoredStudy:
     summaries: list[Summary]
     kinds: dict[str, str]         # target label -> target kind
     kernel: str                   # the host's kernel release when it ran
+    curves: list[str] = field(default_factory=list)   # ksm_curve_line of each KSM-on study
 
 
 def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredStudy:
@@ -575,7 +723,8 @@ def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredSt
              if isinstance(t, dict) and "name" in t}
     kinds.update({name: t.get("kind", kinds.get(name, "")) for name, t in run.targets.items()})
     return StoredStudy(run.id, [summarize(o) for o in outcomes], kinds,
-                       str(run.host.get("kernel", "")))
+                       str(run.host.get("kernel", "")),
+                       [line for o in outcomes if (line := ksm_curve_line(o))])
 
 
 def combine(studies: Sequence[StoredStudy]) -> tuple[list[tuple[str, Summary]],

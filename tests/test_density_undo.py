@@ -1,0 +1,81 @@
+"""A density run's journal at scale (issue #37: kill -9 with 200 guests up, nothing left
+within 10 s): undone whole, a namespace takes its devices with it and directory trees go
+last, deepest first, several at a time (live: scripts/torture_density.py)."""
+
+import subprocess
+
+from vmtax.host import journal
+
+
+def guest_journal(tmp_path, guests):
+    """A journal shaped like a density run's: a namespace, then per guest a run
+    directory, a disk directory under the session's work directory, and a tap."""
+    j = journal.Journal(tmp_path / "runtime")
+    j.add(type="argv", argv=["ip", "netns", "delete", "vmtax-ab12cd"])
+    work = tmp_path / "results" / ".work-1"
+    work.mkdir(parents=True)
+    j.add(type="rmtree", path=str(work))
+    trees = [work]
+    for i in range(guests):
+        for tree in (tmp_path / f"vmtax-vm-{i}", work / f"vm-{i}"):
+            tree.mkdir()
+            (tree / "scratch.img").write_bytes(b"\0" * 4096)
+            j.add(type="rmtree", path=str(tree))
+            trees.append(tree)
+        j.add(type="argv", argv=["ip", "-n", "vmtax-ab12cd", "link", "delete", f"vtab{i}"])
+    return j, trees
+
+
+def test_a_namespace_takes_its_devices_and_every_tree_goes(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(journal.subprocess, "run",
+                        lambda argv, **kw: ran.append(argv) or subprocess.CompletedProcess(argv, 0))
+    j, trees = guest_journal(tmp_path, 20)
+    writes = []
+    real_write = journal.Journal._write
+    monkeypatch.setattr(journal.Journal, "_write",
+                        lambda self: writes.append(len(self.entries)) or real_write(self))
+    assert j.undo_all() == []
+    # One `ip`: the namespace's deletion, not one per device.
+    assert ran == [["ip", "netns", "delete", "vmtax-ab12cd"]]
+    assert not any(t.exists() for t in trees) and not j.path.exists() and j.entries == {}
+    # One write for the namespace, one for its 20 devices, one per depth of trees (the
+    # work directory's guests', the work directory, the run directories): 5, not 61.
+    assert len(writes) == 5, writes
+
+
+def test_a_namespace_that_stays_has_its_devices_deleted_by_name(tmp_path, monkeypatch):
+    ran = []
+
+    def run(argv, **kw):
+        if argv[:3] == ["ip", "netns", "delete"]:
+            raise subprocess.TimeoutExpired(argv, 30)   # a hung `ip`
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0)
+    monkeypatch.setattr(journal.subprocess, "run", run)
+    j, _ = guest_journal(tmp_path, 3)
+    [error] = j.undo_all()
+    assert "network namespace" in error
+    assert ran == [["ip", "-n", "vmtax-ab12cd", "link", "delete", f"vtab{i}"]
+                   for i in (2, 1, 0)]
+    # Only the namespace is left, to retry.
+    assert [e["argv"] for e in j.entries.values()] == [["ip", "netns", "delete",
+                                                        "vmtax-ab12cd"]]
+
+
+def test_a_tree_goes_after_every_newer_entry(tmp_path, monkeypatch):
+    """A tree is removed after what was made in it later (a mount), never before."""
+    order = []
+    monkeypatch.setattr(journal.subprocess, "run",
+                        lambda argv, **kw: order.append(argv[0]) or
+                        subprocess.CompletedProcess(argv, 0))
+    real_rmtree = journal.shutil.rmtree
+    monkeypatch.setattr(journal.shutil, "rmtree",
+                        lambda path, **kw: order.append("rmtree") or real_rmtree(path, **kw))
+    j = journal.Journal(tmp_path / "runtime")
+    tree = tmp_path / "tree"
+    (tree / "mnt").mkdir(parents=True)
+    j.add(type="rmtree", path=str(tree))
+    j.add(type="umount", path=str(tree / "mnt"))
+    assert j.undo_all() == []
+    assert order == ["umount", "rmtree"] and not tree.exists()
