@@ -277,6 +277,19 @@ def pool(journal, size: str) -> Pool:
     return pools[size]
 
 
+def reserve_guest_ram(journal, name: str, memory: int, size: str | None) -> Reservation | None:
+    """Host huge pages of `size` for a guest's `memory` bytes of RAM, before its QEMU
+    starts (None when it asks for none); a one-line error naming the target when the host
+    cannot give them."""
+    if size is None:
+        return None
+    pages = pages_needed(memory, size)
+    problem = capacity_problem({size: pages})
+    if problem:
+        raise VmtaxError(f"{name}: hugepages = {size}: {problem}")
+    return pool(journal, size).reserve(pages)
+
+
 # -- the guest side ---------------------------------------------------------------------
 
 GUEST_PAGE = SIZES["2M"]         # hugepages=N on an x86 guest's command line: 2 MiB pages

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from vmtax.core.errors import TargetError, VmtaxError
+from vmtax.core.errors import TargetError
 from vmtax.core.types import Job
 from vmtax.guest.agent_session import (
     HOST_MARGIN,
@@ -238,14 +238,10 @@ class VmInstance(AgentGuest):
 
     def _reserve_hugepages(self) -> Path | None:
         """Host huge pages for guest RAM, before QEMU starts; the hugetlbfs to put it on."""
-        size = self.opts.hugepages
-        if size is None:
+        self._reservation = hugepages.reserve_guest_ram(
+            self.journal, self.name, parse_size(self.opts.memory), self.opts.hugepages)
+        if self._reservation is None:
             return None
-        pages = hugepages.pages_needed(parse_size(self.opts.memory), size)
-        problem = hugepages.capacity_problem({size: pages})
-        if problem:
-            raise VmtaxError(f"{self.name}: hugepages = {size}: {problem}")
-        self._reservation = hugepages.pool(self.journal, size).reserve(pages)
         self.host_hugepages_granted = self._reservation.granted
         return self._reservation.mountpoint
 

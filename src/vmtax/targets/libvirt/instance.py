@@ -177,14 +177,10 @@ class LibvirtInstance(AgentGuest):
                              f"disk with O_DIRECT, which {disk.parent} refuses")
 
     def _reserve_hugepages(self) -> None:
-        size = self.opts.hugepages
-        if size is None:
+        self._reservation = hugepages.reserve_guest_ram(
+            self.journal, self.name, parse_size(self.opts.memory), self.opts.hugepages)
+        if self._reservation is None:
             return
-        pages = hugepages.pages_needed(parse_size(self.opts.memory), size)
-        problem = hugepages.capacity_problem({size: pages})
-        if problem:
-            raise VmtaxError(f"{self.name}: hugepages = {size}: {problem}")
-        self._reservation = hugepages.pool(self.journal, size).reserve(pages)
         self.host_hugepages_granted = self._reservation.granted
         # libvirt-qemu reaches the directory libvirt makes for the domain in it.
         self._reservation.mountpoint.chmod(0o711)
