@@ -7,6 +7,7 @@ from vmtax.analysis import summary as analysis
 from vmtax.core import plugin
 from vmtax.core.types import Metric, MetricSpec
 from vmtax.core.workload import Workload
+from vmtax.report import comparison_table
 from vmtax.report import html as htmlreport
 from vmtax.report import terminal as report
 from vmtax.results.store import Store
@@ -233,8 +234,8 @@ def test_compare_says_below_resolution_and_too_few_runs(tmp_path, quantized_regi
                         "need ≥ 5 runs")
     assert latency.verdict == "below resolution"
     console = Console(record=True, width=200)
-    report.print_comparison(console, analysis.compare_targets([(a, "native", b, "native")]),
-                            0.01, 0.02, "bh")
+    comparison_table.print_comparison(
+        console, analysis.compare_targets([(a, "native", b, "native")]), 0.01, 0.02, "bh")
     text = console.export_text()
     assert "n=2 per side: the smallest possible p is 0.33" in text
     assert "resolution │" in text and "inf" not in text   # "below" wraps above it

@@ -15,6 +15,7 @@ from vmtax.analysis.model import analyse
 from vmtax.analysis.stats import RatioSummary
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core.workload import LOWER_BOUND, Metric
+from vmtax.report import comparison_table
 from vmtax.report import html as htmlreport
 from vmtax.report import terminal as report
 from vmtax.report.composite_table import print_composite
@@ -85,7 +86,7 @@ def test_one_run_shows_no_interval_anywhere(tmp_path):
              _printed(report.print_summary, a, model.summary),
              _printed(print_composite, model.summary, model.classes, model.explanations)]
     rows = analysis.compare_targets([(a, "container", b, "container")])
-    texts.append(_printed(report.print_comparison, rows, 0.01, 0.02, "bh"))
+    texts.append(_printed(comparison_table.print_comparison, rows, 0.01, 0.02, "bh"))
     html = htmlreport.render_html([htmlreport.build(model)])
     for text in [*texts, html]:
         assert not POINT.search(text), POINT.search(text).group(0)
@@ -103,7 +104,7 @@ def test_two_runs_show_a_range_called_a_range(tmp_path):
     index = _printed(print_composite, model.summary, model.classes, model.explanations)
     assert "(" in index and "range" in index and not re.search(r"\d \[\d", index)
     rows = analysis.compare_targets([(a, "container", b, "container")])
-    compared = _printed(report.print_comparison, rows, 0.01, 0.02, "bh")
+    compared = _printed(comparison_table.print_comparison, rows, 0.01, 0.02, "bh")
     assert re.search(r"-7\.0% \(-7\.\d% – -6\.\d%\)", compared)
     assert "or (range of the runs: too few for a CI)" in compared
     assert rows[0].comparison.interval == "range"

@@ -1,4 +1,4 @@
-"""`vmtax runs` on many runs: the table laid out once per shape of row (report.terminal's
+"""`vmtax runs` on many runs: the table laid out once per shape of row (report.runs_table
 _RunsTable) prints byte for byte what rich prints laying out every row."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import pytest
 from rich.console import Console
 
-from vmtax.report import terminal
+from vmtax.report import runs_table
 
 NAMES = ["nightly", "a-much-longer-name-that-has-to-fold-somewhere-in-a-narrow-table",
          "[bold]x[/bold]", "tab\there", None]
@@ -43,15 +43,15 @@ def printed(width: int, color: bool, renderable) -> str:
 @pytest.mark.parametrize("started", [False, True])
 def test_rows_laid_out_once_per_shape_print_as_rich_prints_every_row(width, color, started,
                                                                     monkeypatch):
-    rows = [terminal._run_cells(r) for r in runs(200)]
-    shapes = len({terminal._shape(row) for row in rows})
+    rows = [runs_table._run_cells(r) for r in runs(200)]
+    shapes = len({runs_table._shape(row) for row in rows})
     assert shapes < len(rows) / 2
-    expected = printed(width, color, terminal._runs_table(rows, started))
+    expected = printed(width, color, runs_table._runs_table(rows, started))
     laid_out = []
-    table = terminal._runs_table
-    monkeypatch.setattr(terminal, "_runs_table",
+    table = runs_table._runs_table
+    monkeypatch.setattr(runs_table, "_runs_table",
                         lambda rows, started: laid_out.append(len(rows)) or table(rows, started))
-    assert printed(width, color, terminal._RunsTable(rows, started)) == expected
+    assert printed(width, color, runs_table._RunsTable(rows, started)) == expected
     # Wide enough for whole ids, rich laid out one row per shape; too narrow, every row.
     if width >= 80:
         assert laid_out == [shapes]
@@ -60,16 +60,16 @@ def test_rows_laid_out_once_per_shape_print_as_rich_prints_every_row(width, colo
 
 
 def test_a_value_that_is_not_plain_text_is_laid_out_by_rich():
-    rows = [terminal._run_cells(r) for r in runs(5)]
+    rows = [runs_table._run_cells(r) for r in runs(5)]
     rows[2]["id"] = "[red]odd[/red]"
-    assert (printed(80, True, terminal._RunsTable(rows, True))
-            == printed(80, True, terminal._runs_table(rows, True)))
+    assert (printed(80, True, runs_table._RunsTable(rows, True))
+            == printed(80, True, runs_table._runs_table(rows, True)))
 
 
 def test_the_runs_command_prints_every_run(tmp_path):
     many = runs(30, seed=2)
     console = Console(width=80, file=io.StringIO(), highlight=False)
-    terminal.print_runs(console, many, "store")
+    runs_table.print_runs(console, many, "store")
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert [line.split()[0] for line in text.splitlines() if line.startswith("2026")] == [
         r["id"] for r in many]

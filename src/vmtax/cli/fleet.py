@@ -165,7 +165,7 @@ def spread_of(store: Store, spec: str) -> tuple[Any, dict[str, Any], list[Any]]:
 
 
 def print_spread(store: Store, spec: str) -> None:
-    from vmtax.report import terminal as report
+    from vmtax.report import comparison_table as report
 
     run, per_host, rows = spread_of(store, spec)
     info = run.host["fleet"]

@@ -324,8 +324,8 @@ def runs(results, as_json) -> None:
         out.print(escape(f"no runs stored in {store.path} yet; start one with "
                          f"`{hints.command('run', results=results)}`"), soft_wrap=True)
     else:
-        from vmtax.report import terminal as tables
-        tables.print_runs(out, rows, str(store.path))
+        from vmtax.report import runs_table
+        runs_table.print_runs(out, rows, str(store.path))
 
 
 def _latest_comparable(store: Store) -> tuple[str, str]:
@@ -421,7 +421,7 @@ def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_j
             raise VmtaxError(f"runs {run_a.id} and {run_b.id} share no target; "
                              "compare targets explicitly with RUN:TARGET")
     from vmtax.analysis import summary as analysis
-    from vmtax.report import terminal as tables
+    from vmtax.report import comparison_table as tables
 
     rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor, method=method)
     if as_json:

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from vmtax.core.text import printable
-from vmtax.report.terminal import _percent, fmt
+from vmtax.report.terminal import percent, fmt
 
 SAID = {"better": "significantly better", "worse": "significantly worse",
         "~": "no significant change", "too few runs": "too few runs for a verdict",
@@ -29,7 +29,7 @@ def _text(value: str) -> str:
 def _detail(row: Any) -> str:
     c = row.comparison
     change = ("" if c.verdict == "below resolution" else
-              f"{_percent(c.change)} [{_percent(c.change_ci[0])}, {_percent(c.change_ci[1])}], ")
+              f"{percent(c.change)} [{percent(c.change_ci[0])}, {percent(c.change_ci[1])}], ")
     note = f"; {c.note}" if c.note else ""
     failed = (f"; {row.failed_a}+{row.failed_b} failed runs excluded"
               if row.failed_a + row.failed_b else "")

@@ -11,9 +11,8 @@ from collections.abc import Sequence, Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
+from rich.console import Console
 from rich.markup import escape
-from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -290,7 +289,7 @@ def print_headline(console: Console, model: RunModel, context: str = "",
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     # What tells rows apart (parameters, dimensions) goes with the workload; names wrap at
     # their spaces, and a ratio's interval goes under it before a name is cut in pieces.
-    table.add_column("workload", overflow="fold", min_width=min(14, _longest_word(rows)))
+    table.add_column("workload", overflow="fold", min_width=min(14, _longest_row_word(rows)))
     table.add_column("metric", overflow="fold", min_width=8)
     # A target's detail goes under its name, so long names cannot squeeze the row names
     # out of an 80-column table.
@@ -315,7 +314,7 @@ def print_headline(console: Console, model: RunModel, context: str = "",
                           "1", *[_index_text(ci.by_target.get(t)) for t in others])
     # Names wrap at their spaces first; when the ratios on one line leave the names too
     # little room even so, the intervals go under the ratios instead.
-    if not _fits(console, table):
+    if not fits(console, table):
         for column in table.columns[3:]:
             column.no_wrap = False
     console.print(table)
@@ -347,7 +346,7 @@ def print_headline(console: Console, model: RunModel, context: str = "",
                            style="dim"), soft_wrap=True)   # a command pastes whole
 
 
-def _fits(console: Console, table: Table) -> bool:
+def fits(console: Console, table: Table) -> bool:
     """Whether the table prints at the console's width without cutting a number or a word
     (rendered once to a scratch console, every column marking a cut with "…")."""
     probe = Console(width=console.width, file=io.StringIO(), color_system=None)
@@ -360,7 +359,7 @@ def _fits(console: Console, table: Table) -> bool:
     return "…" not in probe.file.getvalue()   # type: ignore[attr-defined]
 
 
-def _longest_word(rows: list[Row]) -> int:
+def _longest_row_word(rows: list[Row]) -> int:
     """The longest word of the workload column (a name, or one of its KEY=VALUE tags)."""
     return max((len(word) for row in rows
                 for word in [row.workload, *(f"{k}={v}" for k, v in
@@ -438,7 +437,7 @@ _UNBROKEN = re.compile(r"[-+\d(\[×∞–]|cv ")
 
 def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     """Every metric of the run, with every flag spelt out (`vmtax show --all`)."""
-    compact = _compact(console)
+    compact = is_compact(console)
     ranges = ranged(c.ratio for row in summary.rows for c in row.cells.values())
     title = escape(_title(run))
     caption = (f"median [95% CI] or (range) when too few runs for a 95% CI, "
@@ -449,14 +448,14 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     fixed = fixed_params(r for r in run.reps if r.phase == "measure")
     if fixed:
         caption += "; " + shown_text(fixed_note(fixed))
-    table = (_light_table(title=title, caption=caption) if compact
+    table = (light_table(title=title, caption=caption) if compact
              else Table(title=title, caption=caption))
     # Compact, the workload heads its rows on a line of its own (its column's width goes to
     # the numbers) and names wrap between their words: a target's column is as wide as its
     # widest packed line within its share of what the names leave; an interval wider than
     # that wraps at its " – ", never inside a number.
-    names = ((max(12, _longest(row.label for row in summary.rows),
-                  _longest(" ".join([row.workload, *(f"{k}={v}" for k, v in
+    names = ((max(12, longest_word(row.label for row in summary.rows),
+                  longest_word(" ".join([row.workload, *(f"{k}={v}" for k, v in
                                                      row.params.items())])
                            for row in summary.rows)),) if compact else (0, 0))
     for column, width in zip(("metric",) if compact else ("workload", "metric"), names):
@@ -553,139 +552,8 @@ def _print_indented(console: Console, indent: int, text: Text, hanging: int = 0)
         console.print(shown, soft_wrap=True)
 
 
-def print_runs(console: Console, runs: list[dict], source: str) -> None:
-    """One row per stored run, every value whole at 80 columns: lists wrap between their
-    items, and the start time, which the id spells already (YYYYMMDD-HHMMSS-…), is left
-    out when the table would not fit with it."""
-    console.print(Text(f"stored runs in {source}", style="bold"))
-    rows = [_run_cells(r) for r in runs]
-    shapes = {_shape(row): row for row in rows}
-    # Whether it fits is seen on one run of each shape (ids and times are all as wide):
-    # rendering hundreds of runs twice took seconds.
-    started = _fits(console, _runs_table(list(shapes.values()), started=True))
-    console.print(_RunsTable(rows, started))
-
-
-# The cells of a run's row that every run has its own of: the rest (name, status, targets,
-# workloads) is what runs of one shape share.
-_OWN = ("id", "started", "reps", "failed")
-# Stand-ins for those cells while rich lays out one row of each shape: one character a
-# cell, from Unicode's private use area (no value holds one), each as wide as a digit.
-_STAND_IN = dict(zip(_OWN, "\ue000\ue001\ue002\ue003"))
-
-
-def _run_cells(r: dict) -> dict[str, str]:
-    """A run's row as the table's cells (rich markup)."""
-    return {"id": r["id"], "name": shown_text(r.get("name") or ""),
-            "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
-            "status": r["status"], "targets": shown_text(", ".join(r["targets"])),
-            "workloads": shown_text(", ".join(r["workloads"])), "reps": str(r["reps"]),
-            "failed": str(r["failed"])}
-
-
-def _shape(row: dict[str, str]) -> tuple:
-    """What decides how a row is laid out: its shared cells, and where its own ones have
-    characters (their words' lengths)."""
-    return tuple(re.sub(r"\S", "x", text) if key in _OWN else text for key, text in row.items())
-
-
-class _RunsTable:
-    """The runs table as rich prints it, laid out once per shape of row: rows of one shape
-    take the same lines, but for their own cells (_OWN), which no_wrap keeps whole on one
-    line. Rich lays out one row of each shape, its own cells stood in for (_STAND_IN), and
-    every run's row is its shape's lines with its own values put back; laying out each of
-    400 runs took 0.3 s. Where a stand-in does not come out whole (a console too narrow
-    for an id) or a value is not plain text, rich lays out every row."""
-
-    def __init__(self, rows: list[dict[str, str]], started: bool):
-        self.rows, self.started = rows, started
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        plain = all(escape(row[key]) == row[key] == printable(row[key]) and row[key].isascii()
-                    for row in self.rows for key in _OWN)
-        shapes = {_shape(row): row for row in self.rows} if plain else {}
-        stand_ins = [{**row, **{key: re.sub(r"\S", _STAND_IN[key], row[key]) for key in _OWN}}
-                     for row in shapes.values()]
-        lines = list(Segment.split_lines(console.render(
-            _runs_table(stand_ins, self.started), options)))
-        starts = [n for n, line in enumerate(lines)
-                  if any(_STAND_IN["id"] in segment.text for segment in line)]
-        groups = [lines[a:b] for a, b in zip(starts, [*starts[1:], len(lines)])]
-        if not plain or len(groups) != len(stand_ins) or not all(
-                _whole(group, stand_in, self.started)
-                for group, stand_in in zip(groups, stand_ins)):
-            yield from console.render(_runs_table(self.rows, self.started), options)
-            return
-        by_shape = {shape: [_merged(line) for line in group]
-                    for shape, group in zip(shapes, groups)}
-        for line in lines[:starts[0]] if starts else lines:
-            yield from line
-            yield Segment.line()
-        for row in self.rows:
-            own = {re.sub(r"\S", _STAND_IN[key], row[key]): row[key] for key in _OWN}
-            for line in by_shape[_shape(row)]:
-                for segment in line:
-                    if not segment.control and any(c in segment.text
-                                                   for c in _STAND_IN.values()):
-                        text = segment.text
-                        for stand_in, value in own.items():
-                            text = text.replace(stand_in, value)
-                        segment = Segment(text, segment.style)
-                    yield segment
-                yield Segment.line()
-
-
-def _merged(line: list[Segment]) -> list[Segment]:
-    """The line with each run of unstyled segments as one segment: printed alike (rich
-    writes no codes for them), and rich's work per segment done for a few, not dozens."""
-    merged: list[Segment] = []
-    for segment in line:
-        if segment.style or segment.control:
-            merged.append(segment)
-        elif merged and merged[-1].style is None and not merged[-1].control:
-            merged[-1] = Segment(merged[-1].text + segment.text)
-        else:
-            merged.append(Segment(segment.text))
-    return merged
-
-
-def _whole(lines: list[list[Segment]], stand_in: dict[str, str], started: bool) -> bool:
-    """Whether each own cell of a row's stand-in came out once, whole, in one segment."""
-    texts = [segment.text for line in lines for segment in line]
-    return all(sum(text.count(stand_in[key]) for text in texts) == 1
-               and sum(text.count(_STAND_IN[key]) for text in texts) == len(
-                   stand_in[key].replace(" ", ""))
-               for key in _OWN if key != "started" or started)
-
-
-def _runs_table(rows: list[dict[str, str]], started: bool) -> Table:
-    named = any(row["name"] for row in rows)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
-                  show_edge=False)
-    table.add_column("id", no_wrap=True)
-    if named:
-        table.add_column("name", overflow="fold")
-    if started:
-        table.add_column("started", no_wrap=True)
-    table.add_column("status", overflow="fold")
-    # Names wrap between each other; only a table too wide even so folds one.
-    table.add_column("targets", overflow="fold")
-    table.add_column("workloads", overflow="fold")
-    table.add_column("runs", justify="right", no_wrap=True)
-    table.add_column("failed", justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(row["id"], *([row["name"]] if named else []),
-                      *([row["started"]] if started else []), row["status"], row["targets"],
-                      row["workloads"], row["reps"], row["failed"])
-    return table
-
-
-def _percent(value: float) -> str:
+def percent(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:+.1%}"
-
-
-VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
-                 "too few runs": "yellow", "below resolution": "dim"}
 
 
 # Below this width the tables take their compact form: a lighter box, numbers never
@@ -693,185 +561,17 @@ VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
 COMPACT_BELOW = 100
 
 
-def _compact(console: Console) -> bool:
+def is_compact(console: Console) -> bool:
     return console.width < COMPACT_BELOW
 
 
-def _light_table(**kwargs) -> Table:
+def light_table(**kwargs) -> Table:
     """A table with no vertical rules (a rule under the header): the columns they would
     take go to the numbers (the box's blank divider is the only space between them)."""
     return Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False, **kwargs)
 
 
-def _longest(texts) -> int:
+def longest_word(texts) -> int:
     """The longest word of these texts: the narrowest a column wrapping them between their
     words can be."""
     return max((len(word) for text in texts for word in text.split()), default=1)
-
-
-def _change_text(c, compact: bool) -> str:
-    """A comparison's change with its interval, "+1.2% [-0.5%, +3.0%]"; compact, the
-    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]",
-    and a range unspaced, as the headline writes it: "-10.0% (-11.8–-8.2)"."""
-    if c.verdict == "below resolution":   # compact: the verdict, on one line, in its place
-        return c.verdict if compact else "–"
-    bound = (lambda v: _percent(v).rstrip("%")) if compact else _percent
-    return _percent(c.change) + bracket(c.interval, bound(c.change_ci[0]),
-                                        bound(c.change_ci[1]),
-                                        "–" if compact and c.interval == "range" else ", ")
-
-
-def _verdict(c, compact: bool) -> str:
-    """A comparison's verdict as its column shows it: compact, "below resolution" (which
-    would take two lines there) is "–", the change column saying it."""
-    return "–" if compact and c.verdict == "below resolution" else c.verdict
-
-
-def print_comparison(console: Console, rows, alpha: float, noise_floor: float, method: str) -> None:
-    compact = _compact(console)
-    sides = sorted({(r.a, r.b) for r in rows}, key=[(r.a, r.b) for r in rows].index)
-    for a, b in sides:
-        mine = [r for r in rows if (r.a, r.b) == (a, b)]
-        # Compact, a side whose every median has the same number of runs says it once.
-        n_a = {r.comparison.n_a for r in mine} if compact else set()
-        n_b = {r.comparison.n_b for r in mine} if compact else set()
-        caption = (f"change of B relative to A{', %' if compact else ''} [{1 - alpha:.0%} CI]"
-                   + (" or (range of the runs: too few for a CI)"
-                      if ranged(r.comparison for r in mine) else "") + "; p after "
-                   f"{'Benjamini-Hochberg' if method == 'bh' else 'Holm'} adjustment; "
-                   f"significant when p < {alpha:g}, the CI excludes 0 and "
-                   f"|change| ≥ {noise_floor:.0%}")
-        fixed = fixed_params(mine)
-        if fixed:
-            caption += "; " + shown_text(fixed_note(fixed))
-        title = shown_text(f"B = {b}  vs  A = {a}")
-        table = (_light_table(title=title, caption=caption) if compact
-                 else Table(title=title, caption=caption))
-        columns: tuple[tuple[str, JustifyMethod], ...] = (
-            ("workload", "left"), ("metric", "left"),
-            ("A median" + (f"\n(n={next(iter(n_a))})" if len(n_a) == 1 else ""), "right"),
-            ("B median" + (f"\n(n={next(iter(n_b))})" if len(n_b) == 1 else ""), "right"),
-            ("change", "right"), ("p", "right"), ("verdict", "center"))
-        configs: dict[str, set[str]] = {}
-        for r in mine:
-            configs.setdefault(r.workload, set()).add(repr(sorted(r.params.items())))
-        # A workload's parameters where it ran at several sets, less what they all share
-        # (the caption says that once); A's and B's where they differ.
-        shown_params = []
-        for r in mine:
-            params = (" ".join(f"{k}={v}" for k, v in varying(r.params, r.workload,
-                                                              fixed).items())
-                      if len(configs[r.workload]) > 1 else "")
-            if r.params_b != r.params:
-                params = "A " + " ".join(f"{k}={v}" for k, v in r.params.items()
-                                         if r.params_b.get(k) != v) + "\nB " + " ".join(
-                    f"{k}={v}" for k, v in r.params_b.items() if r.params.get(k) != v)
-            shown_params.append(params)
-        words: tuple[list[str], ...] = (
-            [f"{r.workload} {params}" for r, params in zip(mine, shown_params)],
-            [r.metric + " ↑" for r in mine], [], [], [], [],
-            [_verdict(r.comparison, compact) for r in mine])
-        changes = [_change_text(r.comparison, compact) for r in mine]
-        medians = [(fmt(r.comparison.median_a) + ("" if len(n_a) == 1
-                                                   else f" (n={r.comparison.n_a})"),
-                    fmt(r.comparison.median_b) + ("" if len(n_b) == 1
-                                                   else f" (n={r.comparison.n_b})"))
-                   for r in mine]
-        # Compact, where the table would be wider than the console even so, the change's
-        # interval goes under it (beside a sweep's parameters, which take a line anyway).
-        ps = ["–" if r.comparison.verdict == "below resolution"
-              else f"{r.comparison.p_adjusted:.2g}" for r in mine]
-        texts = (words[0], words[1], [m[0] for m in medians], [m[1] for m in medians],
-                 changes, ps, words[6])
-        widths = [max(_longest([header]), _longest(column)) if number in (0, 1, 6)
-                  else max(map(len, [*header.split("\n"), *column]))
-                  for number, ((header, _), column) in enumerate(zip(columns, texts))]
-        if compact and sum(widths) + len(widths) - 1 > console.width:
-            changes = [change.replace(" ", "\n", 1) if r.comparison.verdict != "below resolution"
-                       else change for r, change in zip(mine, changes)]
-        for number, (col, justify) in enumerate(columns):
-            if compact:   # numbers whole; names and verdicts wrap between their words
-                # at most 10 wide, so that metric names keep their line ("below
-                # resolution" is said in the change column)
-                table.add_column(col, justify=justify, no_wrap=2 <= number <= 5,
-                                 min_width=_longest(words[number]) if words[number] else None,
-                                 max_width=10 if col == "verdict" else None)
-            else:
-                # wide enough for "resolution": a narrow terminal would cut it to "resoluti…"
-                table.add_column(col, justify=justify, width=10 if col == "verdict" else None)
-        previous = None
-        for r, params, change, (median_a, median_b), p in zip(mine, shown_params, changes,
-                                                               medians, ps):
-            c = r.comparison
-            group = (r.workload, params)
-            if previous is not None and group != previous:
-                table.add_section()
-            failed = (f"\n{r.failed_a}+{r.failed_b} failed runs excluded"
-                      if r.failed_a + r.failed_b else "")
-            shown = shown_text(r.workload + (f"\n{params}" if params else ""))
-            table.add_row(shown if group != previous else "",
-                          f"{r.metric} {'↑' if c.higher_is_better else '↓'}" + failed,
-                          median_a, median_b, change,
-                          p, Text(_verdict(c, compact), style=VERDICT_STYLE[c.verdict]))
-            previous = group
-        console.print(table)
-        # Why there is no verdict, once per distinct reason ("below resolution" is plain
-        # enough without its note: the medians are in the row).
-        for note in dict.fromkeys(r.comparison.note for r in mine
-                                  if r.comparison.verdict == "too few runs"):
-            console.print(Text(f"too few runs: {printable(note)}",
-                               style=VERDICT_STYLE["too few runs"]))
-
-
-def verdict_line(rows, alpha: float) -> Text:
-    """The comparison's answer in one line, for the end of a long output: "B against A:
-    3 better, 5 worse, 40 ~ (α=0.01)"; of several targets, which ones were better or worse
-    ("5 worse (vm:tcg 5)"). rows: analysis.summary.CompareRow."""
-    several = len({(r.a, r.b) for r in rows}) > 1
-    text = Text("B against A: ", style="bold")
-    for verdict, style in VERDICT_STYLE.items():
-        found = [r for r in rows if r.comparison.verdict == verdict]
-        if not found and verdict not in ("better", "worse", "~"):
-            continue
-        if len(text) > len("B against A: "):
-            text.append(", ")
-        text.append(f"{len(found)} {verdict}", style=style if found else "")
-        if several and found and verdict in ("better", "worse"):
-            by_target: dict[str, int] = {}
-            for r in found:
-                target = r.b.partition(":")[2]
-                by_target[target] = by_target.get(target, 0) + 1
-            text.append(" (" + ", ".join(f"{printable(t)} {n}" for t, n in by_target.items())
-                        + ")")
-    return text.append(f" (α={alpha:g})")
-
-
-def print_spread(console: Console, rows, hosts: list[str], title: str) -> None:
-    """A fleet run set: per headline metric and target, its ratio to the baseline on each
-    host, then the spread across hosts (median, min–max). rows: vmtax.analysis.spread.SpreadRow."""
-    console.print(Text(printable(title), style="bold"))
-    if not rows:
-        console.print("[dim]no target besides the baseline: no ratio to spread[/dim]")
-        return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    # One column of words for workload and metric: a narrow terminal wraps it between them.
-    table.add_column("workload metric")
-    table.add_column("target", no_wrap=True)
-    for name in hosts:
-        table.add_column(shown_text(name), justify="right", no_wrap=True)
-    table.add_column("median", justify="right", no_wrap=True, style="bold")
-    table.add_column("range", justify="right", no_wrap=True)
-    for row in rows:
-        params = " ".join(f"{k}={v}" for k, v in row.params.items())
-        low, high = row.low, row.high
-        table.add_row(shown_text(row.workload + (f" {params}" if params else "") + " "
-                             + row.metric), shown_text(row.target),
-                      *[sig3(v) if v is not None else "–" for v in
-                        (row.ratios.get(h) for h in hosts)],
-                      sig3(row.median) if row.median is not None else "–",
-                      "–".join(ratio_texts(row.median, low, high)[1:])
-                      if row.median is not None and low is not None and high is not None
-                      else "–")
-    console.print(table)
-    console.print("[dim]ratio to each host's own baseline, below 1 = worse; median and "
-                  "range across hosts[/dim]")
