@@ -10,6 +10,7 @@ from vmtax.cli import density as cli_density
 from vmtax.core import plugin
 from vmtax.core.errors import VmtaxError
 from vmtax.studies import density
+from vmtax.studies import density_results
 from vmtax.studies.plan import TargetSpec
 
 
@@ -75,7 +76,7 @@ def test_memory_per_instance_raw_adjusted_marginal():
     outcome = density.Outcome("vm", False, [step(1, 1, 200), step(10, 9, 2000),
                                             step(20, 10, 4100, (60, 30, 10), 3900)],
                               "max", 500.0)
-    s = density.summarize(outcome)
+    s = density_results.summarize(outcome)
     assert (s.instances, s.raw, s.adjusted, s.pss, s.marginal) == (20, 205, 200, 195, 210)
     assert s.all_answered
 
@@ -86,11 +87,11 @@ def test_a_negative_memory_per_instance_is_no_result_and_says_why(capsys):
     from vmtax.cli import density as density_cli
     outcome = density.Outcome("container", False, [step(5, 5, 100, pss=40),
                                                    step(10, 5, -988, pss=80)], "max", 0.0)
-    s = density.summarize(outcome)
+    s = density_results.summarize(outcome)
     assert (s.raw, s.adjusted, s.marginal, s.pss) == (None, None, None, 8)
     assert s.not_results.startswith("raw -98.8 and adjusted -98.8 and marginal -217.6 MiB "
                                     "per instance: no instance costs that")
-    assert all(m.value > 0 for m in density.summary_metrics(s, None)
+    assert all(m.value > 0 for m in density_results.summary_metrics(s, None)
                if m.name != "instances")
     density_cli.print_summaries([s])
     out = capsys.readouterr().out
@@ -100,38 +101,38 @@ def test_a_negative_memory_per_instance_is_no_result_and_says_why(capsys):
 def test_an_instance_not_answering_is_reported():
     outcome = density.Outcome("c", True, [step(1, 1, 5), step(2, 1, 10, answering=1)],
                               "budget", 0.0)
-    assert not density.summarize(outcome).all_answered
+    assert not density_results.summarize(outcome).all_answered
 
 
 def test_density_ratio_per_ksm_setting():
     def summary(target, with_ksm, adjusted):
-        return density.Summary(target, with_ksm, 10, "max", adjusted, adjusted, None, None,
+        return density_results.Summary(target, with_ksm, 10, "max", adjusted, adjusted, None, None,
                                True)
-    ratios = density.ratios([summary("container", False, 10), summary("vm", False, 200),
+    ratios = density_results.ratios([summary("container", False, 10), summary("vm", False, 200),
                              summary("container", True, 10), summary("vm", True, 100)])
     assert ratios == {("container", False): 1, ("vm", False): 20, ("container", True): 1,
                       ("vm", True): 10}
 
 
 def test_no_step_no_numbers():
-    s = density.summarize(density.Outcome("vm", False, [], "a start failed: boom", 0.0))
+    s = density_results.summarize(density.Outcome("vm", False, [], "a start failed: boom", 0.0))
     assert s.instances == 0 and s.raw is None and not s.all_answered
 
 
 def test_steps_round_trip_through_the_store_format():
     original = step(5, 4, 100.5, (1, 2, 3), 80.0)
-    stored = density.Step(**__import__("json").loads(density.json_step(original)))
+    stored = density.Step(**__import__("json").loads(density_results.json_step(original)))
     assert stored == original
-    keys = {m.key for m in density.step_metrics(original)}
+    keys = {m.key for m in density_results.step_metrics(original)}
     assert "used delta[instances=5]" in keys and "answering[instances=5]" in keys
     # The merge curve and the idle instances' CPU go with it, and come back as lists.
     measured = dataclasses.replace(original, ksm_curve=[[0.5, 10], [1.5, 900]],
                                    host_busy=42.0, instances_cpu=0.16)
-    assert density.Step(**json.loads(density.json_step(measured))) == measured
-    keys = {m.key for m in density.step_metrics(measured)}
+    assert density.Step(**json.loads(density_results.json_step(measured))) == measured
+    keys = {m.key for m in density_results.step_metrics(measured)}
     assert {"host cpu busy[instances=5]", "instances cpu[instances=5]"} <= keys
     # A step stored before they were measured still loads, without them.
-    old = json.loads(density.json_step(original))
+    old = json.loads(density_results.json_step(original))
     for key in ("ksm_curve", "host_busy", "instances_cpu"):
         del old[key]
     assert density.Step(**old) == original
@@ -236,7 +237,7 @@ def test_the_budget_stops_before_a_step_would_exceed_it(host):
     assert [s.instances for s in outcome.steps] == [1, 2, 5, 8]
     assert outcome.stopped == "budget"
     assert all(i.stopped for i in target.made)
-    assert density.summarize(outcome).raw == 100
+    assert density_results.summarize(outcome).raw == 100
 
 
 def test_one_noisy_single_start_does_not_end_it_early(host):
@@ -318,8 +319,8 @@ def test_figures_from_a_stored_density_and_boot_run():
                    phase=phase, idx=i, status="ok", error=None, exit_code=None,
                    host_elapsed=None, guest_elapsed=None, started=0.0, argv=[],
                    metrics=metrics)
-    reps = [rep(i, t, "density", "step", density.step_metrics(step(n, 1, n * 10.0, pss=n)),
-                density.params(k))
+    reps = [rep(i, t, "density", "step", density_results.step_metrics(step(n, 1, n * 10.0, pss=n)),
+                density_results.params(k))
             for i, (t, k, n) in enumerate([("c", False, 1), ("c", False, 2), ("v", True, 1)])]
     reps += [rep(10 + i, "v", "boot", "measure", [Metric("ready", 1.0 + i, "s", False),
                                                    Metric("first http", 2.0 + i, "s", False)])

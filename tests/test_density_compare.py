@@ -13,6 +13,7 @@ from vmtax.cli.main import cli
 from vmtax.core.errors import VmtaxError
 from vmtax.results.store import Store
 from vmtax.studies import density
+from vmtax.studies import density_results
 from vmtax.studies.plan import TargetSpec
 
 
@@ -32,15 +33,17 @@ def store_study(store, name, kind, per_instance, kernel="6.1.0-56-amd64"):
         steps = [step(1, 1, cost, cost), step(2, 1, 2 * cost, 2 * cost)]
         for i, s in enumerate(steps):
             store.add_rep(run_id, target=name, workload=density.WORKLOAD,
-                          params=density.params(with_ksm), phase="step", idx=i, status="ok",
+                          params=density_results.params(with_ksm), phase="step", idx=i, status="ok",
                           argv=["density"], started=time.time(),
-                          stdout=density.json_step(s), metrics=density.step_metrics(s))
+                          stdout=density_results.json_step(s),
+                          metrics=density_results.step_metrics(s))
         outcome = density.Outcome(name, with_ksm, steps, "max", 100.0)
         store.add_rep(run_id, target=name, workload=density.WORKLOAD,
-                      params=density.params(with_ksm), phase="measure", idx=0, status="ok",
+                      params=density_results.params(with_ksm), phase="measure", idx=0, status="ok",
                       argv=["density"], started=time.time(),
-                      stdout=density.json_summary(outcome),
-                      metrics=density.summary_metrics(density.summarize(outcome), None))
+                      stdout=density_results.json_summary(outcome),
+                      metrics=density_results.summary_metrics(
+                          density_results.summarize(outcome), None))
     store.set_target(run_id, name, kind, {"kind": kind})
     store.finish_run(run_id, "done")
     return run_id
@@ -97,23 +100,24 @@ def test_the_same_target_in_two_runs_is_kept_apart(tmp_path):
     store = Store(tmp_path)
     first = store_study(store, "container", "container", (4.0, 4.0))
     second = store_study(store, "container", "container", (8.0, 8.0))
-    studies = [density.stored_study(store.load_run(r, with_output=True))
+    studies = [density_results.stored_study(store.load_run(r, with_output=True))
                for r in (first, second)]
-    rows, kinds = density.combine(studies)
+    rows, kinds = density_results.combine(studies)
     labels = [s.target for _, s in rows if not s.ksm]
     assert labels == [f"container ({first})", f"container ({second})"]
     assert kinds[labels[1]] == "container"
-    assert density.ratios([s for _, s in rows])[(labels[1], False)] == 2.0
+    assert density_results.ratios([s for _, s in rows])[(labels[1], False)] == 2.0
 
 
 def test_used_memory_that_fell_gives_the_pss_ratio_alone():
     def summary(target, adjusted, pss):
-        return density.Summary(target, False, 10, "max", adjusted, adjusted, pss, None, True)
-    [line] = density.ratio_lines([summary("c", -12.7, 1.2), summary("v", 60.0, 48.0)])
+        return density_results.Summary(target, False, 10, "max", adjusted, adjusted, pss, None,
+                                       True)
+    [line] = density_results.ratio_lines([summary("c", -12.7, 1.2), summary("v", 60.0, 48.0)])
     assert line == "KSM off, per instance against c (PSS 1.2 MiB): v PSS 48.0 MiB = 40.00×"
     # Nor does the table's ratio take v, alone with a positive cost, for the cheapest.
-    assert density.ratios([summary("c", -12.7, 1.2), summary("v", 60.0, 48.0)]) == {}
-    assert density.ratio_lines([summary("c", 3.0, 1.2)]) == []   # nothing to set it beside
+    assert density_results.ratios([summary("c", -12.7, 1.2), summary("v", 60.0, 48.0)]) == {}
+    assert density_results.ratio_lines([summary("c", 3.0, 1.2)]) == []   # nothing to set it beside
 
 
 def test_a_run_that_is_not_a_density_run_is_one_line(tmp_path, runs):

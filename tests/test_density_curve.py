@@ -9,6 +9,7 @@ from test_density_compare import step
 
 from vmtax.core import plugin
 from vmtax.studies import density
+from vmtax.studies import density_results
 
 
 def settings(**values):
@@ -27,11 +28,11 @@ def test_the_http_timeout_grows_with_the_load_up_to_its_cap():
 def summary(**fields):
     s = dataclasses.replace(step(200, 10, 8000.0, 7400.0), answering=190, http_wait=90.0,
                             http_slowest=61.5, cpus=2, **fields)
-    return density.summarize(density.Outcome("vm:tcg", True, [s], "max", 0.0))
+    return density_results.summarize(density.Outcome("vm:tcg", True, [s], "max", 0.0))
 
 
 def test_saturated_cpus_are_named_as_the_limit_with_the_cpu_per_instance():
-    line = density.http_line(summary(host_busy=97.0, instances_cpu=0.4))
+    line = density_results.http_line(summary(host_busy=97.0, instances_cpu=0.4))
     assert line is not None
     assert line.startswith("vm:tcg (KSM on): 190/200 answered HTTP within 90 s, "
                            "the slowest after 61.5 s")
@@ -44,18 +45,20 @@ def test_saturated_cpus_are_named_as_the_limit_with_the_cpu_per_instance():
 def test_saturated_cpus_are_no_limit_when_every_instance_answered():
     s = dataclasses.replace(step(200, 10, 8000.0, 7400.0), http_wait=90.0, http_slowest=18.9,
                             cpus=2, host_busy=100.0, instances_cpu=0.42)
-    line = density.http_line(density.summarize(density.Outcome("v", True, [s], "max", 0.0)))
+    line = density_results.http_line(
+        density_results.summarize(density.Outcome("v", True, [s], "max", 0.0)))
     assert line is not None and "limit" not in line
     assert line.endswith("the host's 2 CPUs were saturated, 1.58 of them busy with other "
                          "processes than the instances")
 
 
 def test_cpus_with_room_are_not_called_the_limit():
-    line = density.http_line(summary(host_busy=40.0, instances_cpu=0.4))
+    line = density_results.http_line(summary(host_busy=40.0, instances_cpu=0.4))
     assert line is not None and "limit" not in line and line.endswith("40% busy")
     # An old run without the check's figures says nothing of it.
-    old = density.summarize(density.Outcome("c", False, [step(2, 1, 10.0, 5.0)], "max", 0.0))
-    assert density.http_line(old) is None
+    old = density_results.summarize(
+        density.Outcome("c", False, [step(2, 1, 10.0, 5.0)], "max", 0.0))
+    assert density_results.http_line(old) is None
 
 
 def test_a_budget_that_ends_it_says_what_the_next_step_needed(host):  # noqa: F811
@@ -66,7 +69,7 @@ def test_a_budget_that_ends_it_says_what_the_next_step_needed(host):  # noqa: F8
                               "1,100 MiB, over the budget of 1,024 MiB (1G); 50 at that "
                               "cost would need 5,000 MiB")
     # Stored and read back with the outcome.
-    assert density.summarize(outcome).detail == outcome.detail
+    assert density_results.summarize(outcome).detail == outcome.detail
 
 
 def curve_outcome():
@@ -89,28 +92,29 @@ def test_density_show_prints_the_stored_merge_curve(tmp_path):
                            {"kernel": "6.1"}, "0")
     for i, s in enumerate(outcome.steps):
         store.add_rep(run_id, target="vm:tcg", workload=density.WORKLOAD,
-                      params=density.params(True), phase=records.STEP, idx=i, status="ok",
-                      argv=["density"], started=0.0, stdout=density.json_step(s),
-                      metrics=density.step_metrics(s))
-    study = density.stored_study(store.load_run(run_id, with_output=True))
-    assert study.curves == [density.ksm_curve_line(outcome)]
+                      params=density_results.params(True), phase=records.STEP, idx=i, status="ok",
+                      argv=["density"], started=0.0, stdout=density_results.json_step(s),
+                      metrics=density_results.step_metrics(s))
+    study = density_results.stored_study(store.load_run(run_id, with_output=True))
+    assert study.curves == [density_results.ksm_curve_line(outcome)]
 
 
 def test_ksm_merge_curve_in_one_line():
-    line = density.ksm_curve_line(curve_outcome(), width=11)
+    line = density_results.ksm_curve_line(curve_outcome(), width=11)
     assert line == ("KSM merge curve, vm:tcg: ▁▁▁▁▁▁▅▅███ 0 → 100 MiB saved from 0 to 50 s "
                     "of the study (11 instances; within 10% of the end by 40 s)")
     off = dataclasses.replace(curve_outcome(), ksm=False)
-    assert density.ksm_curve_line(off) is None
+    assert density_results.ksm_curve_line(off) is None
 
 
 def test_a_steps_curve_is_stored_as_a_few_readings_first_and_last_kept():
     curve = [[float(t), t * 10] for t in range(100)]
-    points = density.curve_points(curve, most=5)
+    points = density_results.curve_points(curve, most=5)
     assert [t for t, _ in points] == [0.0, 25.0, 50.0, 74.0, 99.0]   # evenly spread
     assert points[-1][1] == round(990 * density.PAGE_MIB, 2)
-    assert density.curve_points([[1.0, 3]], most=5) == [(1.0, round(3 * density.PAGE_MIB, 2))]
-    assert density.curve_points([]) == []
+    assert density_results.curve_points([[1.0, 3]], most=5) == [
+        (1.0, round(3 * density.PAGE_MIB, 2))]
+    assert density_results.curve_points([]) == []
 
 
 def test_the_ksm_curve_figure_from_a_stored_run():
@@ -118,9 +122,9 @@ def test_the_ksm_curve_figure_from_a_stored_run():
     from vmtax.results import study_records as records
     from vmtax.results.store import Rep, Run
     reps = [Rep(id=i, run_id="r", target="vm:tcg", workload="density",
-                params=density.params(True), phase="step", idx=i, status="ok", error=None,
+                params=density_results.params(True), phase="step", idx=i, status="ok", error=None,
                 exit_code=None, host_elapsed=None, guest_elapsed=None, started=0.0, argv=[],
-                metrics=density.step_metrics(s))
+                metrics=density_results.step_metrics(s))
             for i, s in enumerate(curve_outcome().steps)]
     run = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
               version="0", targets={}, reps=reps)
@@ -148,10 +152,10 @@ def test_a_steps_line_has_the_slowest_answer_and_the_cpu_per_instance():
 
 def test_pages_ksm_merged_with_ksm_off_are_a_warning():
     s = dataclasses.replace(step(10, 5, 900.0, 700.0), merged=160.0)
-    summary = density.summarize(density.Outcome("vm:tcg", False, [s], "max", 0.0))
+    summary = density_results.summarize(density.Outcome("vm:tcg", False, [s], "max", 0.0))
     assert summary.warning is not None
     assert summary.warning.startswith("KSM had merged 160 MiB of these instances although")
     clean = dataclasses.replace(s, merged=0.0)
-    assert density.summarize(density.Outcome("vm:tcg", False, [clean], "max", 0.0)).warning \
-        is None
+    assert density_results.summarize(
+        density.Outcome("vm:tcg", False, [clean], "max", 0.0)).warning is None
     assert density.merging_pages(2 ** 22 + 1) == 0   # no such process

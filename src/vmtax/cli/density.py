@@ -28,6 +28,7 @@ from vmtax.host import ksm, proc
 from vmtax.results import study_records as records
 from vmtax.results.store import Store
 from vmtax.studies import density, planfile
+from vmtax.studies import density_results
 from vmtax.studies import session as sessions
 from vmtax.studies.plan import TargetSpec
 from vmtax.studies.session import Session, check_target
@@ -106,36 +107,36 @@ def _step_line(name: str, with_ksm: bool, step: density.Step) -> str:
                if step.host_busy is not None and step.instances_cpu is not None else ""))
 
 
-def ksm_note(summaries: list[density.Summary], kinds: dict[str, str],
+def ksm_note(summaries: list[density_results.Summary], kinds: dict[str, str],
              kernel: str) -> str | None:
     """Why KSM on did nothing for containers, when containers were measured with it on."""
     return ksm.unmarked_note([kinds.get(s.target, "") for s in summaries
                               if s.ksm and s.instances], kernel)
 
 
-def print_summaries(summaries: list[density.Summary], notes: Iterable[str] = (),
+def print_summaries(summaries: list[density_results.Summary], notes: Iterable[str] = (),
                     runs: list[str] | None = None) -> None:
     """The table of memory per instance; runs: the run of each summary (across runs)."""
     from vmtax.report import density_tables
 
-    density_tables.print_summaries(out, summaries, density.ratios(summaries),
-                                   density.ratio_lines(summaries), notes, runs,
-                                   [density.http_line(s) for s in summaries])
+    density_tables.print_summaries(out, summaries, density_results.ratios(summaries),
+                                   density_results.ratio_lines(summaries), notes, runs,
+                                   [density_results.http_line(s) for s in summaries])
 
 
-def load_studies(results: str, run_ids: list[str]) -> list[density.StoredStudy]:
+def load_studies(results: str, run_ids: list[str]) -> list[density_results.StoredStudy]:
     """Stored density runs by id (a prefix, or 'last'); one-line errors otherwise."""
     store = Store(results, readonly=True)
     try:
-        return [density.stored_study(store.load_run(run_id, with_output=True), store.dir)
+        return [density_results.stored_study(store.load_run(run_id, with_output=True), store.dir)
                 for run_id in run_ids]
     finally:
         store.close()
 
 
-def print_comparison(studies: list[density.StoredStudy]) -> None:
+def print_comparison(studies: list[density_results.StoredStudy]) -> None:
     """Memory per instance of several density runs side by side, with the ratios."""
-    rows, kinds = density.combine(studies)
+    rows, kinds = density_results.combine(studies)
     print_summaries([s for _, s in rows], comparison_notes(studies, rows, kinds),
                     runs=[run for run, _ in rows])
     for study in studies:
@@ -143,7 +144,8 @@ def print_comparison(studies: list[density.StoredStudy]) -> None:
             out.print(escape(f"{line} (run {study.run_id})" if len(studies) > 1 else line))
 
 
-def comparison_notes(studies: list[density.StoredStudy], rows: list[tuple[str, density.Summary]],
+def comparison_notes(studies: list[density_results.StoredStudy],
+                     rows: list[tuple[str, density_results.Summary]],
                      kinds: dict[str, str]) -> list[str]:
     """The KSM note of each run that measured containers with KSM on, for its kernel."""
     return sorted({note for study in studies
@@ -151,14 +153,14 @@ def comparison_notes(studies: list[density.StoredStudy], rows: list[tuple[str, d
                                         study.kernel or platform.release()))})
 
 
-def comparison_json(studies: list[density.StoredStudy]) -> dict[str, Any]:
-    rows, kinds = density.combine(studies)
+def comparison_json(studies: list[density_results.StoredStudy]) -> dict[str, Any]:
+    rows, kinds = density_results.combine(studies)
     summaries = [s for _, s in rows]
-    ratio = density.ratios(summaries)
+    ratio = density_results.ratios(summaries)
     return {"runs": [study.run_id for study in studies],
             "summaries": [{"run": run, **s.__dict__, "kind": kinds.get(s.target),
                            "ratio": ratio.get((s.target, s.ksm))} for run, s in rows],
-            "ratios": density.ratio_lines(summaries),
+            "ratios": density_results.ratio_lines(summaries),
             "notes": comparison_notes(studies, rows, kinds)}
 
 
@@ -231,9 +233,9 @@ def density_command(args, target_names, max_, batch, singles, budget, ksm, quick
     settings: density.Settings = plugin.build(  # type: ignore[assignment]
         density.Settings, values, "density", strict=False)
     run_id, outcomes = run_density(settings, specs, results)
-    summaries = [density.summarize(o) for o in outcomes]
+    summaries = [density_results.summarize(o) for o in outcomes]
     kinds = {name: spec.kind for name, spec in specs.items()}
-    this = density.StoredStudy(run_id, summaries, kinds, platform.release())
+    this = density_results.StoredStudy(run_id, summaries, kinds, platform.release())
     if as_json:
         # What `density show RUN --json` prints for this run, with the steps of each outcome.
         found: dict[str, Any] = {"run": run_id, **comparison_json([this]),
@@ -244,7 +246,7 @@ def density_command(args, target_names, max_, batch, singles, budget, ksm, quick
     else:
         print_summaries(summaries, comparison_notes([this], [(run_id, s) for s in summaries],
                                                     kinds))
-        for line in filter(None, map(density.ksm_curve_line, outcomes)):
+        for line in filter(None, map(density_results.ksm_curve_line, outcomes)):
             out.print(escape(line))
         if others:
             print_comparison([this, *others])
@@ -271,10 +273,10 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
                                idx=idx) -> None:
                     err.print(escape(_step_line(name, with_ksm, step)))
                     s.store.add_rep(run_id, target=name, workload=density.WORKLOAD,
-                                    params=density.params(with_ksm), phase=records.STEP,
+                                    params=density_results.params(with_ksm), phase=records.STEP,
                                     idx=idx[0], status="ok", argv=["density"],
-                                    started=time.time(), stdout=density.json_step(step),
-                                    metrics=density.step_metrics(step))
+                                    started=time.time(), stdout=density_results.json_step(step),
+                                    metrics=density_results.step_metrics(step))
                     idx[0] += 1
 
                 outcome = density.study(target, s.network, settings, with_ksm, s.ctx.journal,
@@ -285,16 +287,16 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
                               f"{escape(outcome.stopped)}[/yellow]")
             s.store_fingerprint(name)
             target.cleanup()
-        summaries = [density.summarize(o) for o in outcomes]
-        ratio = density.ratios(summaries)
+        summaries = [density_results.summarize(o) for o in outcomes]
+        ratio = density_results.ratios(summaries)
         for outcome, summary in zip(outcomes, summaries):
             s.store.add_rep(run_id, target=outcome.target, workload=density.WORKLOAD,
-                            params=density.params(outcome.ksm), phase="measure", idx=0,
+                            params=density_results.params(outcome.ksm), phase="measure", idx=0,
                             status="ok" if summary.instances else "failed",
                             error=None if summary.instances else outcome.stopped,
                             argv=["density"], started=time.time(),
-                            stdout=density.json_summary(outcome),
-                            metrics=density.summary_metrics(
+                            stdout=density_results.json_summary(outcome),
+                            metrics=density_results.summary_metrics(
                                 summary, ratio.get((outcome.target, outcome.ksm))))
     if sys.stderr.isatty():
         err.print(escape(f"stored as run {run_id}: "

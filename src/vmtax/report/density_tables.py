@@ -1,5 +1,6 @@
 """The tables of the studies that fill or start a host: `vmtax density`'s memory per
-instance, and `vmtax boot`'s cold starts (vmtax.studies.density and .boot compute them)."""
+instance, and `vmtax boot`'s cold starts (vmtax.studies.density_results and .boot compute
+them)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ def print_summaries(out: Console, summaries: Sequence[Any],
                     ratio: dict[tuple[str, bool], float], ratio_lines: list[str],
                     notes: Iterable[str] = (), runs: list[str] | None = None,
                     http_lines: Sequence[str | None] = ()) -> None:
-    """The table of memory per instance (summaries: vmtax.studies.density.Summary; ratio
-    and ratio_lines: its ratios, density.ratios and density.ratio_lines); runs: the run of
-    each summary (across runs); http_lines: each summary's HTTP check in words
-    (density.http_line)."""
+    """The table of memory per instance (summaries: vmtax.studies.density_results.Summary;
+    ratio and ratio_lines: its ratios, density_results.ratios and .ratio_lines); runs: the
+    run of each summary (across runs); http_lines: each summary's HTTP check in words
+    (density_results.http_line)."""
     title = "Memory per instance (MiB)" + (", across runs" if runs else "")
     # Spaces between columns, not rules: the room goes to the numbers and names.
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
