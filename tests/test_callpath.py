@@ -49,17 +49,9 @@ def test_the_other_views_only_render(results, argv):
 
 # Every module of report/ renders: it may import analysis's and results' types and
 # constants, but call none of their functions. Statically, so it also holds for what the
-# golden database has none of (a density, boot or tune run's figures, profiles, fleets).
-# Not yet, each with the reason:
-NOT_YET = {
-    # `vmtax publish`'s site: which pages to (re)write is decided page by page as it
-    # analyses runs; the loop belongs in the CLI, the pages here.
-    "publish": ["vmtax.analysis.model.analyse", "vmtax.analysis.model.compare"],
-    # A trend's chart summarizes each point's values itself (analysis.history could).
-    "trend_html": ["stats.summarize"],
-}
-RENDERERS = sorted(p.stem for p in (ROOT / "src" / "vmtax" / "report").glob("*.py")
-                   if p.stem not in NOT_YET)
+# golden database has none of (a density, boot or tune run's figures, profiles, fleets,
+# a published site, a trend's page).
+RENDERERS = sorted(p.stem for p in (ROOT / "src" / "vmtax" / "report").glob("*.py"))
 
 
 def calls_into_analysis_or_results(source: str) -> list[tuple[int, str]]:
@@ -113,10 +105,3 @@ def test_the_check_finds_a_call_into_analysis():
 def test_the_report_renderers_call_no_analysis(name):
     source = (ROOT / "src" / "vmtax" / "report" / f"{name}.py").read_text()
     assert calls_into_analysis_or_results(source) == []
-
-
-@pytest.mark.parametrize("name", sorted(NOT_YET))
-def test_the_exceptions_are_still_needed(name):
-    """An exception that no longer calls into analysis goes from NOT_YET to the rule."""
-    source = (ROOT / "src" / "vmtax" / "report" / f"{name}.py").read_text()
-    assert sorted({f for _, f in calls_into_analysis_or_results(source)}) == NOT_YET[name]

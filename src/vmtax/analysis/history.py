@@ -155,6 +155,27 @@ class Trend:
         return [(s, why) for s in self.series if (why := s.regression()) is not None]
 
 
+@dataclass(frozen=True)
+class SeriesLevels:
+    """What a trend's figure draws of a series: each run's median with its interval, and
+    the median of each segment between change points."""
+    points: list[stats.Summary]
+    segments: list[float]
+
+
+def levels(trend: Trend) -> list[SeriesLevels]:
+    """Each series' levels, in the trend's order (computed for figures only: `vmtax trend`
+    in the terminal needs none)."""
+    found = []
+    for s in trend.series:
+        bounds = [0, *(c.change.index for c in s.changes), len(s.points)]
+        found.append(SeriesLevels(
+            [stats.summarize(p.values) for p in s.points],
+            [stats.summarize([p.median for p in s.points[start:end]]).median
+             for start, end in zip(bounds[:-1], bounds[1:])]))
+    return found
+
+
 def _centre(points: Sequence[Point]) -> float:
     """The geometric mean of points' medians."""
     return math.exp(statistics.fmean(math.log(p.median) for p in points))

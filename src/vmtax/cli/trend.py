@@ -121,7 +121,8 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
         from vmtax.report import export as export_mod
         from vmtax.report import trend_html
 
-        export_mod.write_file(html_path, trend_html.render(trend).encode())
+        export_mod.write_file(html_path,
+                              trend_html.render(trend, history.levels(trend)).encode())
         click.echo(f"wrote {html_path}", err=True)
     regressions = trend.regressions()
     if fail_on and regressions:
@@ -158,10 +159,21 @@ def publish_command(names, results) -> None:
     if len(names) < 2:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
     *series_names, directory = names
+    from vmtax.analysis.model import analyse, compare
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
     trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
               for name in series_names]
-    written = publish.publish(store, trends, directory)
-    click.echo(f"wrote {written[0]} and {len(written) - 1} more pages")
+    # The site decides its pages; each run they show is analysed here, once, and rendered.
+    site = publish.plan(trends, directory)
+    for path, trend in site.trends:
+        publish.trend_page(path, trend, history.levels(trend))
+    for path, before_id, after_id in site.changes:
+        before, after = store.load_run(before_id), store.load_run(after_id)
+        publish.compare_page(path, analyse(before), analyse(after), compare(before, after))
+    for path, run_id, figures in site.runs:
+        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures)
+    publish.index_page(site)
+    pages = len(site.trends) + len(site.changes) + len(site.runs)
+    click.echo(f"wrote {site.out / 'index.html'} and {pages} more pages")

@@ -14,12 +14,13 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from vmtax.analysis.history import Trend
-from vmtax.analysis.model import analyse, compare
+from dataclasses import dataclass, field
+
+from vmtax.analysis.history import SeriesLevels, Trend
+from vmtax.analysis.model import RunComparison, RunModel
 from vmtax.report import export as export_mod
 from vmtax.report import html as htmlreport
 from vmtax.report import trend_html
-from vmtax.results.store import Store
 
 
 def _page(title: str, body: str) -> str:
@@ -33,25 +34,35 @@ def _link(href: str, text: str) -> str:
     return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
 
 
-def publish(store: Store, trends: list[Trend], directory: str) -> list[Path]:
-    """Write the site; the files written, index first."""
+@dataclass
+class Site:
+    """The pages a publish writes, decided from the trends and what the directory holds
+    already (a page written before is not written again, but for a run's page that gains
+    its figures); the CLI analyses the runs each page needs and hands them to the writers
+    below."""
+    out: Path
+    trends: list[tuple[Path, Trend]] = field(default_factory=list)
+    changes: list[tuple[Path, str, str]] = field(default_factory=list)   # before, after
+    runs: list[tuple[Path, str, bool]] = field(default_factory=list)     # run, figures
+    index: str = ""
+
+
+def plan(trends: list[Trend], directory: str) -> Site:
     out = export_mod.output_dir(directory)
     for sub in ("runs", "trends", "changes"):
         (out / sub).mkdir(exist_ok=True)
-    written: list[Path] = []
+    site = Site(out)
     sections = []
     for trend in trends:
-        page = out / "trends" / f"{trend.name}.html"
-        export_mod.write_file(page, trend_html.render(trend, linked=True).encode())
-        written.append(page)
+        site.trends.append((out / "trends" / f"{trend.name}.html", trend))
         items = []
         for s in trend.series:
             changes = []
             for c in s.changes:
                 href = f"changes/{c.before.id}--{c.after.id}.html"
-                if not (out / href).exists():
-                    _compare_page(store, out / href, c.before.id, c.after.id)
-                    written.append(out / href)
+                if not (out / href).exists() and (out / href) not in {
+                        path for path, *_ in site.changes}:
+                    site.changes.append((out / href, c.before.id, c.after.id))
                 changes.append(f'<span class="{c.verdict}">run {c.after.number} '
                                f"{c.change.change:+.1%}</span> ({_link(href, 'compare')})")
             items.append(f"<li>{html.escape(f'{s.host} · {s.label}')}: "
@@ -67,22 +78,22 @@ def publish(store: Store, trends: list[Trend], directory: str) -> list[Path]:
                 # being the newest singles its run out.
                 if not (out / href).exists() or (
                         r.id in drawn and _NO_FIGURES_MARK in (out / href).read_text()):
-                    _run_page(store, out / href, r.id, figures=r.id in drawn)
-                    written.append(out / href)
+                    site.runs.append((out / href, r.id, r.id in drawn))
                 runs.append(f"<li>{_link(href, r.id)} ({html.escape(host)}, run "
                             f"{r.number})</li>")
         sections.append(f"<h2>{_link(f'trends/{trend.name}.html', trend.name)}</h2>"
                         f"<h3>series</h3><ul>{''.join(items)}</ul>"
                         f"<h3>runs</h3><ul>{''.join(runs)}</ul>")
-    index = out / "index.html"
-    export_mod.write_file(index, _page("vmtax: series", "<h1>vmtax: series</h1>"
-                                       + "".join(sections)).encode())
-    return [index, *written]
+    site.index = _page("vmtax: series", "<h1>vmtax: series</h1>" + "".join(sections))
+    return site
 
 
-def _run_page(store: Store, path: Path, run_id: str, figures: bool) -> None:
-    page = htmlreport.render_html([htmlreport.build(analyse(store.load_run(run_id)),
-                                                    charts=figures)])
+def trend_page(path: Path, trend: Trend, levels: list[SeriesLevels]) -> None:
+    export_mod.write_file(path, trend_html.render(trend, levels, linked=True).encode())
+
+
+def run_page(path: Path, run_id: str, model: RunModel, figures: bool) -> None:
+    page = htmlreport.render_html([htmlreport.build(model, charts=figures)])
     if not figures:
         page = page.replace(_MAIN, _MAIN + _NO_FIGURES.format(id=html.escape(run_id)), 1)
     export_mod.write_file(path, page.encode())
@@ -96,8 +107,13 @@ _NO_FIGURES = ("\n" + _NO_FIGURES_MARK + "This site draws figures only for the r
                "{id} --html report.html</code>.</p>")
 
 
-def _compare_page(store: Store, path: Path, before: str, after: str) -> None:
-    a, b = store.load_run(before), store.load_run(after)
+def compare_page(path: Path, before: RunModel, after: RunModel,
+                 comparison: RunComparison | None) -> None:
     export_mod.write_file(path, htmlreport.render_html(
-        [htmlreport.build(analyse(a)), htmlreport.build(analyse(b))],
-        compare(a, b)).encode())
+        [htmlreport.build(before), htmlreport.build(after)], comparison).encode())
+
+
+def index_page(site: Site) -> Path:
+    index = site.out / "index.html"
+    export_mod.write_file(index, site.index.encode())
+    return index

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import jinja2
 
-from vmtax.analysis import stats
-from vmtax.analysis.history import NOTHING_CHANGED, Series, Trend
+from vmtax.analysis.history import NOTHING_CHANGED, Series, SeriesLevels, Trend
 from vmtax.report.terminal import fmt, interval
 
 WIDTH, HEIGHT, PAD = 640, 180, 36
@@ -25,8 +24,8 @@ class Plot:
     ticks: list[tuple[float, str]]                         # y, value
 
 
-def _plot(s: Series) -> Plot:
-    summaries = [stats.summarize(p.values) for p in s.points]
+def _plot(s: Series, levels: SeriesLevels) -> Plot:
+    summaries = levels.points
     lows = [min(x.ci_low, x.median) for x in summaries]
     highs = [max(x.ci_high, x.median) for x in summaries]
     bottom, top = min(lows), max(highs)
@@ -46,8 +45,7 @@ def _plot(s: Series) -> Plot:
               for i, (p, m, low, high) in enumerate(zip(s.points, summaries, lows, highs))]
     bounds = [0, *(c.change.index for c in s.changes), len(s.points)]
     segments = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        level = stats.summarize([p.median for p in s.points[start:end]]).median
+    for start, end, level in zip(bounds[:-1], bounds[1:], levels.segments):
         segments.append((x(start - 0.4 if start else 0), x(end - 0.6 if end < len(s.points)
                                                             else end - 1), y(level)))
     changes = [(x(c.change.index - 0.5), f"run {c.after.number}") for c in s.changes]
@@ -133,9 +131,11 @@ def _day(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
 
 
-def render(trend: Trend, linked: bool = False) -> str:
-    """The page; `linked`: in a published site, each change links to its comparison."""
-    return _PAGE.render(trend=trend, series=[(s, _plot(s)) for s in trend.series],
+def render(trend: Trend, levels: list[SeriesLevels], linked: bool = False) -> str:
+    """The page (levels: analysis.history.levels(trend)); `linked`: in a published site,
+    each change links to its comparison."""
+    return _PAGE.render(trend=trend, series=[(s, _plot(s, lv))
+                                             for s, lv in zip(trend.series, levels)],
                         linked=linked,
                         hosts=len(trend.runs) > 1, width=WIDTH, height=HEIGHT, pad=PAD,
                         day=_day, fmt=fmt, pct=lambda ratio: f"{ratio - 1:+.1%}",
