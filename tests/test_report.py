@@ -250,5 +250,5 @@ def test_ratios_keep_their_line_unless_the_names_would_be_cut():
         return t
 
     console = Console(width=64, file=StringIO())
-    assert report._fits(console, table("0.05 [0.01–0.07]"))
-    assert not report._fits(console, table("0.0507 [0.003–0.07] " * 3))
+    assert report.fits(console, table("0.05 [0.01–0.07]"))
+    assert not report.fits(console, table("0.0507 [0.003–0.07] " * 3))
