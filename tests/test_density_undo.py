@@ -1,6 +1,7 @@
 """A density run's journal at scale (issue #37: kill -9 with 200 guests up, nothing left
-within 10 s): undone whole, a namespace takes its devices with it and directory trees go
-last, deepest first, several at a time (live: scripts/torture_density.py)."""
+within 10 s): undone whole, a namespace takes its devices with it and directory trees wait
+for the processes' kills, then go deepest first, several at a time (live:
+scripts/torture_density.py)."""
 
 import subprocess
 
@@ -79,3 +80,29 @@ def test_a_tree_goes_after_every_newer_entry(tmp_path, monkeypatch):
     j.add(type="umount", path=str(tree / "mnt"))
     assert j.undo_all() == []
     assert order == ["umount", "rmtree"] and not tree.exists()
+
+
+def test_trees_wait_for_kills_but_not_for_an_older_daemon_or_command(tmp_path, monkeypatch):
+    """A tree goes before every older entry but a process's kill, as one by one: CI saw a
+    daemon (dockerd, lxd) take over 5 s to stop once its trees were left for last."""
+    done = []
+    real_undo = journal._undo
+
+    def undo(entry, j):
+        done.append(entry.get("path") or entry["type"])
+        if entry["type"] == "rmtree":
+            real_undo(entry, j)
+    monkeypatch.setattr(journal, "_undo", undo)
+    j = journal.Journal(tmp_path / "runtime")
+    j.add(type="argv", argv=["ip", "link", "delete", "vmtax-br0"])   # older than the trees
+    j.add(type="kill", pid=4_000_000, start=1)
+    older, newer = tmp_path / "a", tmp_path / "b"
+    for tree in (older, newer):
+        tree.mkdir()
+        j.add(type="rmtree", path=str(tree))
+        j.add(type="kill", pid=4_000_000, start=1)
+    assert j.undo_all() == []
+    # The kills as they come, newest first; the trees, together, before the older `ip`.
+    assert done[:3] == ["kill"] * 3
+    assert set(done[3:5]) == {str(older), str(newer)} and done[5:] == ["argv"]
+    assert not older.exists() and not newer.exists()
