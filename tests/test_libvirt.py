@@ -130,8 +130,9 @@ def test_on_a_kvm_host_the_target_asks_for_kvm_and_the_hosts_cpu(tmp_path, monke
     assert spec.emulator_cpus == tuple(cpus[1:])
     # libvirt-qemu reads copies in the domain's directory, never the cache under /root.
     assert spec.kernel.parent == spec.initrd.parent == domain_dir and spec.kernel.exists()
+    # Under KVM the kernel calibrates its APIC timer itself (TCG's speed-ups are not given).
     assert "vmtax.bus=pci" in spec.cmdline and "noreplace-smp" not in spec.cmdline
-    assert "lapic_timer_period=4000000" in spec.cmdline.split()
+    assert "lapic_timer_period" not in spec.cmdline
     assert validate(domain_xml(spec), tmp_path).returncode == 0
 
 
