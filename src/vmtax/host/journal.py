@@ -258,6 +258,8 @@ class Journal:
     def _remove_trees(self, trees: list[int], errors: list[str]) -> None:
         """Undo these rmtree entries TREES_AT_ONCE at a time, the deepest first, forgotten
         a level per write."""
+        if not trees:   # most entries of a journal flush none: no pool for them
+            return
         depth = {t: len(Path(str(self.entries[t].get("path"))).parts) for t in trees}
         with ThreadPoolExecutor(TREES_AT_ONCE) as pool:
             for level in sorted(set(depth.values()), reverse=True):
