@@ -5,7 +5,7 @@ scripts/torture_density.py)."""
 
 import subprocess
 
-from vmtax.host import journal
+from vmtax.host import daemon, journal
 
 
 def guest_journal(tmp_path, guests):
@@ -106,3 +106,33 @@ def test_trees_wait_for_kills_but_not_for_an_older_daemon_or_command(tmp_path, m
     assert done[:3] == ["kill"] * 3
     assert set(done[3:5]) == {str(older), str(newer)} and done[5:] == ["argv"]
     assert not older.exists() and not newer.exists()
+
+
+def test_a_daemon_sees_no_newer_change_left_once_its_namespaces_are_gone(tmp_path, monkeypatch):
+    """A daemon's stop refuses while a newer change is listed (daemon._still_needed). A
+    namespace's devices, which go with it, were still listed then: a clean-clone CI's
+    kill -9 left dockerd and lxd running."""
+    ran, needed = [], []
+    real_undo = journal._undo
+
+    def undo(entry, j):
+        if entry["type"] == "daemon":
+            needed.append((entry["name"], daemon._still_needed(j, entry)))
+        else:
+            real_undo(entry, j)
+    monkeypatch.setattr(journal, "_undo", undo)
+    monkeypatch.setattr(journal.subprocess, "run",
+                        lambda argv, **kw: ran.append(argv) or subprocess.CompletedProcess(argv, 0))
+    j = journal.Journal(tmp_path / "runtime")
+    j.add(type="argv", argv=["ip", "netns", "delete", "vmtax-old"])
+    j.add(type="daemon", name="dockerd", pid=4_000_000, start=1)
+    # The older namespace's device is newer than the daemon: it goes by name before it.
+    j.add(type="argv", argv=["ip", "-n", "vmtax-old", "link", "delete", "veth0"])
+    j.add(type="argv", argv=["ip", "netns", "delete", "vmtax-new"])
+    j.add(type="argv", argv=["ip", "-n", "vmtax-new", "link", "delete", "veth1"])
+    assert j.undo_all() == []
+    assert needed == [("dockerd", 0)]
+    assert ran == [["ip", "netns", "delete", "vmtax-new"],
+                   ["ip", "-n", "vmtax-old", "link", "delete", "veth0"],
+                   ["ip", "netns", "delete", "vmtax-old"]]
+    assert j.entries == {}

@@ -245,14 +245,24 @@ class Journal:
                 if entry.get("type") != "kill":
                     self._remove_trees(trees, errors)
                     trees = []
+                if entry.get("type") == "daemon":
+                    # A daemon stays while a newer change is listed: the devices of an
+                    # older namespace go by name before it, as one by one would.
+                    for device in in_doomed:
+                        self._undo_noting(device, errors)
+                    in_doomed = []
                 self._undo_noting(token, errors)
+                if (ns := _deleted_namespace(entry)) and token not in self.entries:
+                    # Its devices went with it: forgotten now, or a daemon older than
+                    # them would count them as changes still needing it, and stay.
+                    gone = [t for t in in_doomed
+                            if _device_namespace(self.entries[t]) == ns]
+                    self.forget_all(gone)
+                    in_doomed = [t for t in in_doomed if t not in gone]
         self._remove_trees(trees, errors)
         # A namespace that could not be deleted keeps its devices: those go by name.
-        kept = [t for t in in_doomed
-                if doomed[_device_namespace(self.entries[t]) or ""] in self.entries]
-        for token in kept:
+        for token in in_doomed:
             self._undo_noting(token, errors)
-        self.forget_all([t for t in in_doomed if t not in kept])
         return errors
 
     def _remove_trees(self, trees: list[int], errors: list[str]) -> None:
