@@ -79,3 +79,26 @@ def test_adjusting_counts_the_series_that_called_no_change():
 def test_non_positive_values_are_refused():
     with pytest.raises(ValueError, match="positive"):
         changepoint.detect([[1.0], [0.0]] * 4)
+
+
+def test_kept_permutations_give_what_shuffling_gives():
+    """A trend's series of one length take the orders the first drew (_Orders): each gets
+    the detection it gets alone, with nothing kept, and in threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    levels = [[100] * 40 + [93] * 20, [100] * 60, [100] * 30 + [104] * 30, [100] * 60]
+    many = [series(lv, noise=0.03, seed=i) for i, lv in enumerate(levels)]
+    alone = []
+    for points in many:
+        changepoint._Orders._kept.clear()
+        alone.append(changepoint.detect(points))
+    assert alone[0].changes and alone[0].p_values[0] < 0.01   # a test of every permutation
+    changepoint._Orders._kept.clear()
+    assert [changepoint.detect(points) for points in many] == alone
+    assert changepoint._Orders._kept      # kept, and taken again
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(changepoint.detect, many * 2)) == alone * 2
+    # Fewer permutations end in a batch of another size: not the kept ones.
+    fewer = changepoint.detect(many[0], permutations=2999)
+    changepoint._Orders._kept.clear()
+    assert changepoint.detect(many[0], permutations=2999) == fewer

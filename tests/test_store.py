@@ -337,6 +337,10 @@ def test_a_series_points_hold_its_repetitions_values_as_stored(tmp_path):
     assert [*store.named_values("nightly").items()] == [*expected.items()]
     assert store.named_values("nightly", ["latency"]) == {
         key: values for key, values in expected.items() if key[4] == "latency"}
+    # (workload, metric) pairs: a metric of another workload is not read (trend's headlines).
+    assert store.named_values("nightly", pairs={("cpu", "events/s"), ("fio", "latency")}) == {
+        key: values for key, values in expected.items() if key[4] == "events/s"}
+    assert store.named_values("nightly", pairs=set()) == {}
 
     migrated = v0_copy(tmp_path)
     Store(migrated, readonly=True).close()

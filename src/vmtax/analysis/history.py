@@ -233,8 +233,9 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     per_host = _runs(store, name, since, until)
     by_id = {r.id: r for runs in per_host.values() for r in runs}
     # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values.
-    values = {key: vals for key, vals in store.named_values(
-                  name, metrics or _headline_names(store.named_workloads(name))).items()
+    read = (store.named_values(name, metrics) if metrics else
+            store.named_values(name, pairs=_headlines(store.named_workloads(name))))
+    values = {key: vals for key, vals in read.items()
               if key[0] in by_id and not (targets and key[1] not in targets)}
     configs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     firsts: dict[tuple[str, str, str, str], str] = {}
@@ -282,17 +283,18 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     return trend
 
 
-def _headline_names(workload_names: list[str]) -> set[str] | None:
-    """The names of these workloads' headline metrics, to read no other; None (read all)
-    when one has no declared headline (a plugin not installed here: its first metric)."""
-    names = set()
+def _headlines(workload_names: list[str]) -> set[tuple[str, str]] | None:
+    """(workload, metric) of these workloads' headline metrics, to read no other; None
+    (read all) when one has no declared headline (a plugin not installed here: its first
+    metric)."""
+    pairs = set()
     for workload in workload_names:
         found = workloads.manifest(workload)   # from the plugin index: no plugin imported
         primary = {spec.name for spec in found.metrics if spec.primary} if found else set()
         if not primary and not workload.endswith((" (host)", " prepare")):
             return None
-        names |= primary
-    return names
+        pairs |= {(workload, metric) for metric in primary}
+    return pairs
 
 
 def _overlap_notes(name: str, per_host: dict[str, list[SeriesRun]],

@@ -32,14 +32,12 @@ import itertools
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import stat
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -177,7 +175,7 @@ class Journal:
         """A new directory in parent, named prefix + an unpredictable suffix (as mkdtemp
         names it), mode 0700, journaled (rmtree) before it is made; with its token."""
         for _ in range(100):
-            path = parent / f"{prefix}{secrets.token_hex(6)}"
+            path = parent / f"{prefix}{os.urandom(6).hex()}"
             token = self.add(type="rmtree", path=str(path))
             try:
                 path.mkdir(mode=0o700)
@@ -271,6 +269,8 @@ class Journal:
         if not trees:   # most entries of a journal flush none: no pool for them
             return
         depth = {t: len(Path(str(self.entries[t].get("path"))).parts) for t in trees}
+        from concurrent.futures import ThreadPoolExecutor   # ~5 ms: most commands need none
+
         with ThreadPoolExecutor(TREES_AT_ONCE) as pool:
             for level in sorted(set(depth.values()), reverse=True):
                 tokens = [t for t in trees if depth[t] == level]
