@@ -111,31 +111,33 @@ def _intervals(n: int, min_segment: int, step: int = 1) -> tuple[np.ndarray, np.
 
 
 class _Stretches:
-    """The stretches of one kind that a test takes the largest statistic over, grouped by
-    where they start: for each start, the stretch ends that go with it are a run of
-    consecutive grid ends (`ends[first:last]`)."""
+    """The stretches of one kind that a test takes the largest statistic over: each as the
+    positions of its two ends among the grid's ends, and its statistic's scale."""
+
+    _ROWS = 64   # permutations at a time: their differences stay in the CPU's cache
 
     def __init__(self, ends: np.ndarray, i: np.ndarray, j: np.ndarray, n: int):
-        self.groups = []
-        for start in _distinct(i):
-            stops = np.searchsorted(ends, j[i == start])
-            first, last = int(stops.min()), int(stops.max()) + 1
-            assert last - first == len(stops), "a start's ends are consecutive grid ends"
-            inside = ends[first:last] - start
-            self.groups.append((int(np.searchsorted(ends, start)), first, last,
-                                np.sqrt(inside * (n - inside) * (n + 1) / 12)))
+        self.starts, self.stops = np.searchsorted(ends, i), np.searchsorted(ends, j)
+        inside = j - i
+        self.scale = np.sqrt(inside * (n - inside) * (n + 1) / 12)
 
     def maxima(self, centred: np.ndarray) -> np.ndarray:
         """Per row of `centred` (_centred_sums at the grid's ends), the largest
         |standardized rank sum| over the stretches: Mann-Whitney's statistic, inside vs
         outside."""
-        largest = np.full(centred.shape[:-1], -np.inf)
-        for at, first, last, scale in self.groups:
-            z = centred[..., first:last] - centred[..., at:at + 1]
-            np.abs(z, out=z)
-            z /= scale
-            np.maximum(largest, z.max(axis=-1), out=largest)
+        if centred.ndim == 1:
+            return self._largest(centred[np.newaxis])[0]
+        largest = np.empty(centred.shape[0])
+        for row in range(0, centred.shape[0], self._ROWS):
+            largest[row:row + self._ROWS] = self._largest(centred[row:row + self._ROWS])
         return largest
+
+    def _largest(self, centred: np.ndarray) -> np.ndarray:
+        z = np.take(centred, self.stops, axis=-1)
+        z -= np.take(centred, self.starts, axis=-1)
+        np.abs(z, out=z)
+        z /= self.scale
+        return z.max(axis=-1)
 
 
 def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> np.ndarray:
