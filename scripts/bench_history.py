@@ -10,8 +10,10 @@ sysbench's output (a recorded one: tests/fixtures/sysbench), which are most of a
 store's bytes. Then the time of `vmtax runs`, `show last`, `compare` and
 `trend nightly`, each run as a user runs it (a new process: Python's start-up included),
 median of 5, CPU and wall time with the host's load (goal: < 0.5 s each); and of `publish
-nightly` into a new directory, once (goal: < 60 s). The goals are judged on CPU time (user
-+ system): on a shared host the wall time adds the waiting for a CPU, which the load says.
+nightly` into a new directory, once (goal: < 60 s). The goals are judged on the time to the
+answer, the wall time, on a quiet host: on a shared one the wall time adds the waiting for a
+CPU, which the load says and the CPU time (user + system, of every thread: trend's series
+are tested on every CPU) leaves out.
 """
 
 from __future__ import annotations
@@ -138,11 +140,11 @@ def main() -> None:
             wall, cpu = timed(*command, "--results", results, repeat=5)
             print(f"   {'vmtax ' + ' '.join(command):22} {cpu:6.2f} s CPU {wall:6.2f} s wall"
                   f" (load {os.getloadavg()[0]:.1f})"
-                  + ("" if cpu < GOAL else f"  over the goal of {GOAL} s"))
+                  + ("" if wall < GOAL else f"  over the goal of {GOAL} s"))
         wall, cpu = timed_publish(results)
         print(f"   {'vmtax publish nightly':22} {cpu:6.1f} s CPU {wall:6.1f} s wall"
               f" (load {os.getloadavg()[0]:.1f})"
-              + ("" if cpu < PUBLISH_GOAL else f"  over the goal of {PUBLISH_GOAL} s"))
+              + ("" if wall < PUBLISH_GOAL else f"  over the goal of {PUBLISH_GOAL} s"))
     print()
 
 
