@@ -162,7 +162,7 @@ def test_the_commands_vmtax_journals_are_accepted(argv):
 
 def test_a_directory_is_journaled_before_it_is_made_never_someone_elses(tmp_path, monkeypatch):
     names = iter(["taken", "free"])
-    monkeypatch.setattr(journal.secrets, "token_hex", lambda n: next(names))
+    monkeypatch.setattr(journal, "_suffix", lambda: next(names))
     (tmp_path / "vmtax-serving-taken").mkdir()
     j = journal.Journal()
     made, token = j.make_dir(tmp_path, "vmtax-serving-")

@@ -290,8 +290,16 @@ def test_medians_at_the_resolution_give_no_change_and_stay_out_of_the_adjustment
     assert below.note.startswith("a median is at or below the resolution 0.01")
     # Without the resolution the same pair is an infinite change.
     assert math.isinf(compare_many([changed, quantized])[1].change)
-    # Only medians at or below it count: 0.02 vs 0.03 is read.
-    read = compare_many([("l", [0.02] * 5, [0.03] * 5, False)], resolutions=[0.01])[0]
+    # Above it, medians one step apart are what rounding alone gives (bench-stats' A vs A
+    # runs called 0.03 vs 0.04 ms "+33.3%, p=0"): "~", said why, and out of the adjustment.
+    step = ("l", [0.02] * 5, [0.03] * 5, False)
+    one = compare_many([changed, step], resolutions=[None, 0.01])
+    assert (one[1].verdict, one[1].significant, one[1].p_adjusted) == ("~", False, 1.0)
+    assert one[1].note.startswith("medians one step of the resolution the tool prints them "
+                                  "in (0.01) apart")
+    assert one[0].p_adjusted == alone.p_adjusted
+    # Two steps apart are read.
+    read = compare_many([("l", [0.02] * 5, [0.04] * 5, False)], resolutions=[0.01])[0]
     assert read.verdict == "worse"
     with pytest.raises(ValueError, match="1 resolutions for 2 pairs"):
         compare_many([changed, quantized], resolutions=[0.01])

@@ -49,7 +49,10 @@ Methods and why
     that swapping A and B exactly swaps "better" and "worse".
   * A median at or below the resolution the tool prints the metric in (sysbench's 0.01
     ms) is no measurement of a change: such a pair gets the verdict "below resolution",
-    no change, and stays out of the multiplicity adjustment.
+    no change, and stays out of the multiplicity adjustment. Nor are medians one step of
+    that resolution apart: rounding alone makes that of values however close (0.0349 and
+    0.0351 print as 0.03 and 0.04); such a pair gets "~" with a note saying so, and stays
+    out of the adjustment too.
   * A bootstrap interval from very few runs is narrower than its nominal level (at 2 vs 2
     a ratio CI above 1 only says that both target runs beat both baseline runs, which
     chance does 1 time in 6): below the run counts at which a rank test could reach the
@@ -558,7 +561,13 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
                     _percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha),
                     *_p_value(a, b, alpha)))
     below = [res is not None and min(r[4], r[5]) <= res for r, res in zip(raw, resolutions)]
-    tested = [i for i, r in enumerate(raw) if not _no_test(r[1], r[2]) and not below[i]]
+    # Medians one printed step apart or less: rounding to the step alone makes that of any
+    # two values that straddle a rounding boundary, however close (0.0349 and 0.0351 ms
+    # print as 0.03 and 0.04). bench-stats' A vs A runs saw "+33.3%, p=0" so.
+    one_step = [res is not None and not below[i] and 0 < abs(r[5] - r[4]) <= res * (1 + 1e-9)
+                for i, (r, res) in enumerate(zip(raw, resolutions))]
+    tested = [i for i, r in enumerate(raw)
+              if not _no_test(r[1], r[2]) and not below[i] and not one_step[i]]
     adjusted = [1.0] * len(raw)
     for i, p_adj in zip(tested, adjust_pvalues([raw[i][-2] for i in tested], method)):
         adjusted[i] = p_adj
@@ -582,6 +591,10 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
             verdict, change, ci = "below resolution", math.nan, (math.nan, math.nan)
             note = (f"a median is at or below the resolution {resolutions[i]:g} the tool "
                     f"prints this metric in (A {med_a:g}, B {med_b:g}): no change can be read")
+        elif one_step[i]:
+            note = (f"medians one step of the resolution the tool prints them in "
+                    f"({resolutions[i]:g}) apart: rounding alone makes that of values however "
+                    "close, so no change is called")
         elif significant:
             verdict = "better" if (med_b > med_a) == hib else "worse"
         elif test == "mann-whitney" and floor >= alpha:

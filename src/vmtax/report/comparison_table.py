@@ -130,6 +130,10 @@ def print_comparison(console: Console, rows, alpha: float, noise_floor: float, m
                                   if r.comparison.verdict == "too few runs"):
             console.print(Text(f"too few runs: {printable(note)}",
                                style=VERDICT_STYLE["too few runs"]))
+        # A "~" whose interval excludes 0: why no change was called.
+        for note in dict.fromkeys(r.comparison.note for r in mine
+                                  if r.comparison.verdict == "~" and r.comparison.note):
+            console.print(Text(f"~ {printable(note)}", style=VERDICT_STYLE["~"]))
 
 
 def verdict_line(rows, alpha: float) -> Text:
