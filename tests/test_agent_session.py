@@ -62,3 +62,55 @@ def test_a_scratch_disk_that_never_appears_fails_in_one_line():
     with pytest.raises(TargetError, match="^vm: mounting the scratch disk in the guest "
                                           "failed: no block device /dev/sda$"):
         session.setup(None, "virtio-scsi")
+
+
+class Booting(agent_session.AgentGuest):
+    """A guest whose first boots are lost (its QEMU gone before READY)."""
+
+    def __init__(self, lost: int):
+        super().__init__("kvm")
+        self.lost, self.boots, self.stops = lost, 0, 0
+
+    def _start(self):
+        self.boots += 1
+        if self.boots <= self.lost:
+            raise agent_session.GuestLost(f"kvm: guest failed to boot (boot {self.boots})")
+
+    def stop(self):
+        self.stops += 1
+
+    def _check_running(self):
+        pass
+
+    def _boot_failure(self, exc):
+        return str(exc)
+
+    def kill(self):
+        pass
+
+    def alive(self):
+        return True
+
+    def host_pids(self):
+        return []
+
+
+def test_a_guest_lost_while_booting_in_a_lab_is_booted_once_more(monkeypatch, capsys):
+    monkeypatch.setenv("VMTAX_LAB", "nested KVM in a TCG lab, AMD-V emulated")
+    guest = Booting(lost=1)
+    guest.start()
+    assert guest.boots == 2
+    assert capsys.readouterr().err == ("vmtax: kvm: guest failed to boot (boot 1); booting it "
+                                       "once more (in a lab)\n")
+    # Once more only: a guest lost twice is an error.
+    twice = Booting(lost=2)
+    with pytest.raises(agent_session.GuestLost, match="boot 2"):
+        twice.start()
+    assert twice.boots == 2
+
+
+def test_a_guest_lost_while_booting_on_a_real_host_is_an_error(monkeypatch, capsys):
+    monkeypatch.delenv("VMTAX_LAB", raising=False)
+    with pytest.raises(agent_session.GuestLost, match="boot 1"):
+        Booting(lost=1).start()
+    assert capsys.readouterr().err == ""

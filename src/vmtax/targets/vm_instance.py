@@ -288,6 +288,9 @@ class VmInstance(AgentGuest):
     def _boot_failure(self, exc: BaseException) -> str:
         assert self.config is not None   # set before QEMU starts
         run_dir = self.config.console_log.parent
+        if isinstance(exc, EOFError) and self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):   # its channel went first
+                self._proc.wait(2)
         code = self._proc.poll() if self._proc else None
         what = (f"QEMU exited with status {code}" if code is not None
                 else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
