@@ -70,16 +70,26 @@ name = "cpu"
 name = "iperf3"
 """
 LAB_TIMEOUT = 1500
+# What the lab's nested KVM, not vmtax, does now and then (clean-clone CI runs of
+# 2026-11-28, two of five): the lab's own kernel panics inside KVM_RUN ("corrupted stack
+# end detected inside scheduler"), or an L2 guest is lost twice while it boots. Such a
+# lab run is made once more, in a new directory; any other failure fails at once.
+NESTED_FAULTS = ("Kernel panic - not syncing", "booting it once more (in a lab)")
 
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("lab")
-    (work / "plan.toml").write_text(PLAN)
-    started = time.monotonic()
-    done = vmtax("lab", "--results", str(work / "results"), "run", "plan.toml",
-                 cwd=work, timeout=LAB_TIMEOUT, env={"COLUMNS": "200"})
-    print(f"lab run: {time.monotonic() - started:.0f} s\n{done.stdout}\n{done.stderr}")
+    for attempt in (1, 2):
+        work = tmp_path_factory.mktemp("lab")
+        (work / "plan.toml").write_text(PLAN)
+        started = time.monotonic()
+        done = vmtax("lab", "--results", str(work / "results"), "run", "plan.toml",
+                     cwd=work, timeout=LAB_TIMEOUT, env={"COLUMNS": "200"})
+        print(f"lab run {attempt}: {time.monotonic() - started:.0f} s\n{done.stdout}\n"
+              f"{done.stderr}")
+        if done.returncode == 0 or not any(fault in done.stdout + done.stderr
+                                           for fault in NESTED_FAULTS):
+            break
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return work, done
 
