@@ -1,6 +1,8 @@
 """AgentSession's setup of a booted guest, whatever started its QEMU: which jobs it sends for
 each scratch disk bus (the guest half of each is tested by the live tests)."""
 
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,48 @@ def test_a_guest_lost_while_booting_on_a_real_host_is_an_error(monkeypatch, caps
     with pytest.raises(agent_session.GuestLost, match="boot 1"):
         Booting(lost=1).start()
     assert capsys.readouterr().err == ""
+
+
+def test_a_stall_on_the_console_is_seen_once_its_line_is_whole(tmp_path):
+    console = tmp_path / "console.log"
+    console.write_bytes(b"[    0.1] PCI: Fatal: No config space access function found\n")
+    calls = []
+    watch = agent_session.StallWatch(console, lambda: calls.append(1))
+    watch()
+    with open(console, "ab") as f:
+        f.write(b"[   21.5] rcu: INFO: rcu_sched detected st")
+    watch()   # half a line: the kernel is still writing it
+    with open(console, "ab") as f:
+        f.write(b"alls on CPUs/tasks:\n[   21.5] rcu: \t1-...!: (0 ticks this GP)\n")
+    with pytest.raises(agent_session.KernelStalled,
+                       match=r"^rcu: INFO: rcu_sched detected stalls on CPUs/tasks:$"):
+        watch()
+    assert len(calls) == 3   # QEMU's own check still runs first, every time
+
+
+def test_a_soft_lockup_is_a_stall_and_a_missing_console_is_none(tmp_path):
+    watch = agent_session.StallWatch(tmp_path / "console.log", lambda: None)
+    watch()
+    (tmp_path / "console.log").write_bytes(
+        b"watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [swapper/1:0]\n")
+    with pytest.raises(agent_session.KernelStalled, match="CPU#1 stuck for 22s"):
+        watch()
+
+
+@pytest.mark.parametrize("lab, kvm, lost", [(True, True, True), (True, False, False),
+                                            (False, True, False)])
+def test_only_a_kvm_guest_in_a_lab_is_given_up_when_its_kernel_stalls(
+        tmp_path, monkeypatch, lab, kvm, lost):
+    if lab:
+        monkeypatch.setenv("VMTAX_LAB", "nested KVM in a TCG lab, AMD-V emulated")
+    else:
+        monkeypatch.delenv("VMTAX_LAB", raising=False)
+    console = tmp_path / "console.log"
+    console.write_bytes(b"rcu: INFO: rcu_preempt self-detected stall on CPU\n")
+    guest = Booting(lost=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # no QEMU connects
+    listener.bind(str(tmp_path / "agent.sock"))
+    listener.listen(1)
+    with pytest.raises(TargetError) as raised:
+        guest._await_agent(listener, time.monotonic(), time.monotonic() + 0.5, console, kvm)
+    assert isinstance(raised.value, agent_session.GuestLost) == lost

@@ -51,6 +51,10 @@ KILLED = 137
 # The kernel's line when its OOM killer ends a process (mm/oom_kill.c; "quiet" still prints
 # it, at KERN_ERR): "Out of memory: Killed process 312 (sysbench) total-vm:...".
 _OOM = re.compile(r"(?:Memory cgroup out|Out) of memory[^:\n]*: Killed process \d+ \([^)]*\)")
+# What a guest's kernel prints when a CPU stopped making progress: RCU's stall detector
+# (kernel/rcu/tree_stall.h) and the soft-lockup watchdog.
+_STALL = re.compile(rb"rcu: INFO: rcu_\w+ (?:self-)?detected stalls?[^\n]*|"
+                    rb"watchdog: BUG: soft lockup[^\n]*")
 
 
 def file_size(path: Path) -> int:
@@ -229,7 +233,37 @@ class AgentSession:
 
 
 class GuestLost(TargetError):
-    """The guest's QEMU exited, or closed the agent's channel, before the agent was READY."""
+    """The guest's QEMU exited, closed the agent's channel, or (a nested KVM guest) its
+    kernel stalled, before the agent was READY."""
+
+
+class KernelStalled(Exception):
+    """The guest's kernel reported a stall on its console (the line is the message)."""
+
+
+class StallWatch:
+    """A check_running for await_ready that also raises KernelStalled once the console
+    shows a stall; it reads only what the console gained since its last call."""
+
+    def __init__(self, console_log: Path, check_running: Callable[[], None]):
+        self.console_log = console_log
+        self.check_running = check_running
+        self.seen = 0
+        self.partial = b""   # the console's last line, while the kernel is still writing it
+
+    def __call__(self) -> None:
+        self.check_running()
+        try:
+            with open(self.console_log, "rb") as f:
+                f.seek(self.seen)
+                said = f.read()
+        except OSError:
+            return
+        self.seen += len(said)
+        lines = self.partial + said
+        head, _, self.partial = lines.rpartition(b"\n")
+        if (found := _STALL.search(head)) is not None:
+            raise KernelStalled(found[0].decode(errors="replace").strip())
 
 
 class AgentGuest(Instance):
@@ -250,8 +284,9 @@ class AgentGuest(Instance):
     def start(self) -> None:
         """Instance.start; in a lab, a guest lost while it boots is booted once more,
         saying so: a KVM nested under TCG's emulated AMD-V now and then loses an L2 guest
-        early in its boot (a CI run's lab: the kernel's last line, then its QEMU gone),
-        which says nothing of the guest or of vmtax. No number is measured while booting."""
+        early in its boot (CI runs' labs: the kernel's last line, then its QEMU gone; or
+        its kernel's RCU stall, then nothing until the boot timed out at 300 s), which says
+        nothing of the guest or of vmtax. No number is measured while booting."""
         try:
             super().start()
         except GuestLost as exc:
@@ -276,18 +311,31 @@ class AgentGuest(Instance):
     def _boot_failure(self, exc: BaseException) -> str:
         """Why the boot failed (exc: what waiting for READY raised), in one line."""
 
+    def _not_ready(self, exc: BaseException, exited: str | None, timeout: float) -> str:
+        """What kept the agent from READY: its QEMU's exit (exited), a stall its kernel
+        reported, or the boot's timeout."""
+        if exited is not None:
+            return exited
+        if isinstance(exc, KernelStalled):
+            return "its kernel stalled"
+        return f"no agent READY within {timeout:g} s"
+
     def _await_agent(self, listener: socket.socket, start: float, deadline: float,
-                     console_log: Path, host_margin: float = HOST_MARGIN) -> AgentSession:
+                     console_log: Path, kvm: bool, host_margin: float = HOST_MARGIN
+                     ) -> AgentSession:
         """Once QEMU started at `start` (monotonic): wait for the agent's READY, then set
         boot_seconds, guest_boot_seconds (the guest's own uptime: boot_seconds minus it is
-        QEMU's share) and the session."""
+        QEMU's share) and the session. A KVM guest (kvm) in a lab is given up as soon as
+        its kernel reports a stall: a TCG guest's may be a slow host it outlives."""
+        check = (StallWatch(console_log, self._check_running) if kvm and machine.lab()
+                 else self._check_running)
         try:
-            channel, self.guest_boot_seconds = await_ready(listener, deadline,
-                                                           self._check_running)
-        except EOFError as exc:
+            channel, self.guest_boot_seconds = await_ready(listener, deadline, check)
+        except (EOFError, KernelStalled) as exc:
             raise GuestLost(self._boot_failure(exc)) from None
         except (TimeoutError, OSError) as exc:
             raise TargetError(self._boot_failure(exc)) from None
+        channel.check = self._check_running   # jobs' stalls are theirs to report
         self.boot_seconds = time.monotonic() - start
         self.session = AgentSession(self.name, channel, console_log, self.kill, host_margin)
         return self.session

@@ -224,7 +224,7 @@ class VmInstance(AgentGuest):
         self._qmp = QmpSession(self.name, cfg.qmp_socket)
         deadline = start + machine.lab_scaled(self.opts.boot_timeout)
         session = self._await_agent(self._listener, start, deadline, cfg.console_log,
-                                    HOST_MARGIN)
+                                    cfg.accel == "kvm", HOST_MARGIN)
         # What the boot cost QEMU in CPU: comparable where wall time is shared (make bench).
         self.boot_cpu_seconds = proc.cpu_seconds(self._proc.pid)
         if self.opts.pin is not None:
@@ -292,8 +292,8 @@ class VmInstance(AgentGuest):
             with contextlib.suppress(subprocess.TimeoutExpired):   # its channel went first
                 self._proc.wait(2)
         code = self._proc.poll() if self._proc else None
-        what = (f"QEMU exited with status {code}" if code is not None
-                else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
+        what = self._not_ready(exc, None if code is None else f"QEMU exited with status {code}",
+                               machine.lab_scaled(self.opts.boot_timeout))
         details = tail(run_dir / "qemu.log", 3)
         console = tail(self.config.console_log)
         hints = []

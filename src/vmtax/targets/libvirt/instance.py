@@ -153,7 +153,8 @@ class LibvirtInstance(AgentGuest):
         if self.tap is not None:
             self._return_tap(self.tap)
         deadline = start + machine.lab_scaled(self.opts.boot_timeout)
-        session = self._await_agent(self._listener, start, deadline, spec.console_log)
+        session = self._await_agent(self._listener, start, deadline, spec.console_log,
+                                    spec.domain_type == "kvm")
         nic = self.tap or self.nat
         self.job_overhead = session.setup((nic.cidr, nic.gateway) if nic else None,
                                           spec.disk_bus)
@@ -218,8 +219,8 @@ class LibvirtInstance(AgentGuest):
 
     def _boot_failure(self, exc: BaseException) -> str:
         assert self.spec is not None
-        what = ("its QEMU exited" if not self.alive()
-                else f"no agent READY within {machine.lab_scaled(self.opts.boot_timeout):g} s")
+        what = self._not_ready(exc, None if self.alive() else "its QEMU exited",
+                               machine.lab_scaled(self.opts.boot_timeout))
         console = tail(self.spec.console_log)
         qemu_log = tail(QEMU_LOGS / f"{self.domain}.log", 3)
         return (f"{self.name}: domain {self.domain} failed to boot ({what}; {exc})"
