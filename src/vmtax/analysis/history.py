@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from vmtax.analysis import changepoint, stats
 from vmtax.analysis import summary as analysis
+from vmtax.analysis.drift import host_of
 from vmtax.core import workload as workloads
 from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
@@ -196,11 +197,6 @@ def run_to_run_spread(points: Sequence[Point], alpha: float) -> tuple[float, flo
 
 def _percent(change: float) -> str:
     return f"{change:+.1%}"
-
-
-def host_of(facts: dict[str, Any]) -> str:
-    """The host a run's series is kept for: a fleet host's name, else the hostname."""
-    return (facts.get("fleet") or {}).get("host") or facts.get("hostname") or "unknown host"
 
 
 def _runs(store: Store, name: str, since: float | None,

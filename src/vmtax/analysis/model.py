@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vmtax.analysis import composite, profile
+from vmtax.analysis import composite, drift, profile
 from vmtax.analysis import summary as analysis
 from vmtax.analysis import tune as tuning
 from vmtax.analysis.composite import ClassIndex, Standing
@@ -19,7 +19,7 @@ from vmtax.analysis.summary import Cell, CompareRow, Row, RunSummary
 from vmtax.core.errors import VmtaxError
 from vmtax.results import study_records as records
 from vmtax.results.study_records import BootStart, DensityPoint, KsmReading
-from vmtax.results.store import Run
+from vmtax.results.store import Run, Store
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,8 @@ class RunComparison:
     # only on request.
     primary: list[CompareRow]
     secondary: list[CompareRow]
+    # Why the p-values say nothing of the host's drift between runs (drift.within_drift).
+    caveat: str = ""
 
     @property
     def swept(self) -> set[str]:
@@ -127,8 +129,11 @@ class RunComparison:
 
 
 def compare(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
-            method: Literal["holm", "bh"] = "bh") -> RunComparison | None:
-    """B against A on every target they share; None when they share no metric."""
+            method: Literal["holm", "bh"] = "bh",
+            store: Store | None = None) -> RunComparison | None:
+    """B against A on every target they share; None when they share no metric. With the
+    store they came from, a change within the host's drift between earlier runs of their
+    name gets no verdict (drift.within_drift)."""
     pairs = [(a, t, b, t) for t in a.targets if t in b.targets]
     if not pairs:
         return None
@@ -137,10 +142,13 @@ def compare(a: Run, b: Run, alpha: float = 0.01, noise_floor: float = 0.02,
                                         method=method)
     except VmtaxError:      # nothing in common: the runs are shown side by side only
         return None
+    caveat = ""
+    if store is not None:
+        rows, caveat = drift.within_drift(store, rows, a, b, alpha)
     secondary = [analysis.is_secondary(row.workload, row.metric) for row in rows]
     return RunComparison(a.id, b.id, rows, alpha, noise_floor, method,
                          primary=[row for row, s in zip(rows, secondary) if not s],
-                         secondary=[row for row, s in zip(rows, secondary) if s])
+                         secondary=[row for row, s in zip(rows, secondary) if s], caveat=caveat)
 
 
 def measured_runs(run: Run) -> str:

@@ -420,13 +420,16 @@ def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_j
         if not pairs:
             raise VmtaxError(f"runs {run_a.id} and {run_b.id} share no target; "
                              "compare targets explicitly with RUN:TARGET")
+    from vmtax.analysis import drift
     from vmtax.analysis import summary as analysis
     from vmtax.report import comparison_table as tables
 
     rows = analysis.compare_targets(pairs, alpha=alpha, noise_floor=noise_floor, method=method)
+    rows, caveat = drift.within_drift(store, rows, run_a, run_b, alpha)
     if as_json:
         _print_json({"alpha": alpha, "noise_floor": noise_floor, "method": method,
-                     "rows": [dataclasses.asdict(r) for r in rows]})
+                     "rows": [dataclasses.asdict(r) for r in rows],
+                     **({"caveat": caveat} if caveat else {})})
     # A secondary metric (a fixed time's total, a fairness spread) is no regression.
     primary = [r for r in rows if not analysis.is_secondary(r.workload, r.metric)]
     if not as_json:
@@ -434,6 +437,8 @@ def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_j
         tables.print_comparison(out, shown, alpha, noise_floor, method)
         if not show_all and len(primary) < len(rows):
             out.print(f"[dim]{len(rows) - len(primary)} secondary metrics hidden: --all[/dim]")
+        if caveat and any(r.comparison.significant for r in shown):
+            out.print(f"[dim]{escape(caveat)}[/dim]")
         if shown:   # the answer last, where a long comparison ends
             out.print(tables.verdict_line(shown, alpha))
     failing = {"worse": {"worse"}, "change": {"worse", "better"},

@@ -92,7 +92,7 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     else:
         models = [(analyse(run), None) for run in runs]
     # Two runs: the second against the first, metric by metric, as `vmtax compare` does.
-    comparison = compare(runs[0], runs[1]) if len(runs) == 2 else None
+    comparison = compare(runs[0], runs[1], store=store) if len(runs) == 2 else None
     reports = [htmlreport.build(model, host=name) for model, name in models]
     export_mod.write_file(html_path,
                           htmlreport.render_html(reports, comparison, spread).encode())

@@ -171,7 +171,8 @@ def publish_command(names, results) -> None:
         publish.trend_page(path, trend, history.levels(trend))
     for path, before_id, after_id in site.changes:
         before, after = store.load_run(before_id), store.load_run(after_id)
-        publish.compare_page(path, analyse(before), analyse(after), compare(before, after))
+        publish.compare_page(path, analyse(before), analyse(after),
+                             compare(before, after, store=store))
     for path, run_id, figures in site.runs:
         publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures)
     publish.index_page(site)
