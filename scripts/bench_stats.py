@@ -272,7 +272,13 @@ def main() -> None:
                         help="only the change-point check (synthetic, and Otava beside)")
     parser.add_argument("--scipy-only", action="store_true",
                         help="only the check of vmtax's tests against scipy's (seconds)")
+    parser.add_argument("--a-vs-a-only", action="store_true",
+                        help="only the A vs A check (real runs, ~10 min)")
     args = parser.parse_args()
+    if args.a_vs_a_only:
+        with tempfile.TemporaryDirectory() as results:
+            a_vs_a(Store(results), args.trials)
+        return
     against_scipy()
     if args.scipy_only:
         return
