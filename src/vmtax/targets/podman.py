@@ -75,7 +75,12 @@ lock_type = "file"
 
 def remove_host_state(journal: Journal, entry: dict) -> None:
     """Undo what podman's jobs leave outside the target's directory: the runroot link, and
-    runc's /run/runc if a job of ours made it and nothing else is in it."""
+    runc's /run/runc if a job of ours made it and nothing else is in it. First, as finish()
+    does, let conmon and the cleanup it starts at its container's exit end: after the
+    journal's `podman rm` they still run, and the cleanup makes podman's storage again in
+    the target's directory if that tree goes first (a full test run's killed vmtax)."""
+    if storage := entry.get("storage"):
+        settle(str(storage).encode())
     link = Path(str(entry.get("link")))
     if link.parent == LINKS and link.name.startswith("vmtax-podman-") and link.is_symlink():
         link.unlink()
@@ -107,6 +112,17 @@ def ulimits() -> list[str]:
     nproc = [pid_max() if v == resource.RLIM_INFINITY else min(v, pid_max())
              for v in resource.getrlimit(resource.RLIMIT_NPROC)]
     return [f"--ulimit=nofile={nofile[0]}:{nofile[1]}", f"--ulimit=nproc={nproc[0]}:{nproc[1]}"]
+
+
+def settle(marker: bytes) -> bool:
+    """Wait up to SETTLE_SECONDS for every process whose command line holds marker (conmon,
+    the cleanup it starts: their podman's storage) to end; whether they did."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while busy := bool(processes_with(marker)):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return not busy
 
 
 def processes_with(marker: bytes) -> list[int]:
@@ -173,7 +189,7 @@ class Podman(Runtime):
         self.journal = ctx.journal
         self._state_token = ctx.journal.add(
             type="podman-state", undo=undone_by(remove_host_state), link=str(self.runroot),
-            runc_root=None if RUNC_ROOT.exists() else str(RUNC_ROOT))
+            storage=str(self.storage), runc_root=None if RUNC_ROOT.exists() else str(RUNC_ROOT))
 
     def detach(self) -> None:
         token, self._state_token = self._state_token, None
@@ -264,10 +280,7 @@ class Podman(Runtime):
         # conmon, and the `podman container cleanup` it starts once the container exits, run
         # in sessions of their own, out of reach of the group kill; after a kill `podman run`
         # itself returns once its container is gone. All of them use the runroot link.
-        marker = str(self.storage).encode()
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while (busy := bool(processes_with(marker))) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        busy = not settle(str(self.storage).encode())
         if not removed or busy:
             return False     # for the journaled undo, which needs the link
         self.unfinished.discard(launch.container)
