@@ -46,8 +46,10 @@ class Sshd:
         self.sftp = sftp   # False: no SFTP subsystem, as dropbear or a minimal sshd
         tag = secrets.token_hex(3)
         self.ns, self.veth = f"vmtax-sshd-{tag}", f"vsh{tag}"
+        # Outside vmtax's own pools (10.213/16 networks, 10.214/16 docker, 10.200/13
+        # libvirt NAT): a vmtax network at the same address once answered for this sshd.
         octet = int(tag[:2], 16)
-        self.host_address, self.address = f"10.213.{octet}.1", f"10.213.{octet}.2"
+        self.host_address, self.address = f"10.220.{octet}.1", f"10.220.{octet}.2"
         self.dir = base / "sshd"
         self.dir.mkdir()
         self.workdir = base / "remote"   # the remote's workdir: same filesystem, own netns
