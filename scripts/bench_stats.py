@@ -73,18 +73,27 @@ def a_vs_a(store: Store, trials: int) -> None:
     ids = [stored_run(store, [plan_mod.WorkloadSpec("cpu"), plan_mod.WorkloadSpec("memory")],
                       name="a-vs-a") for _ in range(trials + 1)]
     called = raw = total = 0
-    for a, b in zip(ids, ids[1:]):
+    weighed = [0, 0]   # metrics called, compared: pairs with the drift of earlier runs
+    for pair, (a, b) in enumerate(zip(ids, ids[1:]), start=1):
         rows = compare_as_cli(store, a, b)
+        with_drift = pair > drift.DRIFT_FROM   # run pair + 1 has `pair` runs before it
         total += len(rows)
         raw += sum(r.comparison.significant or r.comparison.note.startswith("within the drift")
                    for r in rows)
         significant = [r for r in rows if r.comparison.significant]
         called += len(significant)
+        if with_drift:
+            weighed[0] += len(significant)
+            weighed[1] += len(rows)
         for r in significant:
-            print(f"   false alarm: {r.workload} {r.metric} {r.comparison.verdict} "
+            print(f"   false alarm, runs {pair} and {pair + 1}"
+                  f"{'' if with_drift else ' (too few earlier runs for their drift)'}: "
+                  f"{r.workload} {r.metric} {r.comparison.verdict} "
                   f"({r.comparison.change:+.1%}, p={r.comparison.p_adjusted:.2g})")
     print(f"   {called} of {total} metrics called significant = {called / total:.2%} "
-          f"(goal <= 1%); by the repetitions alone {raw} = {raw / total:.2%}\n")
+          f"(goal <= 1%); by the repetitions alone {raw} = {raw / total:.2%}; from run "
+          f"{drift.DRIFT_FROM + 2} on (drift weighed): {weighed[0]} of {weighed[1]} = "
+          f"{weighed[0] / max(1, weighed[1]):.2%}\n")
 
 
 def detection(store: Store, trials: int) -> None:
