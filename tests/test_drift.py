@@ -80,6 +80,7 @@ def test_targets_of_one_run_need_no_caveat(tmp_path):
 
 def test_the_spread_of_consecutive_runs():
     assert drift.consecutive_spread([100, 106, 99], alpha=0.05) is None   # two pairs
+    assert drift.consecutive_spread([100, 0, 99, 101, 98], alpha=0.05) is None   # no ratio
     low, high = drift.consecutive_spread([100, 110, 100, 110], alpha=0.05)
     # Three log ratios of ±log(1.1): their root mean square is log(1.1); t(0.975, 3) = 3.182.
     half = 3.182446305284263 * math.log(1.1)

@@ -30,9 +30,12 @@ DRIFT_RUNS = 20
 def consecutive_spread(medians: Sequence[float], alpha: float) -> tuple[float, float] | None:
     """The 1 - alpha prediction interval of one run's median over the median of the run
     before it, as changes (-0.1 = 10% lower), from medians in run order; None with fewer
-    than DRIFT_FROM consecutive pairs. Their log ratios are taken as zero-mean normal: their
-    mean square estimates the variance, and one step between two levels only widens it."""
-    logs = [math.log(m) for m in medians if m > 0]
+    than DRIFT_FROM consecutive pairs, or with a median not above 0 (no ratio to take).
+    Their log ratios are taken as zero-mean normal: their mean square estimates the
+    variance, and one step between two levels only widens it."""
+    if any(m <= 0 for m in medians):
+        return None
+    logs = [math.log(m) for m in medians]
     ratios = [b - a for a, b in zip(logs, logs[1:])]
     if len(ratios) < DRIFT_FROM:
         return None
@@ -80,18 +83,15 @@ def within_drift(store: Store, rows: list[CompareRow], run_a: Run, run_b: Run,
                row.metric, json.dumps(row.dimensions, sort_keys=True))
         found = medians.get(key, {})
         spread = consecutive_spread([found[i] for i in sorted(found)], alpha)
-        if row.comparison.significant and spread is not None and (
-                spread[0] <= _as_ratio(row.comparison) - 1 <= spread[1]):
+        c = row.comparison
+        if c.significant and spread is not None and c.median_a > 0 and (
+                spread[0] <= c.median_b / c.median_a - 1 <= spread[1]):
             row = dataclasses.replace(row, comparison=dataclasses.replace(
-                row.comparison, verdict="~",
+                c, verdict="~",
                 note=(f"within the drift between consecutive runs of {name!r} on {host} "
                       f"before B ({spread[0]:+.1%} … {spread[1]:+.1%}, {len(found)} runs)")))
         kept.append(row)
     return kept, ""
-
-
-def _as_ratio(comparison: stats.Comparison) -> float:
-    return comparison.median_b / comparison.median_a
 
 
 def _canonical(text: str) -> str:
