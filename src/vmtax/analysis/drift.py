@@ -73,10 +73,9 @@ def within_drift(store: Store, rows: list[CompareRow], run_a: Run, run_b: Run,
     order = {run_id: i for i, run_id in enumerate(earlier)}
     medians: dict[tuple, dict[int, float]] = defaultdict(dict)
     for (run_id, target, workload, params, metric, _, _, dims), values in store.named_values(
-            name, pairs={(r.workload, r.metric) for r in judged}).items():
-        if run_id in order:
-            key = (target, workload, _canonical(params), metric, _canonical(dims))
-            medians[key][order[run_id]] = stats.summarize(values).median
+            name, pairs={(r.workload, r.metric) for r in judged}, runs=earlier).items():
+        key = (target, workload, _canonical(params), metric, _canonical(dims))
+        medians[key][order[run_id]] = stats.summarize(values).median
     kept = []
     for row in rows:
         key = (row.b.partition(":")[2], row.workload, json.dumps(row.params_b, sort_keys=True),

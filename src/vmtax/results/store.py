@@ -541,10 +541,11 @@ class Store(PendingSideFile):
 
     @guarded
     def named_values(self, name: str, metrics: Collection[str] | None = None,
-                     pairs: Collection[tuple[str, str]] | None = None
-                     ) -> dict[tuple, list[float]]:
+                     pairs: Collection[tuple[str, str]] | None = None,
+                     runs: Collection[str] | None = None) -> dict[tuple, list[float]]:
         """The metrics (those named, or those of these (workload, metric) pairs, or all) of
-        the successful measured repetitions of one name's runs, per point: (run_id, target,
+        the successful measured repetitions of one name's runs (those of `runs` only, when
+        given: read through the points' index by run), per point: (run_id, target,
         workload, params (JSON), metric, unit, higher_is_better, dimensions (JSON)) -> its
         values in the order they were stored; the points in the order of their first
         value. Read from the points table: one row a point, not one a repetition."""
@@ -552,6 +553,8 @@ class Store(PendingSideFile):
         if pairs is not None:
             only += (" AND (q.workload, q.metric) IN (VALUES "
                      f"{','.join(['(?,?)'] * len(pairs))})" if pairs else " AND 0")
+        if runs is not None:
+            only += f" AND q.run_id IN ({','.join('?' * len(runs))})"
         cursor = self.db.cursor()
         cursor.row_factory = None
         rows = cursor.execute(
@@ -559,7 +562,8 @@ class Store(PendingSideFile):
             " q.higher_is_better, q.dimensions), q.vals FROM runs r"
             " JOIN points q ON q.run_id = r.id WHERE json_extract(r.plan, '$.name') = ?"
             f"{only} ORDER BY q.first_rep, q.rowid",
-            (name, *(metrics or ()), *(v for pair in pairs or () for v in pair))).fetchall()
+            (name, *(metrics or ()), *(v for pair in pairs or () for v in pair),
+             *(runs or ()))).fetchall()
         keys = json.loads(f"[{','.join(key for key, _ in rows)}]")   # one decoding
         return {tuple(key): [float(value) for value in vals.split(",")]
                 for key, (_, vals) in zip(keys, rows)}
