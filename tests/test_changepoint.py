@@ -102,3 +102,20 @@ def test_kept_permutations_give_what_shuffling_gives():
     fewer = changepoint.detect(many[0], permutations=2999)
     changepoint._Orders._kept.clear()
     assert changepoint.detect(many[0], permutations=2999) == fewer
+
+
+def test_counting_the_permutations_that_reach_skips_no_row_that_does():
+    """`reaching` computes few statistics; it must count exactly the rows whose largest
+    statistic reaches the observed one, also when one equals it to the last bit."""
+    rng = np.random.default_rng(7)
+    for n in (6, 13, 40, 150, 400):
+        _, ends, kinds = changepoint._tests(n, changepoint.MIN_SEGMENT)
+        ranks = changepoint._ranks(np.round(rng.normal(size=n), 1))   # with ties
+        rows = changepoint._centred_sums(ranks[rng.permuted(np.tile(np.arange(n), (300, 1)),
+                                                           axis=1)], ends)
+        for kind in kinds:
+            largest = np.array([kind.largest(row) for row in rows])
+            for observed in (*np.quantile(largest, [0, 0.5, 0.9, 0.99, 1]),
+                             largest[3], largest[3] - 1e-12, np.nextafter(largest[3], 0),
+                             largest.max() + 1, 0.0):
+                assert kind.reaching(rows, observed) == np.count_nonzero(largest >= observed)

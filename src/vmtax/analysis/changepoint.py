@@ -114,30 +114,53 @@ class _Stretches:
     """The stretches of one kind that a test takes the largest statistic over: each as the
     positions of its two ends among the grid's ends, and its statistic's scale."""
 
-    _ROWS = 64   # permutations at a time: their differences stay in the CPU's cache
+    _CHUNK = 64   # stretches at a time, in the order of their thresholds
 
     def __init__(self, ends: np.ndarray, i: np.ndarray, j: np.ndarray, n: int):
         self.starts, self.stops = np.searchsorted(ends, i), np.searchsorted(ends, j)
         inside = j - i
         self.scale = np.sqrt(inside * (n - inside) * (n + 1) / 12)
 
-    def maxima(self, centred: np.ndarray) -> np.ndarray:
-        """Per row of `centred` (_centred_sums at the grid's ends), the largest
-        |standardized rank sum| over the stretches: Mann-Whitney's statistic, inside vs
-        outside."""
-        if centred.ndim == 1:
-            return self._largest(centred[np.newaxis])[0]
-        largest = np.empty(centred.shape[0])
-        for row in range(0, centred.shape[0], self._ROWS):
-            largest[row:row + self._ROWS] = self._largest(centred[row:row + self._ROWS])
-        return largest
+    def largest(self, centred: np.ndarray) -> float:
+        """Of `centred` (_centred_sums at the grid's ends), the largest |standardized rank
+        sum| over the stretches: Mann-Whitney's statistic, inside vs outside."""
+        return float((np.abs(centred[self.stops] - centred[self.starts]) / self.scale).max())
 
-    def _largest(self, centred: np.ndarray) -> np.ndarray:
-        z = np.take(centred, self.stops, axis=-1)
-        z -= np.take(centred, self.starts, axis=-1)
-        np.abs(z, out=z)
-        z /= self.scale
-        return z.max(axis=-1)
+    def reaching(self, centred: np.ndarray, observed: float) -> int:
+        """How many rows of `centred` have a stretch whose statistic is at least `observed`:
+        exactly the rows whose `largest` is, with most statistics never computed. A row's
+        sums are halves of integers, so their differences are exact and none exceeds the
+        row's range; and |d| / scale >= observed holds from a threshold of |d| on (a
+        correctly rounded division is monotone). So a stretch whose threshold lies above a
+        row's range cannot reach it: a row is only tried on the stretches below its
+        range, those with the lowest thresholds first, until one reaches."""
+        if observed <= 0:
+            return len(centred)
+        threshold = self._thresholds(observed)
+        order = np.argsort(threshold, kind="stable")
+        threshold, starts, stops = threshold[order], self.starts[order], self.stops[order]
+        span = centred.max(axis=1) - centred.min(axis=1)
+        reached, open_rows = 0, np.arange(len(centred))
+        for at in range(0, len(threshold), self._CHUNK):
+            open_rows = open_rows[span[open_rows] >= threshold[at]]   # the rest cannot
+            if not open_rows.size:
+                break
+            rows = centred[open_rows]
+            chunk = slice(at, at + self._CHUNK)
+            hit = (np.abs(rows[:, stops[chunk]] - rows[:, starts[chunk]])
+                   >= threshold[chunk]).any(axis=1)
+            reached += int(np.count_nonzero(hit))
+            open_rows = open_rows[~hit]
+        return reached
+
+    def _thresholds(self, observed: float) -> np.ndarray:
+        """Per stretch, the least |d| with |d| / scale >= observed, in floats."""
+        t = observed * self.scale
+        while (low := t / self.scale < observed).any():
+            t = np.where(low, np.nextafter(t, np.inf), t)
+        while (high := np.nextafter(t, -np.inf) / self.scale >= observed).any():
+            t = np.where(high, np.nextafter(t, -np.inf), t)
+        return t
 
 
 def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -227,7 +250,7 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     Bonferroni-corrected for two. Either alone misses what the other sees: one step is
     diluted among all stretches, a regression that recovered among single changes."""
     batch, ends, kinds = _tests(len(ranks), min_segment)
-    observed = np.array([kind.maxima(_centred_sums(ranks, ends)) for kind in kinds]) - 1e-12
+    observed = [kind.largest(_centred_sums(ranks, ends)) - 1e-12 for kind in kinds]
     # Permutations in batches, stopping once every statistic saw _EXCEEDANCES arrangements
     # as extreme as the observed one (Besag & Clifford's sequential test: the p-value stays
     # valid, and a series clearly without a change costs hundreds of permutations, not
@@ -239,7 +262,7 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
         # first, where a full batch of a long series would cost ten times as much.
         size = min(batch, permutations - done, max(4 * _EXCEEDANCES, done))
         null = _centred_sums(np.take(ranks, orders.next(size)), ends)
-        extreme += [np.count_nonzero(kind.maxima(null) >= o) for kind, o in zip(kinds, observed)]
+        extreme += [kind.reaching(null, o) for kind, o in zip(kinds, observed)]
         done += size
     # Unless stopped early, the observed order counts as one of the arrangements.
     p = (extreme / done if extreme.min() >= _EXCEEDANCES else (1 + extreme) / (1 + done))
