@@ -535,9 +535,11 @@ class Store(PendingSideFile):
     @guarded
     def named_workloads(self, name: str) -> list[str]:
         """The workloads one name's runs measured."""
+        # The runs first, then their repetitions by the index: a join reads every
+        # repetition and its run's plan (14 ms against 4 at 400 runs).
         return [row[0] for row in self.db.execute(
-            "SELECT DISTINCT p.workload FROM runs r JOIN reps p ON p.run_id = r.id"
-            " WHERE json_extract(r.plan, '$.name') = ?", (name,))]
+            "SELECT DISTINCT p.workload FROM reps p WHERE p.run_id IN"
+            " (SELECT id FROM runs WHERE json_extract(plan, '$.name') = ?)", (name,))]
 
     @guarded
     def named_values(self, name: str, metrics: Collection[str] | None = None,
