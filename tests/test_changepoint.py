@@ -119,3 +119,25 @@ def test_counting_the_permutations_that_reach_skips_no_row_that_does():
                              largest[3], largest[3] - 1e-12, np.nextafter(largest[3], 0),
                              largest.max() + 1, 0.0):
                 assert kind.reaching(rows, observed) == np.count_nonzero(largest >= observed)
+
+
+def test_orders_drawn_ahead_are_the_ones_a_test_takes():
+    """prepare(n) draws a first test's orders on a thread while trend reads the store; a
+    series tested after (or while) they are drawn gets what it gets alone."""
+    rng = np.random.default_rng(3)
+    series = [[float(v)] for v in np.r_[rng.normal(100, 1, 30), rng.normal(106, 1, 30)]]
+    changepoint._Orders._kept.clear()
+    alone = changepoint.detect(series)
+    changepoint._Orders._kept.clear()
+    drawing = changepoint.prepare(len(series))
+    assert drawing is not None
+    drawing.join()
+    kept = list(changepoint._Orders._kept.values())
+    assert len(kept) == 1 and sum(len(o) for o, _ in kept[0].batches) == changepoint.PERMUTATIONS
+    assert changepoint.detect(series) == alone
+    now = list(changepoint._Orders._kept.values())
+    # The test of the whole series took them (its pieces' tests draw their own).
+    assert kept[0] not in now and any(o.batches is kept[0].batches for o in now)
+    changepoint._Orders._kept.clear()
+    changepoint.prepare(len(series))   # still drawing while the test runs
+    assert changepoint.detect(series) == alone

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -242,6 +243,35 @@ class _Orders:
         return orders
 
 
+def _batch_sizes(batch: int, permutations: int) -> Iterator[int]:
+    """How many permutations each batch of a test holds. Batches grow from a few hundred: a
+    series without a change is done after the first, where a full batch of a long series
+    would cost ten times as much."""
+    done = 0
+    while done < permutations:
+        size = min(batch, permutations - done, max(4 * _EXCEEDANCES, done))
+        yield size
+        done += size
+
+
+def prepare(n: int, min_segment: int = MIN_SEGMENT, permutations: int = PERMUTATIONS,
+            seed: int = 0) -> threading.Thread | None:
+    """Start drawing, on a thread of its own (returned), the permuted orders that detect's
+    first test of a series of n points takes (all of them when its p-value is small: the
+    shuffles are then a third of its time), while the caller reads the series: with a
+    second CPU they are drawn by the time the tests ask. The same orders the tests would
+    draw (_Orders): only when they are drawn changes."""
+    if n < 2 * min_segment or len(os.sched_getaffinity(0)) < 2:
+        return None
+    batch = _tests(n, min_segment)[0]
+    orders = _Orders.of(np.random.default_rng(seed), n, (batch, permutations))
+    drawing = threading.Thread(target=lambda: [orders.next(size) for size in
+                                               _batch_sizes(batch, permutations)],
+                               name="vmtax-orders")
+    drawing.start()
+    return drawing
+
+
 def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
              rng: np.random.Generator) -> float:
     """Is there a change in these points? Two rank statistics are each compared with the
@@ -257,13 +287,12 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     # thousands).
     done, extreme = 0, np.zeros(len(kinds), dtype=int)
     orders = _Orders.of(rng, len(ranks), (batch, permutations))
-    while done < permutations and extreme.min() < _EXCEEDANCES:
-        # Batches grow from a few hundred: a series without a change is done after the
-        # first, where a full batch of a long series would cost ten times as much.
-        size = min(batch, permutations - done, max(4 * _EXCEEDANCES, done))
+    for size in _batch_sizes(batch, permutations):
         null = _centred_sums(np.take(ranks, orders.next(size)), ends)
         extreme += [kind.reaching(null, o) for kind, o in zip(kinds, observed)]
         done += size
+        if extreme.min() >= _EXCEEDANCES:
+            break
     # Unless stopped early, the observed order counts as one of the arrangements.
     p = (extreme / done if extreme.min() >= _EXCEEDANCES else (1 + extreme) / (1 + done))
     return float(min(1.0, len(kinds) * p.min()))
@@ -318,13 +347,20 @@ def _median(values: Sequence[float] | np.ndarray, what: str) -> float:
     return x[mid] if len(x) % 2 else (x[mid - 1] + x[mid]) / 2
 
 
-def detect(points: Sequence[Sequence[float]], *, min_segment: int = MIN_SEGMENT,
-           alpha: float = 0.01, noise_floor: float = 0.02,
-           permutations: int = PERMUTATIONS, seed: int = 0) -> Detection:
+def detect(points: Sequence[Sequence[float]], **options: Any) -> Detection:
     """The change points of one series; `points[i]` holds run i's repetitions (> 0)."""
+    return detect_medians([_median(p, f"point {i}") for i, p in enumerate(points)], **options)
+
+
+def detect_medians(point_medians: Sequence[float], *, min_segment: int = MIN_SEGMENT,
+                   alpha: float = 0.01, noise_floor: float = 0.02,
+                   permutations: int = PERMUTATIONS, seed: int = 0) -> Detection:
+    """detect, given the median of each point's repetitions."""
     if min_segment < 1:
         raise ValueError(f"min_segment must be at least 1, got {min_segment}")
-    medians = np.array([_median(p, f"point {i}") for i, p in enumerate(points)])
+    medians = np.array(point_medians, dtype=float)
+    if not np.isfinite(medians).all():
+        raise ValueError("a point's median is NaN or infinite")
     if np.any(medians <= 0):
         raise ValueError("change points are sought in positive metrics only (ratios)")
     rng = np.random.default_rng(seed)

@@ -228,6 +228,8 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     target × workload configuration × metric (headline metrics unless `metrics` names
     them) per host."""
     per_host = _runs(store, name, since, until)
+    for n in {len(runs) for runs in per_host.values()}:
+        changepoint.prepare(n)   # most series have a point in every run
     by_id = {r.id: r for runs in per_host.values() for r in runs}
     # (run, target, workload, params, metric, unit, higher is better, dimensions) -> values.
     read = (store.named_values(name, metrics) if metrics else
@@ -326,8 +328,8 @@ def judge(trend: Trend, *, alpha: float = 0.05, noise_floor: float = 0.02,
             s.note = "a point's median is 0 or less: no change is sought in it"
             continue
         analysed.append(s)
-    detections = _in_threads(lambda s: changepoint.detect(
-        [p.values for p in s.points], alpha=alpha, noise_floor=noise_floor), analysed)
+    detections = _in_threads(lambda s: changepoint.detect_medians(
+        [p.median for p in s.points], alpha=alpha, noise_floor=noise_floor), analysed)
     for s, detection in zip(analysed, detections):
         s.detection = detection
     adjusted = changepoint.adjust([s.detection for s in analysed if s.detection], alpha, method)
