@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vmtax.analysis import changepoint, stats
+from vmtax.analysis.cpus import map_on_cpus
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.drift import host_of
 from vmtax.core import workload as workloads
@@ -328,7 +328,9 @@ def judge(trend: Trend, *, alpha: float = 0.05, noise_floor: float = 0.02,
             s.note = "a point's median is 0 or less: no change is sought in it"
             continue
         analysed.append(s)
-    detections = _in_threads(lambda s: changepoint.detect_medians(
+    # Each test's generator starts from its seed: a series' answer does not depend on the
+    # thread that finds it.
+    detections = map_on_cpus(lambda s: changepoint.detect_medians(
         [p.median for p in s.points], alpha=alpha, noise_floor=noise_floor), analysed)
     for s, detection in zip(analysed, detections):
         s.detection = detection
@@ -339,20 +341,6 @@ def judge(trend: Trend, *, alpha: float = 0.05, noise_floor: float = 0.02,
         s.changes = [_found(s, c, accepted) for c in detection.changes]
     _judge_newest(analysed, alpha, noise_floor, method, accepted)
     return trend
-
-
-def _in_threads(detect: Callable[[Series], changepoint.Detection],
-                series: list[Series]) -> list[changepoint.Detection]:
-    """detect(s) of each series, on as many threads as this process may use CPUs: numpy
-    does most of a test's work without the GIL, and a series' answer does not depend on
-    which thread finds it or when (each test's generator starts from its seed)."""
-    workers = min(len(series), len(os.sched_getaffinity(0)))
-    if workers < 2:
-        return [detect(s) for s in series]
-    from concurrent.futures import ThreadPoolExecutor   # ~5 ms, for a trend of series
-
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(detect, series))
 
 
 def _acceptance(accepted: Sequence[dict[str, Any]], run: SeriesRun) -> dict[str, Any] | None:
