@@ -141,3 +141,17 @@ def test_orders_drawn_ahead_are_the_ones_a_test_takes():
     changepoint._Orders._kept.clear()
     changepoint.prepare(len(series))   # still drawing while the test runs
     assert changepoint.detect(series) == alone
+
+
+def test_many_series_are_detected_as_alone_the_likeliest_to_take_longest_first(monkeypatch):
+    rng = np.random.default_rng(5)
+    flat = [list(rng.normal(100, 1, 40)) for _ in range(3)]
+    step = list(np.r_[rng.normal(100, 1, 25), rng.normal(110, 1, 15)])
+    series = [*flat, step, flat[0][:4]]
+    alone = [changepoint.detect_medians(s) for s in series]
+    started = []
+    real = changepoint.map_on_cpus
+    monkeypatch.setattr(changepoint, "map_on_cpus",
+                        lambda work, items: started.extend(items) or real(work, items))
+    assert changepoint.detect_many(series) == alone
+    assert started[0] == 3 and sorted(started) == [0, 1, 2, 3, 4]

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vmtax.analysis import stats
+from vmtax.analysis.cpus import map_on_cpus
 from vmtax.core import blas
 
 with blas.one_thread():   # numpy without OpenBLAS's spinning threads
@@ -381,6 +382,30 @@ def detect_medians(point_medians: Sequence[float], *, min_segment: int = MIN_SEG
             stack += [(start, at), (at, end)]
     return Detection(len(medians), tuple(sorted(changes, key=lambda c: c.index)),
                      min_segment, tuple(tested))
+
+
+def detect_many(series_medians: Sequence[Sequence[float]], **options: Any) -> list[Detection]:
+    """detect_medians of each series, on every CPU (each test's generator starts from its
+    seed: a series' answer does not depend on the thread that finds it), those likeliest
+    to take longest first: the series whose ranks lie furthest from a random order, whose
+    tests cannot stop early and whose changes need a bootstrap. Started last, one of them
+    alone would keep a CPU busy after the others are done."""
+    min_segment = options.get("min_segment", MIN_SEGMENT)
+    order = sorted(range(len(series_medians)), key=lambda i: -_strength(
+        series_medians[i], min_segment))
+    found = dict(zip(order, map_on_cpus(lambda i: detect_medians(series_medians[i], **options),
+                                        order)))
+    return [found[i] for i in range(len(series_medians))]
+
+
+def _strength(medians: Sequence[float], min_segment: int) -> float:
+    """The largest rank statistic of the whole series (0 when too short or flat)."""
+    x = np.array(medians, dtype=float)
+    if len(x) < 2 * min_segment or not np.isfinite(x).all() or np.ptp(x) == 0:
+        return 0.0
+    _, ends, kinds = _tests(len(x), min_segment)
+    centred = _centred_sums(_ranks(x), ends)
+    return max(kind.largest(centred) for kind in kinds)
 
 
 def _gated(before: np.ndarray, after: np.ndarray, index: int, p: float, alpha: float,

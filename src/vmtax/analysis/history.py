@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vmtax.analysis import changepoint, stats
-from vmtax.analysis.cpus import map_on_cpus
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.drift import host_of
 from vmtax.core import workload as workloads
@@ -328,10 +327,8 @@ def judge(trend: Trend, *, alpha: float = 0.05, noise_floor: float = 0.02,
             s.note = "a point's median is 0 or less: no change is sought in it"
             continue
         analysed.append(s)
-    # Each test's generator starts from its seed: a series' answer does not depend on the
-    # thread that finds it.
-    detections = map_on_cpus(lambda s: changepoint.detect_medians(
-        [p.median for p in s.points], alpha=alpha, noise_floor=noise_floor), analysed)
+    detections = changepoint.detect_many([[p.median for p in s.points] for s in analysed],
+                                         alpha=alpha, noise_floor=noise_floor)
     for s, detection in zip(analysed, detections):
         s.detection = detection
     adjusted = changepoint.adjust([s.detection for s in analysed if s.detection], alpha, method)
