@@ -259,7 +259,7 @@ def prepare(n: int, min_segment: int = MIN_SEGMENT, permutations: int = PERMUTAT
             seed: int = 0) -> threading.Thread | None:
     """Start drawing, on a thread of its own (returned), the permuted orders that detect's
     first test of a series of n points takes (all of them when its p-value is small: the
-    shuffles are then a third of its time), while the caller reads the series: with a
+    shuffles are then most of its time), while the caller reads the series: with a
     second CPU they are drawn by the time the tests ask. The same orders the tests would
     draw (_Orders): only when they are drawn changes."""
     if n < 2 * min_segment or len(os.sched_getaffinity(0)) < 2:
@@ -273,6 +273,13 @@ def prepare(n: int, min_segment: int = MIN_SEGMENT, permutations: int = PERMUTAT
     return drawing
 
 
+def _statistics(ranks: np.ndarray, min_segment: int) -> list[float]:
+    """The largest statistic of each kind (_tests) in points of these ranks."""
+    _, ends, kinds = _tests(len(ranks), min_segment)
+    centred = _centred_sums(ranks, ends)
+    return [kind.largest(centred) for kind in kinds]
+
+
 def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
              rng: np.random.Generator) -> float:
     """Is there a change in these points? Two rank statistics are each compared with the
@@ -281,7 +288,7 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     Bonferroni-corrected for two. Either alone misses what the other sees: one step is
     diluted among all stretches, a regression that recovered among single changes."""
     batch, ends, kinds = _tests(len(ranks), min_segment)
-    observed = [kind.largest(_centred_sums(ranks, ends)) - 1e-12 for kind in kinds]
+    observed = [statistic - 1e-12 for statistic in _statistics(ranks, min_segment)]
     # Permutations in batches, stopping once every statistic saw _EXCEEDANCES arrangements
     # as extreme as the observed one (Besag & Clifford's sequential test: the p-value stays
     # valid, and a series clearly without a change costs hundreds of permutations, not
@@ -403,9 +410,7 @@ def _strength(medians: Sequence[float], min_segment: int) -> float:
     x = np.array(medians, dtype=float)
     if len(x) < 2 * min_segment or not np.isfinite(x).all() or np.ptp(x) == 0:
         return 0.0
-    _, ends, kinds = _tests(len(x), min_segment)
-    centred = _centred_sums(_ranks(x), ends)
-    return max(kind.largest(centred) for kind in kinds)
+    return max(_statistics(_ranks(x), min_segment))
 
 
 def _gated(before: np.ndarray, after: np.ndarray, index: int, p: float, alpha: float,
