@@ -532,3 +532,14 @@ def test_median_is_numpys_bit_for_bit(values):
     assert stats._median(x).tobytes() == np.median(x).tobytes()
     rows = np.stack([x, x[::-1], -x])
     assert stats._row_medians(rows).tobytes() == np.median(rows, axis=1).tobytes()
+
+
+@pytest.mark.parametrize("size", range(1, 10))
+def test_medians_of_many_short_rows_are_numpys_bit_for_bit(size):
+    """A bootstrap's thousands of resamples of a few repetitions take another way to their
+    medians (compare-exchanges of columns): the same bits, ties, -0.0 and 0.0 included."""
+    rng = np.random.default_rng(size)
+    rows = np.round(rng.normal(size=(2000, size)), 1)
+    rows[rows == 0] = -0.0
+    rows[::7, 0] = 0.0
+    assert stats._row_medians(rows.copy()).tobytes() == np.median(rows, axis=1).tobytes()

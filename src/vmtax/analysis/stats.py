@@ -233,11 +233,36 @@ def _row_medians(samples: np.ndarray) -> np.ndarray:
     """np.median(samples, axis=1), bit for bit (the middle value, or the mean of the two
     middle ones), for finite rows; sorting short rows is twice as fast as its partition.
     Its mean adds to 0.0 first, so a middle -0.0 is 0.0 as np.median gives it. Sorts
-    samples in place (a long segment's replicates are tens of megabytes to copy)."""
-    samples.sort(axis=1)
-    s = samples
-    half = s.shape[1] // 2
-    return s[:, half] + 0.0 if s.shape[1] % 2 else (s[:, half - 1] + s[:, half] + 0.0) / 2
+    samples in place (a long segment's replicates are tens of megabytes to copy), or
+    leaves them as they were when they are many rows of a few values."""
+    rows, size = samples.shape
+    if rows >= _NETWORK_ROWS and 2 <= size <= _NETWORK_COLUMNS:
+        columns = _sorted_columns(samples)
+    else:
+        samples.sort(axis=1)
+        columns = list(samples.T)
+    half = size // 2
+    return (columns[half] + 0.0 if size % 2 else
+            (columns[half - 1] + columns[half] + 0.0) / 2)
+
+
+_NETWORK_ROWS = 512
+_NETWORK_COLUMNS = 7
+
+
+def _sorted_columns(samples: np.ndarray) -> list[np.ndarray]:
+    """The columns of samples with each row sorted, by compare-exchanges of whole columns
+    (odd-even transposition): for a bootstrap's 10,000 resamples of a run's 5
+    repetitions four times as fast as sorting each row. The same values in the same
+    places (as equal values, -0.0 and 0.0 may trade places)."""
+    columns = list(np.ascontiguousarray(samples.T))
+    low = np.empty(samples.shape[0])
+    for step in range(len(columns)):
+        for i in range(step % 2, len(columns) - 1, 2):
+            np.minimum(columns[i], columns[i + 1], out=low)
+            np.maximum(columns[i], columns[i + 1], out=columns[i + 1])
+            columns[i], low = low, columns[i]
+    return columns
 
 
 def _median(x: np.ndarray) -> np.floating:
