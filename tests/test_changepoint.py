@@ -155,3 +155,16 @@ def test_many_series_are_detected_as_alone_the_likeliest_to_take_longest_first(m
                         lambda work, items: started.extend(items) or real(work, items))
     assert changepoint.detect_many(series) == alone
     assert started[0] == 3 and sorted(started) == [0, 1, 2, 3, 4]
+
+
+def test_a_change_alone_among_hundreds_of_series_survives_the_adjustment():
+    """A fleet's trend judges hundreds of series together: with 9,999 permutations the
+    smallest p-value (2e-4) times 300 tests no longer passes 0.05, so one clear step
+    among them was dropped; detect_many draws enough for the series it is given."""
+    rng = np.random.default_rng(11)
+    flat = [list(rng.normal(100, 1, 40)) for _ in range(300)]
+    step = list(np.r_[rng.normal(100, 1, 25), rng.normal(115, 1, 15)])
+    found = changepoint.adjust(changepoint.detect_many([*flat, step], alpha=0.05), 0.05)
+    assert [c.index for c in found[-1].changes] == [25]
+    assert not any(d.changes for d in found[:-1])
+    assert changepoint.enough_permutations(125, 0.05) == changepoint.PERMUTATIONS

@@ -47,8 +47,8 @@ with blas.one_thread():   # numpy without OpenBLAS's spinning threads
     import numpy as np
 
 MIN_SEGMENT = 3
-# 1 / (1 + PERMUTATIONS) is the smallest p-value; small enough to survive adjusting
-# across a report's few hundred series.
+# 2 / (1 + PERMUTATIONS) is the smallest p-value (two statistics): small enough to survive
+# adjusting across 125 series twice over; detect_many draws more for more series.
 PERMUTATIONS = 9999
 _BATCH_CELLS = 2_000_000    # permuted statistics per batch (memory)
 _GRID = 48                  # at most this many stretch ends are tried per side
@@ -398,11 +398,21 @@ def detect_many(series_medians: Sequence[Sequence[float]], **options: Any) -> li
     tests cannot stop early and whose changes need a bootstrap. Started last, one of them
     alone would keep a CPU busy after the others are done."""
     min_segment = options.get("min_segment", MIN_SEGMENT)
+    options.setdefault("permutations", enough_permutations(len(series_medians),
+                                                           options.get("alpha", 0.01)))
     order = sorted(range(len(series_medians)), key=lambda i: -_strength(
         series_medians[i], min_segment))
     found = dict(zip(order, map_on_cpus(lambda i: detect_medians(series_medians[i], **options),
                                         order)))
     return [found[i] for i in range(len(series_medians))]
+
+
+def enough_permutations(series: int, alpha: float) -> int:
+    """Permutations enough that a change alone among `series` series, at the smallest
+    p-value a test can give (2 / (1 + P)), passes `alpha` after the adjustment across
+    their tests, with room for as many tests again (the pieces of split series): below
+    that, a fleet's one regression among hundreds of series could never be called."""
+    return max(PERMUTATIONS, math.ceil(4 * series / alpha) - 1)
 
 
 def _strength(medians: Sequence[float], min_segment: int) -> float:
