@@ -110,7 +110,7 @@ def interrupted_run(results: Path, runs: int, after: int) -> str:
 @pytest.mark.live
 def test_the_resume_hint_after_ctrl_c_works_when_pasted(tmp_path):
     results = tmp_path / "my results"
-    err = interrupted_run(results, runs=20, after=2)
+    err = interrupted_run(results, runs=5, after=2)
     found = re.search(r"continue it with: (vmtax .*)\)$", err, re.MULTILINE)
     assert found, err
     hint = found.group(1)
