@@ -229,6 +229,11 @@ def _draws(seed: int, n_boot: int, first: int, second: int) -> tuple[np.ndarray,
             rng.choice(second, size=(n_boot, second)))
 
 
+# Rows of at most this many values, this many rows or more: _sorted_columns beats a sort.
+_NETWORK_COLUMNS = 7
+_NETWORK_ROWS = 512
+
+
 def _row_medians(samples: np.ndarray) -> np.ndarray:
     """np.median(samples, axis=1), bit for bit (the middle value, or the mean of the two
     middle ones), for finite rows; sorting short rows is twice as fast as its partition.
@@ -244,10 +249,6 @@ def _row_medians(samples: np.ndarray) -> np.ndarray:
     half = size // 2
     return (columns[half] + 0.0 if size % 2 else
             (columns[half - 1] + columns[half] + 0.0) / 2)
-
-
-_NETWORK_ROWS = 512
-_NETWORK_COLUMNS = 7
 
 
 def _sorted_columns(samples: np.ndarray) -> list[np.ndarray]:
@@ -578,6 +579,7 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
         resolutions = [None] * len(pairs)
     if len(resolutions) != len(pairs):
         raise ValueError(f"{len(resolutions)} resolutions for {len(pairs)} pairs")
+
     def measured(pair: tuple[str, Iterable[float], Iterable[float], bool]) -> tuple:
         name, a_values, b_values, higher_is_better = pair
         a, b = _sample(a_values, f"{name or 'A'} (A)"), _sample(b_values, f"{name or 'B'} (B)")
