@@ -66,17 +66,40 @@ def test_a_scratch_disk_that_never_appears_fails_in_one_line():
         session.setup(None, "virtio-scsi")
 
 
+def test_a_setup_job_without_an_answer_says_its_timeout_and_the_console(tmp_path):
+    """A CI run's lab printed "mounting the scratch disk in the guest failed: " and nothing
+    more: the job had outlived its timeout, which gives no output."""
+    console = tmp_path / "console.log"
+    console.write_bytes(b"[  80.1] rcu: INFO: rcu_sched detected stalls on CPUs/tasks:\n")
+
+    class Silent(Recorded):
+        def run(self, job):
+            self.jobs.append(job)
+            return JobResult(None, "", "", 60.0, timed_out=True)
+
+    session = Silent()
+    session.console_log = console
+    with pytest.raises(agent_session.JobUnanswered,
+                       match=r"^vm: mounting the scratch disk in the guest failed: it did not "
+                             r"finish within 60 s; console: .*rcu_sched detected stalls"):
+        session.setup(None, "virtio-blk")
+
+
 class Booting(agent_session.AgentGuest):
     """A guest whose first boots are lost (its QEMU gone before READY)."""
 
-    def __init__(self, lost: int):
+    def __init__(self, lost: int, unanswered: int = 0, kvm: bool = True):
         super().__init__("kvm")
-        self.lost, self.boots, self.stops = lost, 0, 0
+        self.lost, self.unanswered, self.kvm = lost, unanswered, kvm
+        self.boots = self.stops = 0
 
     def _start(self):
         self.boots += 1
+        self.nested_kvm = self.kvm and agent_session.machine.lab() is not None
         if self.boots <= self.lost:
             raise agent_session.GuestLost(f"kvm: guest failed to boot (boot {self.boots})")
+        if self.boots <= self.unanswered:   # READY, then its setup got no answer
+            raise agent_session.JobUnanswered(f"kvm: mounting failed (boot {self.boots})")
 
     def stop(self):
         self.stops += 1
@@ -161,3 +184,23 @@ def test_only_a_kvm_guest_in_a_lab_is_given_up_when_its_kernel_stalls(
     with pytest.raises(TargetError) as raised:
         guest._await_agent(listener, time.monotonic(), time.monotonic() + 0.5, console, kvm)
     assert isinstance(raised.value, agent_session.GuestLost) == lost
+
+
+@pytest.mark.parametrize("lab, kvm, again", [(True, True, True), (True, False, False),
+                                             (False, True, False)])
+def test_a_nested_kvm_guest_whose_setup_gets_no_answer_is_booted_once_more(
+        monkeypatch, capsys, lab, kvm, again):
+    if lab:
+        monkeypatch.setenv("VMTAX_LAB", "nested KVM in a TCG lab, AMD-V emulated")
+    else:
+        monkeypatch.delenv("VMTAX_LAB", raising=False)
+    guest = Booting(lost=0, unanswered=1, kvm=kvm)
+    if not again:
+        with pytest.raises(agent_session.JobUnanswered, match="boot 1"):
+            guest.start()
+        return
+    guest.start()
+    assert guest.boots == 2
+    assert "mounting failed (boot 1); booting it once more" in capsys.readouterr().err
+    with pytest.raises(agent_session.JobUnanswered, match="boot 2"):
+        Booting(lost=0, unanswered=2, kvm=kvm).start()   # once more only

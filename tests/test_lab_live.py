@@ -73,9 +73,9 @@ name = "iperf3"
 # A lab run takes 4-6 min here (15 min at host load ~30).
 LAB_TIMEOUT = 900
 # What the lab's nested KVM, not vmtax, does now and then (clean-clone CI runs of
-# 2026-11-28, three of eight): the lab's own kernel panics inside KVM_RUN ("corrupted stack
-# end detected inside scheduler"), an L2 guest is lost twice while it boots, or the lab
-# hangs (one vCPU spinning, its console silent from 45 s of uptime on, for 16 min). Such
+# 2026-11-28, four of nine): the lab's own kernel panics inside KVM_RUN ("corrupted stack
+# end detected inside scheduler"), an L2 guest is lost twice while it boots or twice gets
+# no answer while it is set up, or the lab hangs (one vCPU spinning, its console silent from 45 s of uptime on, for 16 min). Such
 # a lab run is made once more, in a new directory; any other failure fails at once.
 NESTED_FAULTS = ("Kernel panic - not syncing", "booting it once more (in a lab)")
 

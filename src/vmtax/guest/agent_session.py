@@ -188,10 +188,16 @@ class AgentSession:
 
     def must(self, job: Job, what: str) -> JobResult:
         result = self.run(job)
-        if not result.ok:
-            raise TargetError(f"{self.name}: {what} failed: "
-                              + (result.stderr.strip() or result.stdout.strip())[-300:])
-        return result
+        if result.ok:
+            return result
+        said = (result.stderr.strip() or result.stdout.strip())[-300:]
+        if result.exit_code is not None:
+            raise TargetError(f"{self.name}: {what} failed: {said}")
+        # No exit status: the job outlived its timeout, or the guest stopped answering.
+        console = tail(self.console_log)
+        raise JobUnanswered(f"{self.name}: {what} failed: "
+                            + (said or f"it did not finish within {job.timeout:g} s")
+                            + (f"; console: {console}" if console else ""))
 
     def setup(self, address: tuple[str, str] | None, disk_bus: str = "virtio-blk",
               trees: tuple[tuple[str, str], ...] = ()) -> float:
@@ -230,6 +236,11 @@ class AgentSession:
 
     def signal_group(self, guest_pid: int, signal: str = "TERM") -> None:
         self.run(Job(["kill", f"-{signal}", f"-{guest_pid:d}"], timeout=30))
+
+
+class JobUnanswered(TargetError):
+    """A job that had to succeed gave no exit status: it outlived its timeout, or the
+    guest stopped answering or died."""
 
 
 class GuestLost(TargetError):
@@ -275,6 +286,7 @@ class AgentGuest(Instance):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.session: AgentSession | None = None
+        self.nested_kvm = False   # a KVM guest in a lab: set while it boots
 
     @abc.abstractmethod
     def _start(self) -> None:
@@ -286,11 +298,13 @@ class AgentGuest(Instance):
         saying so: a KVM nested under TCG's emulated AMD-V now and then loses an L2 guest
         early in its boot (CI runs' labs: the kernel's last line, then its QEMU gone; or
         its kernel's RCU stall, then nothing until the boot timed out at 300 s), which says
-        nothing of the guest or of vmtax. No number is measured while booting."""
+        nothing of the guest or of vmtax. So is a KVM guest whose setup after READY (its
+        disks, its network) gets no answer (a CI run's lab: mounting the scratch disk
+        outlived its 60 s). No number is measured while booting or setting up."""
         try:
             super().start()
-        except GuestLost as exc:
-            if not machine.lab():
+        except (GuestLost, JobUnanswered) as exc:
+            if not machine.lab() or (isinstance(exc, JobUnanswered) and not self.nested_kvm):
                 raise
             print(f"vmtax: {exc}; booting it once more (in a lab)", file=sys.stderr)
             super().start()
@@ -327,8 +341,9 @@ class AgentGuest(Instance):
         boot_seconds, guest_boot_seconds (the guest's own uptime: boot_seconds minus it is
         QEMU's share) and the session. A KVM guest (kvm) in a lab is given up as soon as
         its kernel reports a stall: a TCG guest's may be a slow host it outlives."""
-        check = (StallWatch(console_log, self._check_running) if kvm and machine.lab()
-                 else self._check_running)
+        self.nested_kvm = kvm and bool(machine.lab())
+        check = StallWatch(console_log, self._check_running) if self.nested_kvm \
+            else self._check_running
         try:
             channel, self.guest_boot_seconds = await_ready(listener, deadline, check)
         except (EOFError, KernelStalled) as exc:
