@@ -167,14 +167,18 @@ def test_a_soft_lockup_is_a_stall_and_a_missing_console_is_none(tmp_path):
         watch()
 
 
-@pytest.mark.parametrize("lab, kvm, lost", [(True, True, True), (True, False, False),
-                                            (False, True, False)])
-def test_only_a_kvm_guest_in_a_lab_is_given_up_when_its_kernel_stalls(
-        tmp_path, monkeypatch, lab, kvm, lost):
+def in_lab(monkeypatch, lab: bool) -> None:
     if lab:
         monkeypatch.setenv("VMTAX_LAB", "nested KVM in a TCG lab, AMD-V emulated")
     else:
         monkeypatch.delenv("VMTAX_LAB", raising=False)
+
+
+@pytest.mark.parametrize("lab, kvm, lost", [(True, True, True), (True, False, False),
+                                            (False, True, False)])
+def test_only_a_kvm_guest_in_a_lab_is_given_up_when_its_kernel_stalls(
+        tmp_path, monkeypatch, lab, kvm, lost):
+    in_lab(monkeypatch, lab)
     console = tmp_path / "console.log"
     console.write_bytes(b"rcu: INFO: rcu_preempt self-detected stall on CPU\n")
     guest = Booting(lost=0)
@@ -190,10 +194,7 @@ def test_only_a_kvm_guest_in_a_lab_is_given_up_when_its_kernel_stalls(
                                              (False, True, False)])
 def test_a_nested_kvm_guest_whose_setup_gets_no_answer_is_booted_once_more(
         monkeypatch, capsys, lab, kvm, again):
-    if lab:
-        monkeypatch.setenv("VMTAX_LAB", "nested KVM in a TCG lab, AMD-V emulated")
-    else:
-        monkeypatch.delenv("VMTAX_LAB", raising=False)
+    in_lab(monkeypatch, lab)
     guest = Booting(lost=0, unanswered=1, kvm=kvm)
     if not again:
         with pytest.raises(agent_session.JobUnanswered, match="boot 1"):
