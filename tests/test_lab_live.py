@@ -110,13 +110,9 @@ def lab_run(tmp_path_factory):
 
 
 def _timed_out(work: Path) -> list[str]:
-    """The measured repetitions of the lab's run that timed out."""
-    db = sqlite3.connect(work / "results" / "vmtax.sqlite")
-    try:
-        return [f"{target} · {workload}" for target, workload in db.execute(
-            "SELECT target, workload FROM reps WHERE phase = 'measure' AND status = 'timeout'")]
-    finally:
-        db.close()
+    """The cells of the lab's run with a measured repetition that timed out."""
+    return [f"{target} · {workload}" for (target, workload), reps in _cells(work).items()
+            if any(rep["status"] == "timeout" for rep in reps)]
 
 
 def _stored(work: Path) -> tuple[dict, dict]:
