@@ -253,19 +253,24 @@ def test_a_lab_whose_kernel_dies_mid_run_is_booted_again_to_resume_the_run(tmp_p
         if len(jobs) == 1:      # the first lab: a run begun, then its kernel dies
             store.new_run({"runs": 1}, {"hostname": "lab"}, "0")
             (share / "console.log").write_text("Kernel panic - not syncing: Fatal exception\n")
+            (share / "out.log").write_text("[1/2] done\n")
         else:
             [run] = store.list_runs()
             store.finish_run(run["id"], "done")
             (share / lab.RC).write_text("0")
         store.close()
-        return subprocess.Popen(["true"])
+        # Like QEMU, the second lab empties out.log a while after it starts.
+        return subprocess.Popen(["sh", "-c", "sleep 0.5; echo '[2/2] done; the report' >out.log"]
+                                if len(jobs) == 2 else ["true"], cwd=share)
 
     monkeypatch.setattr(lab, "spawn", spawn)
     said: list[str] = []
+    echoed: list[bytes] = []
     outcome = study.run(["run", "plan.toml"], vcpus=2, memory="1G", disk="1G", qemu="qemu",
                         results=tmp_path / "results", journal=Journal(tmp_path / "journal"),
-                        echo=lambda data: None, say=said.append)
+                        echo=echoed.append, say=said.append)
     [run_id] = outcome.run_ids
+    assert b"".join(echoed) == b"[1/2] done\n[2/2] done; the report\n"   # once, whole
     assert jobs == [["run", "plan.toml"], ["run", "--resume", run_id]]
     assert outcome.exit_code == 0 and "booting it again to resume run " + run_id in said[-1]
     assert "Kernel panic" in said[-1]

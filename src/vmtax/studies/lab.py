@@ -146,6 +146,11 @@ def _boot(qemu_argv: list[str], share: Path, disk: str, results: Path, journal: 
     """Boot the lab and echo its output until its QEMU exits; a lab hung while booting is
     stopped and booted again, BOOT_TRIES times in all. None: interrupted (Ctrl-C)."""
     for attempt in range(1, BOOT_TRIES + 1):
+        # QEMU empties its logs only once it opens them: a watch begun before would echo the
+        # last lab's output again, then skip as many bytes of this one's (seen in CI: the
+        # resumed run's report lost its title).
+        for log in ("out.log", "console.log"):
+            (share / log).unlink(missing_ok=True)
         qemu_proc = lab.spawn(qemu_argv, share / "qemu.log")
         tokens.append(journal.process(qemu_proc.pid))
         try:
