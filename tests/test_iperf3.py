@@ -3,7 +3,10 @@
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -11,11 +14,11 @@ import pytest
 
 from vmtax.core.errors import ParseError, VmtaxError
 from vmtax.core.target import LISTEN_ENV
-from vmtax.core.types import Endpoint
+from vmtax.core.types import Endpoint, JobResult
 from vmtax.core.workload import check_manifest
 from vmtax.results.store import Store
 from vmtax.studies.plan import Plan, WorkloadSpec, target_specs
-from vmtax.studies.runner import Runner
+from vmtax.studies.runner import QuietReporter, Runner
 from vmtax.workloads.iperf3 import Iperf3
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -119,3 +122,71 @@ def test_server_binds_the_address_its_target_names():
     port = 15000 + os.getpid() % 5000
     assert _listening_on(port, {LISTEN_ENV: "127.0.0.1"}) == {f"127.0.0.1:{port}"}
     assert _listening_on(port, {}) <= {f"*:{port}", f"0.0.0.0:{port}", f"[::]:{port}"}
+
+
+def _resetting_server() -> tuple[int, threading.Thread]:
+    """A port whose first connection is reset once iperf3's client sent its cookie, as
+    iperf3's own server does to a client that connected while it ended the last test."""
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            conn.recv(37)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+@pytest.mark.live
+def test_a_client_its_server_turned_away_is_run_again(tmp_path, monkeypatch):
+    """Found in CI: a TCG guest's iperf3 server reset the client's control connection
+    (`unable to receive control message: Connection reset by peer`). Nothing was measured:
+    the client is run again, and the repetition is the run that reached a test."""
+    if shutil.which("iperf3") is None:
+        pytest.skip("iperf3 is not installed (apt-get install iperf3)")
+    port, server = _resetting_server()
+    tries = tmp_path / "tries"
+    real = Iperf3.client_job
+
+    def first_to_the_resetting_port(self, endpoint):
+        job = real(self, endpoint)
+        # The first run reaches the resetting port, the next ones the real server.
+        return job.__class__(["sh", "-c", 'tries=$1 port=$2; shift 2; [ -e "$tries" ] && '
+                              'exec "$@"; : >"$tries"; exec "$@" --port "$port"', "sh",
+                              str(tries), str(port), *job.argv], timeout=job.timeout)
+    monkeypatch.setattr(Iperf3, "client_job", first_to_the_resetting_port)
+
+    class Warnings(QuietReporter):
+        said: list[str] = []
+
+        def warn(self, text: str) -> None:
+            self.said.append(text)
+
+    store = Store(tmp_path)
+    plan = Plan(targets=target_specs(["native"], {}), workloads=[WorkloadSpec("iperf3")],
+                runs=1, warmup=0, time=1)
+    run = store.load_run(Runner(plan, store, Warnings()).execute())
+    server.join(5)
+    assert [(r.phase, r.status) for r in run.reps] == [("measure", "ok")]
+    assert next(m.value for m in run.reps[0].metrics if m.name == "throughput") > 0.1
+    [warning] = Warnings.said
+    assert ("native · iperf3 · measure 1: its server turned the client away (iperf3: unable "
+            "to receive control message: Connection reset by peer); trying again") in warning
+
+
+def test_only_a_client_that_never_began_its_test_was_turned_away():
+    workload = Iperf3.make({})
+    reset = json.dumps({"start": {"connected": []}, "intervals": [], "end": {},
+                        "error": "unable to connect to server: Connection refused"})
+    assert workload.turned_away(JobResult(1, reset, "", 0.1)) == (
+        "iperf3: unable to connect to server: Connection refused")
+    midway = json.loads(reset) | {"intervals": [{"sum": {}}],
+                                  "error": "control socket has closed"}
+    for result in (JobResult(1, json.dumps(midway), "", 1.0),
+                   JobResult(0, fixture("forward"), "", 1.0),
+                   JobResult(None, "", "", 40.0, timed_out=True)):
+        assert workload.turned_away(result) is None

@@ -198,6 +198,12 @@ class Workload(plugin.Plugin, abc.ABC):
         server at `endpoint` (pinned to host CPUs apart from the target's)."""
         raise VmtaxError(f"workload {self.name} has no client")
 
+    def turned_away(self, result: JobResult) -> str | None:
+        """Why a client run never began its test, in words (its server, still ending the
+        last test, reset the connection); None when it did, or failed in it. The runner
+        runs such a client again, a few times: nothing of the turned-away run was measured."""
+        return None
+
     def cleanup_jobs(self) -> list[Job]:
         """Jobs run once per target after the repetitions; their output is not kept."""
         return []

@@ -37,6 +37,10 @@ from vmtax.studies.session import Session, session
 # The step text's last part for a repetition a resumed run already has: the reporter counts
 # it into its cell (so a partly done cell still reports when it finishes) without running it.
 STORED_BEFORE = "stored before"
+# A client its server turned away before the test began is run again, this many times in
+# all, each after this many seconds with the target running.
+CLIENT_TRIES = 3
+CLIENT_PAUSE = 0.5
 
 
 class Reporter(Protocol):
@@ -546,6 +550,15 @@ class Runner:
                                                                     self.plan.timeout))
         started = time.time()
         result = self._run_job(name, job, on_host)
+        for _ in range(CLIENT_TRIES - 1):
+            why = on_host and result is not None and workload.turned_away(result)
+            if not why:
+                break
+            self.reporter.warn(f"{name} · {self.point} · {phase} {idx + 1}: its server turned "
+                               f"the client away ({why}); trying again")
+            with self._awake(name):
+                time.sleep(CLIENT_PAUSE)   # for the server to listen anew
+            result = self._run_job(name, job, on_host)
         metrics: list[Metric] = []
         error = None
         if result is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from vmtax.core import plugin
 from vmtax.core.errors import ParseError
-from vmtax.core.types import Endpoint, Job, Metric, MetricSpec
+from vmtax.core.types import Endpoint, Job, JobResult, Metric, MetricSpec
 from vmtax.core.workload import Workload
 
 PORT = 5201   # iperf3's own default
@@ -63,6 +63,18 @@ class Iperf3(Workload):
             argv.append("--reverse")
         # Connection set-up and the final exchange of results take seconds under TCG.
         return Job(argv, timeout=self.options.time * 3 + 30)
+
+    def turned_away(self, result: JobResult) -> str | None:
+        # iperf3's server closes its listening socket after each test and opens a new one: a
+        # client whose connection waited on the old one (a guest paused right after the last
+        # test) is reset before its test begins, and reports no interval.
+        try:
+            report = json.loads(result.stdout)
+        except ValueError:
+            return None
+        if isinstance(report, dict) and report.get("error") and report.get("intervals") == []:
+            return f"iperf3: {report['error']}"
+        return None
 
     def parse(self, stdout: str) -> list[Metric]:
         try:
