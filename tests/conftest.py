@@ -42,6 +42,19 @@ def known(group: str) -> str:
     return ", ".join(plugin.plugins(group))
 
 
+def warnings_reporter():
+    """A runner's reporter that keeps its warnings, in `.lines`."""
+    from vmtax.studies.runner import QuietReporter
+
+    class Warnings(QuietReporter):
+        def __init__(self):
+            self.lines: list[str] = []
+
+        def warn(self, text):
+            self.lines.append(text)
+    return Warnings()
+
+
 @pytest.fixture(autouse=True)
 def _private_runtime(tmp_path, monkeypatch):
     """Each test gets its own journal directory, so tests never undo each other's changes."""

@@ -4,6 +4,7 @@ timeout, the guest is booted again and the plan goes on."""
 import itertools
 
 import pytest
+from conftest import warnings_reporter
 
 from vmtax.core import plugin
 from vmtax.core.errors import ParseError
@@ -44,24 +45,17 @@ class FreezeOnce(Workload):
 def test_hung_guest_is_killed_rebooted_and_the_plan_goes_on(tmp_path, monkeypatch):
     monkeypatch.setitem(plugin.registry()["workload"], FreezeOnce.name, FreezeOnce)
     monkeypatch.setattr(vm_instance, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
-    warnings = []
-
-    class Collect:
-        def start(self, total): pass
-        def step(self, text): pass
-        def advance(self): pass
-        def warn(self, text): warnings.append(text)
-
+    reporter = warnings_reporter()
     store = Store(tmp_path)
     plan = plan_mod.Plan(targets=plan_mod.target_specs(["vm:tcg"], {}),
                          workloads=[plan_mod.WorkloadSpec(FreezeOnce.name)],
                          runs=4, warmup=0, time=None)
-    run = store.load_run(Runner(plan, store, Collect()).execute())
+    run = store.load_run(Runner(plan, store, reporter).execute())
     assert [(r.idx, r.status) for r in run.reps] == [
         (0, "ok"), (1, "timeout"), (2, "ok"), (3, "ok")]
     assert run.reps[1].error.startswith("timed out after 2 s")
     assert run.reps[1].host_elapsed >= 4   # the job's 2 s, then the host's 2 s of grace
-    assert any("stopped responding" in w and "restarting it" in w for w in warnings)
+    assert any("stopped responding" in w and "restarting it" in w for w in reporter.lines)
     assert run.status == "done"
     # Both guests' boot times are stored: the first, and the one that replaced it.
     boots = run.targets["vm:tcg"]["fingerprint"]["boots_seconds"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import warnings_reporter
 from test_macro_composite import store_dd_run
 
 from vmtax.analysis.model import analyse
@@ -19,7 +20,7 @@ from vmtax.report import html as htmlreport
 from vmtax.results.store import Store
 from vmtax.studies import planfile
 from vmtax.studies.plan import Plan, TargetSpec, WorkloadSpec
-from vmtax.studies.runner import DROP_CACHES, QuietReporter, Runner
+from vmtax.studies.runner import DROP_CACHES, Runner
 
 PLAN = Path(__file__).parents[1] / "plans" / "hypervisors.toml"
 E3 = {"bzip2", "compile", "memory", "dd", "rsync", "dbench", "oltp", "iperf3"}
@@ -82,18 +83,10 @@ class _Guest:
                          "Read-only file system", 0.01)
 
 
-class _Warnings(QuietReporter):
-    def __init__(self):
-        self.lines = []
-
-    def warn(self, text):
-        self.lines.append(text)
-
-
 def test_a_target_that_cannot_drop_its_cache_is_said_once(tmp_path):
     plan = Plan([TargetSpec("native", "native"), TargetSpec("c", "container")],
                 [WorkloadSpec("cpu")], drop_caches=True)
-    reporter = _Warnings()
+    reporter = warnings_reporter()
     runner = Runner(plan, Store(tmp_path), reporter)
     runner.cannot_drop.add("host")      # the host's own drop is the live test's
     ro, ok = _Guest(1), _Guest(0)

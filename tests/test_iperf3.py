@@ -11,14 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import warnings_reporter
 
 from vmtax.core.errors import ParseError, VmtaxError
 from vmtax.core.target import LISTEN_ENV
-from vmtax.core.types import Endpoint, JobResult
+from vmtax.core.types import Endpoint, Job, JobResult
 from vmtax.core.workload import check_manifest
 from vmtax.results.store import Store
 from vmtax.studies.plan import Plan, WorkloadSpec, target_specs
-from vmtax.studies.runner import QuietReporter, Runner
+from vmtax.studies.runner import Runner
 from vmtax.workloads.iperf3 import Iperf3
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -155,25 +156,20 @@ def test_a_client_its_server_turned_away_is_run_again(tmp_path, monkeypatch):
     def first_to_the_resetting_port(self, endpoint):
         job = real(self, endpoint)
         # The first run reaches the resetting port, the next ones the real server.
-        return job.__class__(["sh", "-c", 'tries=$1 port=$2; shift 2; [ -e "$tries" ] && '
-                              'exec "$@"; : >"$tries"; exec "$@" --port "$port"', "sh",
-                              str(tries), str(port), *job.argv], timeout=job.timeout)
+        return Job(["sh", "-c", 'tries=$1 port=$2; shift 2; [ -e "$tries" ] && exec "$@"; '
+                    ': >"$tries"; exec "$@" --port "$port"', "sh", str(tries), str(port),
+                    *job.argv], timeout=job.timeout)
     monkeypatch.setattr(Iperf3, "client_job", first_to_the_resetting_port)
-
-    class Warnings(QuietReporter):
-        said: list[str] = []
-
-        def warn(self, text: str) -> None:
-            self.said.append(text)
 
     store = Store(tmp_path)
     plan = Plan(targets=target_specs(["native"], {}), workloads=[WorkloadSpec("iperf3")],
                 runs=1, warmup=0, time=1)
-    run = store.load_run(Runner(plan, store, Warnings()).execute())
+    reporter = warnings_reporter()
+    run = store.load_run(Runner(plan, store, reporter).execute())
     server.join(5)
     assert [(r.phase, r.status) for r in run.reps] == [("measure", "ok")]
     assert next(m.value for m in run.reps[0].metrics if m.name == "throughput") > 0.1
-    [warning] = Warnings.said
+    [warning] = reporter.lines
     assert ("native · iperf3 · measure 1: its server turned the client away (iperf3: unable "
             "to receive control message: Connection reset by peer); trying again") in warning
 

@@ -4,7 +4,7 @@ TCG guest of plans/exits.toml), in the run's warnings, its table and `vmtax exit
 
 import stat
 
-from conftest import vmtax
+from conftest import vmtax, warnings_reporter
 
 from vmtax.core.types import Metric
 from vmtax.host import doctor
@@ -85,17 +85,9 @@ def test_show_and_exits_say_why_not_once(tmp_path):
     assert exits.returncode == 2 and exits.stderr.count("runs under TCG") == 1, exits.stderr
 
 
-class _Warnings:
-    def __init__(self):
-        self.said = []
-
-    def warn(self, text):
-        self.said.append(text)
-
-
 def test_the_run_warns_once_of_a_collector_no_target_can_feed(tmp_path):
     plan = plan_mod.from_names(["vm:tcg"], ["cyclictest"], collect=["exits"])
-    warnings = _Warnings()
+    warnings = warnings_reporter()
     runner = Runner(plan, Store(tmp_path), warnings)
     runner.run_id = runner.store.new_run(plan.to_dict(), {}, "test")
     workload = plan.workloads[0].make(plan.time)
@@ -103,5 +95,5 @@ def test_the_run_warns_once_of_a_collector_no_target_can_feed(tmp_path):
         runner._store_collected(target, workload, 0, "exits", [], note.split(": ", 1)[1])
     runner._store_collected("native", workload, 0, "exits", [],
                             "exits: unavailable — native is no VM")
-    assert warnings.said == [_tcg_notes()[0].replace(": ", " · ", 1),
+    assert warnings.lines == [_tcg_notes()[0].replace(": ", " · ", 1),
                              "native · cyclictest · exits: unavailable — native is no VM"]
