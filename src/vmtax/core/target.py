@@ -92,6 +92,9 @@ class Target(plugin.Plugin, abc.ABC):
     # It times each job by a clock of its own (a guest kernel's) besides the host's:
     # JobResult.guest_elapsed, which reports check against the host's (clock skew).
     guest_clock: ClassVar[bool] = False
+    # Its first host process (host_pids()[0]) is a VMM that holds the guest's KVM VM (QEMU,
+    # Firecracker, Cloud Hypervisor): what VM exits and a VMM's profile are recorded on.
+    vmm_process: ClassVar[bool] = False
     # Options that make its instances small, for studies that start many at once
     # (density, boot): a guest of one vCPU and little memory.
     small_options: ClassVar[Mapping[str, Any]] = {}

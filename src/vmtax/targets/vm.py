@@ -212,6 +212,7 @@ class VmTarget(GuestTarget):
     # QEMU marks guest RAM mergeable; the agent times each job by the guest's clock.
     ksm_mergeable = True
     guest_clock = True
+    vmm_process = True
     # E4's instance (density, boot): the smallest guest vmtax makes that serves nginx. The
     # minimal kernel (everything built in, the fastest boot); 56 MiB, where nginx runs with
     # 13 MiB to spare (at 48 MiB the kernel panics unpacking the initramfs); a 16 MiB TCG

@@ -217,6 +217,7 @@ class LibvirtTarget(GuestTarget):
     startup_seconds = 8.0
     ksm_mergeable = True
     guest_clock = True
+    vmm_process = True
     small_options = {"vcpus": 1, "memory": "256M", "disk_size": "64M"}
 
     @classmethod
