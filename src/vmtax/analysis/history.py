@@ -51,6 +51,7 @@ class SeriesRun:
     plan: dict[str, Any]
     host_facts: dict[str, Any]
     targets: dict[str, dict[str, Any]]   # name -> {"kind", "fingerprint"}
+    status: str = "done"                 # "interrupted": its points hold what it finished
 
 
 @dataclass
@@ -213,7 +214,8 @@ def _runs(store: Store, name: str, since: float | None,
             continue
         host = host_of(r["host"])
         per_host[host].append(SeriesRun(r["id"], len(per_host[host]) + 1, r["created"], host,
-                                        r["version"], r["plan"], r["host"], r["targets"]))
+                                        r["version"], r["plan"], r["host"], r["targets"],
+                                        r["status"]))
     if not per_host:
         raise VmtaxError(f"no run of {name!r} between the times given; its runs are "
                          f"{found[0]['id']} … {found[-1]['id']}")
@@ -277,7 +279,7 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     for s in series:
         s.points.sort(key=lambda p: p.run.created)
     trend = Trend(name, per_host, series, alpha=0.05, method="bh")
-    trend.notes = _overlap_notes(name, per_host, configs)
+    trend.notes = _overlap_notes(name, per_host, configs) + _interrupted_notes(name, per_host)
     return trend
 
 
@@ -293,6 +295,19 @@ def _headlines(workload_names: list[str]) -> set[tuple[str, str]] | None:
             return None
         pairs |= {(workload, metric) for metric in primary}
     return pairs
+
+
+def _interrupted_notes(name: str, per_host: dict[str, list[SeriesRun]]) -> list[str]:
+    """The runs that were interrupted: points of theirs hold only what they finished."""
+    cut = [f"run {r.number} ({r.id}{f', {host}' if len(per_host) > 1 else ''})"
+           for host, runs in per_host.items() for r in runs if r.status == "interrupted"]
+    if not cut:
+        return []
+    return [f"{', '.join(cut[:5])}{' …' if len(cut) > 5 else ''} of {name} "
+            f"{'was' if len(cut) == 1 else 'were'} interrupted: "
+            f"{'its' if len(cut) == 1 else 'their'} points hold only the repetitions "
+            f"{'it' if len(cut) == 1 else 'they'} finished (`vmtax run --resume ID` "
+            "finishes one)"]
 
 
 def _overlap_notes(name: str, per_host: dict[str, list[SeriesRun]],

@@ -530,6 +530,9 @@ def _command_words(ctx: click.Context | None) -> list[str]:
 
 
 def main() -> None:
+    # What vmtax writes, only its user may change: it reads back (caches, side files, a
+    # site's manifest) only files no one else can write (vmtax.core.files).
+    os.umask(os.umask(0) | 0o022)
     # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept. SIGINT
     # stays ignored when vmtax was started so (a background job of a script).
     signal.signal(signal.SIGTERM, proc.stop_on_signal)

@@ -17,7 +17,7 @@ from vmtax.cli.main import _csv, results_option
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
-from vmtax.results.store import Store
+from vmtax.results.store import Store, check_run_name
 
 
 def _when(store: Store, text: str | None, flag: str) -> float | None:
@@ -158,7 +158,10 @@ def publish_command(names, results) -> None:
     file:// and fetches nothing."""
     if len(names) < 2:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
-    *series_names, directory = names
+    *given, directory = names
+    # Each name once (a name given twice would list its series twice), each a run's name:
+    # never a path of a page.
+    series_names = [check_run_name(name, "publish NAME") for name in dict.fromkeys(given)]
     from vmtax.analysis.model import analyse, compare
     from vmtax.report import publish
 
@@ -167,14 +170,16 @@ def publish_command(names, results) -> None:
               for name in series_names]
     # The site decides its pages; each run they show is analysed here, once, and rendered.
     site = publish.plan(trends, directory)
-    for path, trend in site.trends:
-        publish.trend_page(path, trend, history.levels(trend))
-    for path, before_id, after_id in site.changes:
-        before, after = store.load_run(before_id), store.load_run(after_id)
-        publish.compare_page(path, analyse(before), analyse(after),
-                             compare(before, after, store=store))
-    for path, run_id, figures in site.runs:
-        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures)
-    publish.index_page(site)
+    with site.files:
+        for page, trend in site.trends:
+            publish.trend_page(site, page, trend, history.levels(trend))
+        for page, before_id, after_id, made_from in site.changes:
+            before, after = store.load_run(before_id), store.load_run(after_id)
+            publish.compare_page(site, page, analyse(before), analyse(after),
+                                 compare(before, after, store=store), made_from)
+        for page, run_id, figures, made_from in site.runs:
+            publish.run_page(site, page, run_id, analyse(store.load_run(run_id)), figures,
+                             made_from)
+        index = publish.index_page(site)
     pages = len(site.trends) + len(site.changes) + len(site.runs)
-    click.echo(f"wrote {site.out / 'index.html'} and {pages} more pages")
+    click.echo(f"wrote {index} and {pages} more pages")
