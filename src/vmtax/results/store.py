@@ -43,6 +43,8 @@ from vmtax.host.proc import process_start_time, running
 from vmtax.results.connection import StoreError as StoreError  # the store's API
 from vmtax.results.connection import connect, guarded, problem
 from vmtax.results.masking import masker
+from vmtax.results.names import RUN_NAME
+from vmtax.results.names import check_run_name as check_run_name  # the store's API
 from vmtax.results.pending import ELSEWHERE as ELSEWHERE
 from vmtax.results.pending import PENDING_NAME as PENDING_NAME
 from vmtax.results.pending import REP_COLUMNS, PendingSideFile
@@ -51,24 +53,12 @@ from vmtax.results.schema import bring_up_to_date, schema_version
 
 DB_NAME = "vmtax.sqlite"
 
-# A run's name (`vmtax run --name`) and an imported report's label start with a letter, so
-# they never read as a run id (ids start with the date) or a prefix of one, and hold no ':'
-# (RUN:TARGET), '@' (RUN@HOST) or space.
-RUN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 # NAME~N or last~N: the Nth run before (run names and ids hold no '~').
 _BACK = re.compile(r"(.+)~(\d{1,9})")
 
 # A report recorded elsewhere and imported (`vmtax exits import`) is stored as a run whose
 # plan keeps the file it came from under this key, with one target named by its label.
 IMPORTED = "imported"
-
-
-def check_run_name(name: str, option: str = "--name") -> str:
-    if not RUN_NAME.fullmatch(name) or name == "last":
-        raise VmtaxError(f"{option}: expected a letter then letters, digits, '.', '_' or '-' "
-                         f"(at most 64, not 'last'), got {name!r}")
-    return name
-
 
 
 @dataclass
