@@ -48,9 +48,10 @@ class MicroVmGuest(VmmGuest):
     """A guest of a microVM VMM: its API on a UNIX socket in the run directory."""
     # Its vCPU threads' names: group 1 is the vCPU's index.
     vcpu_thread: ClassVar[re.Pattern[str]]
-    # The API's requests that pause and resume the guest: (method, path, body).
-    pause_request: ClassVar[tuple[str, str, Any]]
-    resume_request: ClassVar[tuple[str, str, Any]]
+    # The API's requests that pause and resume the guest: (method, path, body); None: the
+    # guest is left running between measurements (an idle KVM guest costs little).
+    pause_request: ClassVar[tuple[str, str, Any] | None]
+    resume_request: ClassVar[tuple[str, str, Any] | None]
 
     def __init__(self, name: str, target: MicroVmTarget, journal: Journal, work_dir: Path,
                  network: str = "none", net: Any = None):
@@ -78,7 +79,9 @@ class MicroVmGuest(VmmGuest):
         assert self._proc is not None   # vcpu_threads() found it alive
         return thread_ids(self._proc.pid, self.vcpu_thread)
 
-    def _api(self, request: tuple[str, str, Any]) -> None:
+    def _api(self, request: tuple[str, str, Any] | None) -> None:
+        if request is None:
+            return
         assert self.files is not None
         method, url, body = request
         unix_http.request(str(self.api_socket(self.files)), method, url, body, API_TIMEOUT)
