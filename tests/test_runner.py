@@ -229,9 +229,13 @@ class Windows(plugin.Options):
 
 def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path, monkeypatch):
     """A B B A order: a collector started at A's first repetition used to record until the
-    end of the cell, B's repetitions included."""
+    end of the cell, B's repetitions included. The subject says what its target declares
+    (a VMM as its first process), whatever the target's kind."""
     from vmtax.core.collector import Collector
+    from vmtax.targets.native import NativeTarget
     log: list[tuple[str, str]] = []
+    vmm: dict[str, bool] = {}
+    monkeypatch.setattr(NativeTarget, "vmm_process", True)
 
     class Witness(Collector):
         name = "witness-test"
@@ -241,6 +245,7 @@ def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path,
         def start(self, subject):
             self.subject = subject.name
             log.append((self.subject, "start"))
+            vmm[subject.name] = subject.vmm_process
 
         def pause(self):
             log.append((self.subject, "pause"))
@@ -279,6 +284,7 @@ def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path,
         else:
             assert not recording, log
     assert [e for t, e in log if t == "native"][-2:] == ["pause", "stop"], log
+    assert vmm == {"native": True, "b": True}
 
 
 def test_runs_auto_measures_until_precise_or_max_runs():

@@ -338,7 +338,7 @@ class Runner:
     def _subject(self, name: str) -> Subject:
         target = self.targets[name]
         endpoint = self.endpoints.get(name)
-        return Subject(kind=target.kind, name=name,
+        return Subject(kind=target.kind, name=name, vmm_process=target.vmm_process,
                        pids=[*target.host_pids(), *(endpoint.pids if endpoint else [])],
                        vcpu_threads=target.vcpu_threads() if target.alive() else [],
                        cgroup=target.cgroup(),
