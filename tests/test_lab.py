@@ -311,3 +311,19 @@ def test_a_daemon_that_keeps_the_commands_output_open_is_not_waited_for(tmp_path
     out.close(), err.close()
     assert rc == 0 and time.monotonic() - started < 10
     assert (tmp_path / "out").read_bytes() == b"started\n"
+
+
+def test_a_labs_run_is_resumed_in_a_lab_never_on_the_host(tmp_path, monkeypatch):
+    """A run resumed on the host would mix nested numbers with the host's under one id."""
+    from vmtax.studies import comparison
+    from vmtax.studies.requests import RunRequest
+
+    store, run_id = _store_with_a_run(tmp_path / "r")
+    monkeypatch.delenv(machine.LAB_ENV, raising=False)
+    with pytest.raises(VmtaxError, match=rf"made in a lab .*`vmtax lab --results "
+                                         rf"{tmp_path}/r run --resume {run_id}`"):
+        comparison.plan_of(RunRequest(resume=run_id), store)
+    host_run = store.new_run({"targets": []}, {"cpu_model": "x"}, "x")
+    monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)
+    with pytest.raises(VmtaxError, match="made on a host, not in a lab"):
+        comparison.plan_of(RunRequest(resume=host_run), store)
