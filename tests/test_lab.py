@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -168,6 +169,37 @@ def test_a_labs_kvm_is_labelled_nested_in_the_table_and_title():
     assert terminal.target_label(in_lab, "lv") == "lv (nested KVM)"
     assert terminal.target_label(on_host, "lv") == "lv"
     assert "lab" not in terminal._title(on_host)
+
+
+def test_in_a_lab_every_target_says_nested_and_native_is_no_bare_host(tmp_path, monkeypatch):
+    """Found by a user: in a lab's run, native's fingerprint said `bare_host yes` and
+    vm:kvm's said nothing of nesting. Beating the lab's native is still suspicious."""
+    from vmtax.analysis.summary import summarize_run
+    from vmtax.core.types import Metric
+    from vmtax.host.journal import Journal
+    from vmtax.studies.session import Session
+
+    monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)
+    store = Store(tmp_path / "r")
+    s = Session(store, Journal(tmp_path / "j"), None)  # type: ignore[arg-type]
+    s.run_id = store.new_run({"targets": [{"name": "native"}, {"name": "vm:kvm"}],
+                              "baseline": "native"}, machine.fingerprint(), "x")
+    s.targets = {"native": SimpleNamespace(kind="native", bare_host=True,
+                                           fingerprint=lambda: {"kind": "native"}),
+                 "vm:kvm": SimpleNamespace(kind="vm", bare_host=False,
+                                           fingerprint=lambda: {"accel": "kvm"})}
+    s.store_fingerprints()
+    for idx, (target, value) in enumerate([("native", 100.0), ("vm:kvm", 300.0)] * 3):
+        store.add_rep(s.run_id, target=target, workload="cpu", params={}, phase="measure",
+                      idx=idx // 2, status="ok", argv=["sysbench"], started=1.0,
+                      metrics=[Metric("events_per_sec", value + idx, "events/s", True)])
+    run = store.load_run(s.run_id)
+    native, kvm = run.targets["native"]["fingerprint"], run.targets["vm:kvm"]["fingerprint"]
+    assert native["bare_host"] is False and native["lab_host"] is True
+    assert native["lab"] == kvm["lab"] == machine.LAB_LABEL and "lab_host" not in kvm
+    assert terminal.target_label(run, "native") == "native (lab)"
+    [row] = summarize_run(run).rows
+    assert "faster than baseline" in row.cells["vm:kvm"].flags
 
 
 def test_the_fingerprint_says_lab_only_in_a_lab(monkeypatch):

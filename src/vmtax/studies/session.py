@@ -100,6 +100,11 @@ class Session:
         except VmtaxError as exc:   # a target that never came up still has its kind
             found = {"kind": target.kind, "error": str(exc)}
         fingerprint = {**found, "bare_host": target.bare_host}
+        if host.lab():
+            # Every target in a lab is nested under TCG; its "bare host" is the lab's own
+            # system (a TCG guest), never hardware: the baseline still (lab_host).
+            fingerprint.update(lab=host.lab(), bare_host=False,
+                               **({"lab_host": True} if target.bare_host else {}))
         self.store.set_target(self.stored_run, name, target.kind, fingerprint)
         if self.on_stored is not None:
             self.on_stored("target", {"name": name, "kind": target.kind,
