@@ -118,10 +118,10 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
 
         trend_report.print_trend(Console(highlight=False), trend)
     if html_path:
-        from vmtax.report import export as export_mod
+        from vmtax.host import outputs
         from vmtax.report import trend_html
 
-        export_mod.write_file(html_path,
+        outputs.write_file(html_path,
                               trend_html.render(trend, history.levels(trend)).encode())
         click.echo(f"wrote {html_path}", err=True)
     regressions = trend.regressions()
