@@ -61,11 +61,14 @@ def load_trend(results: str, name: str, *, since: str | None = None,
                alpha: float = 0.05, noise_floor: float = 0.02,
                method: str = "bh") -> history.Trend:
     store = Store(results, readonly=True)
+    until_time = _when(store, until, "--until")
     trend = history.load(store, name, since=_when(store, since, "--since"),
-                         until=_when(store, until, "--until"), targets=targets, metrics=metrics)
+                         until=until_time, targets=targets, metrics=metrics)
+    # The series as it was then: acceptances made later are not yet made.
+    accepted = [a for a in store.accepted(name) if until_time is None or a["at"] <= until_time]
     return history.judge(trend, alpha=alpha, noise_floor=noise_floor,
                          method=method,  # type: ignore[arg-type]
-                         accepted=store.accepted(name))
+                         accepted=accepted)
 
 
 @click.command("trend")
@@ -128,10 +131,17 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
     if fail_on and regressions:
         shown = "; ".join(f"{s.label} {why}" for s, why in regressions[:3])
         more = f" and {len(regressions) - 3} more" if len(regressions) > 3 else ""
+        # One acceptance per host covers every regression of it up to the run it names.
+        latest: dict[str, history.SeriesRun] = {}
+        for s, _ in regressions:
+            run = s.regressed_from
+            if run is not None and (s.host not in latest or run.created > latest[s.host].created):
+                latest[s.host] = run
         click.echo(f"vmtax: {len(regressions)} series regressed (--fail-on regression): "
                    f"{printable(shown)}{more}; if intended: "
-                   + printable(hints.command("trend", name, "--accept", "RUN", results=results)),
-                   err=True)
+                   + "; ".join(printable(hints.command("trend", name, "--accept", run.id,
+                                                       results=results))
+                               for run in latest.values()), err=True)
         sys.exit(1)
 
 
