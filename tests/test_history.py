@@ -412,3 +412,24 @@ def test_no_trend_promises_a_change_its_test_cannot_call(tmp_path):
     text = vmtax("trend", "nightly", "--results", str(tmp_path), check=True).stdout
     assert "6 runs: up to 2 more before a change can be called" in text
     assert "once it has 5 runs on each side" in text and "3 runs on each side" not in text
+
+
+def test_a_run_id_is_never_read_as_a_date_and_keeps_its_number(tmp_path):
+    """Issue 48.5: 20261201-230955-2105 ends in digits that ISO 8601's basic format reads as
+    a UTC offset (23:09:55-21:05): --until then took the whole series, --since no run.
+    And 48.16: --since renumbered the runs it kept from 1."""
+    store = Store(tmp_path)
+    ids = [add_run(store, "nightly", {"native": 1000}, seed=i) for i in range(5)]
+    like_a_date = "20261201-230955-2105"
+    store.db.execute("UPDATE runs SET id = ? WHERE id = ?", (like_a_date, ids[2]))
+    for table in ("targets", "reps", "points"):
+        store.db.execute(f"UPDATE {table} SET run_id = ? WHERE run_id = ?",
+                         (like_a_date, ids[2]))
+    store.db.commit()
+    until = json.loads(vmtax("trend", "nightly", "--until", like_a_date, "--json",
+                             "--results", str(tmp_path), check=True).stdout)
+    assert [r["number"] for r in until["hosts"]["rack1"]] == [1, 2, 3]
+    since = json.loads(vmtax("trend", "nightly", "--since", like_a_date, "--json",
+                             "--results", str(tmp_path), check=True).stdout)
+    assert [r["number"] for r in since["hosts"]["rack1"]] == [3, 4, 5]
+    assert [p["number"] for p in since["series"][0]["points"]] == [3, 4, 5]

@@ -44,7 +44,7 @@ _ABSENT = object()
 @dataclass(frozen=True)
 class SeriesRun:
     id: str
-    number: int                       # 1-based position among the host's runs of the name
+    number: int                       # 1-based position among all the host's runs of the name
     created: float
     host: str
     version: str
@@ -255,12 +255,14 @@ def _runs(store: Store, name: str, since: float | None,
                          + (f"the names there: {', '.join(names)}" if names else
                             "no run there has a name (vmtax run --name NAME)"))
     per_host: dict[str, list[SeriesRun]] = defaultdict(list)
+    numbers: dict[str, int] = defaultdict(int)   # a run keeps its number whatever is shown
     for r in found:
+        host = host_of(r["host"])
+        numbers[host] += 1
         if (since is not None and r["created"] < since) or (until is not None
                                                             and r["created"] > until):
             continue
-        host = host_of(r["host"])
-        per_host[host].append(SeriesRun(r["id"], len(per_host[host]) + 1, r["created"], host,
+        per_host[host].append(SeriesRun(r["id"], numbers[host], r["created"], host,
                                         r["version"], r["plan"], r["host"], r["targets"]))
     if not per_host:
         raise VmtaxError(f"no run of {name!r} between the times given; its runs are "

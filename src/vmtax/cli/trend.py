@@ -7,6 +7,7 @@ import datetime
 import getpass
 import json
 import os
+import re
 import sys
 
 import click
@@ -20,19 +21,37 @@ from vmtax.core.text import printable
 from vmtax.results.store import Store
 
 
+# How a date is written: 2026-11-28, with dashes (a run id, 20261201-230955-2105, is digits
+# that ISO 8601's basic format reads as a date, a time and a UTC offset: 23:09:55-21:05).
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _when(store: Store, text: str | None, flag: str) -> float | None:
-    """--since/--until: a date or time (local), or a run (its start)."""
+    """--since/--until: a date or time (local), or a run (its start): a run first, unless
+    it is written as a date."""
     if text is None:
         return None
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        pass
+    readings = [_run_time, _iso_time] if not _DATE.match(text) else [_iso_time, _run_time]
+    for reading in readings:
+        found = reading(store, text)
+        if found is not None:
+            return found
+    raise VmtaxError(f"{flag}: expected a date (2026-11-28), a time (2026-11-28T09:30) "
+                     f"or a run, got {text!r}")
+
+
+def _run_time(store: Store, text: str) -> float | None:
     try:
         return store.load_run(text).created
     except VmtaxError:
-        raise VmtaxError(f"{flag}: expected a date (2026-11-28), a time (2026-11-28T09:30) "
-                         f"or a run, got {text!r}") from None
+        return None
+
+
+def _iso_time(store: Store, text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def _who() -> str:
