@@ -433,3 +433,25 @@ def test_a_run_id_is_never_read_as_a_date_and_keeps_its_number(tmp_path):
                              "--results", str(tmp_path), check=True).stdout)
     assert [r["number"] for r in since["hosts"]["rack1"]] == [3, 4, 5]
     assert [p["number"] for p in since["series"][0]["points"]] == [3, 4, 5]
+
+
+def test_accept_says_what_it_covers_and_when_nothing_had_regressed(tmp_path):
+    ids = series_of(tmp_path, runs=4)
+    quiet = vmtax("trend", "nightly", "--accept", ids[-1], "--results", str(tmp_path),
+                  check=True)
+    assert "nothing of it had regressed up to that run" in quiet.stdout
+    store = Store(tmp_path)
+    ids.append(add_run(store, "nightly", {"native": 1000, "vm:tcg": 50}, seed=9))
+    covering = vmtax("trend", "nightly", "--accept", ids[-1], "--results", str(tmp_path),
+                     check=True)
+    assert "1 series that regressed (vm:tcg · cpu · events/s)" in covering.stdout
+
+
+def test_otava_takes_a_run_of_the_name_and_writes_no_float_noise(tmp_path):
+    store = Store(tmp_path)
+    for i in range(3):
+        add_run(store, "nightly", {"native": 24756.06}, seed=i, reps=2, noise=0)
+    result = vmtax("export", "last", "--format", "otava", "--results", str(tmp_path),
+                   check=True)
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert [r[3] for r in rows[1:]] == ["24756.06"] * 3

@@ -67,11 +67,22 @@ def _accept(results: str, name: str, spec: str) -> None:
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
     host = history.host_of(run.host)
+    # What the acceptance covers: the series of its host that regressed from it or before.
+    covered = [s for s, _ in load_trend(results, name).regressions()
+               if s.host == host and (r := s.regressed_from) is not None
+               and r.created <= run.created]
     who = _who()
     store.accept(name, host, run.id, who)
-    click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
-               f"`{hints.command('trend', name, '--fail-on', 'regression', results=results)}` "
-               "no longer fails on changes up to it")
+    gate = hints.command('trend', name, '--fail-on', 'regression', results=results)
+    if covered:
+        click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}): "
+                   f"{len(covered)} series that regressed ({printable(covered[0].label)}"
+                   + (f" and {len(covered) - 1} more" if len(covered) > 1 else "")
+                   + f"); `{gate}` no longer fails on changes up to it")
+    else:
+        click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
+                   "nothing of it had regressed up to that run, so this only makes it the "
+                   "baseline the runs after it are judged against")
 
 
 def load_trend(results: str, name: str, *, since: str | None = None,
@@ -164,12 +175,26 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
         sys.exit(1)
 
 
+def series_name(store: Store, spec: str) -> str:
+    """The name whose series spec means: a name of runs, or a run of one ('last', an id)."""
+    if store.named_runs(spec):
+        return spec
+    try:
+        run = store.load_run(spec)
+    except VmtaxError:
+        return spec        # history.load names the names there are
+    if not run.plan.get("name"):
+        raise VmtaxError(f"run {run.id} has no name, so no series: give a name of runs "
+                         "(vmtax run --name NAME)")
+    return str(run.plan["name"])
+
+
 def export_otava(results: str, name: str) -> None:
     """`vmtax export NAME --format otava`: the series of NAME as Otava's CSV, on stdout."""
     from vmtax.report import trend as trend_report
 
     store = Store(results, readonly=True)
-    data, left_out = trend_report.to_otava(history.load(store, name))
+    data, left_out = trend_report.to_otava(history.load(store, series_name(store, name)))
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     if left_out:

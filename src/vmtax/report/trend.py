@@ -134,7 +134,8 @@ def _column(s: Series) -> str:
 
 def to_otava(trend: Trend) -> tuple[bytes, list[str]]:
     """Otava's CSV input: a `time` column (ISO 8601, UTC), the run's id and host as
-    attributes, and one column per series, of its point medians; a row per run. The host
+    attributes, and one column per series, of its point medians (10 significant digits: a
+    median of two repetitions is no longer 24756.059999999998); a row per run. The host
     column is `branch` when there are several, which Otava keeps apart (`--branch HOST`).
     Series some run lacks are left out (Otava takes no empty cell): returned by name."""
     runs = [r for host_runs in trend.runs.values() for r in host_runs]
@@ -147,5 +148,5 @@ def to_otava(trend: Trend) -> tuple[bytes, list[str]]:
     writer.writerow(["time", "run", "branch" if len(trend.runs) > 1 else "host", *complete])
     for r in sorted(runs, key=lambda r: r.created):
         writer.writerow([iso_time(r.created), r.id, r.host,
-                         *(repr(by_run[r.id]) for by_run in complete.values())])
+                         *(f"{by_run[r.id]:.10g}" for by_run in complete.values())])
     return text.getvalue().encode(), [name for name in columns if name not in complete]
