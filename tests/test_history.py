@@ -455,3 +455,30 @@ def test_otava_takes_a_run_of_the_name_and_writes_no_float_noise(tmp_path):
                    check=True)
     rows = list(csv.reader(io.StringIO(result.stdout)))
     assert [r[3] for r in rows[1:]] == ["24756.06"] * 3
+
+
+def test_every_view_names_what_the_plans_changed_and_from_which_run(tmp_path):
+    """Issue 48.3: a workload parameter and a target option changed part-way, before any
+    change point: the text, --json, the HTML page, publish's index and the Otava export
+    each name what differs and from which run."""
+    results = tmp_path / "results"
+    store = Store(results)
+    ids = [add_run(store, "nightly", {"native": 1000, "vm:tcg": 200}, seed=i,
+                   params={"cpu": {"time": 1, "cpu-max-prime": 2000 if i < 3 else 20000}},
+                   options={"vm:tcg": {"vcpus": 2 if i < 4 else 1}}) for i in range(5)]
+    store.close()
+    said = [f"from run 4 ({ids[3]}) on, cpu cpu-max-prime: 2000 → 20000 (2 series)",
+            f"from run 5 ({ids[4]}) on, vm:tcg vcpus: 2 → 1"]
+    args = ("--results", str(results))
+    text = vmtax("trend", "nightly", *args, env={"COLUMNS": "300"}, check=True).stdout
+    shown = json.loads(vmtax("trend", "nightly", "--json", *args, check=True).stdout)
+    vmtax("trend", "nightly", "--html", str(tmp_path / "t.html"), *args, check=True)
+    vmtax("publish", "nightly", str(tmp_path / "site"), *args, check=True)
+    otava = vmtax("export", "nightly", "--format", "otava", *args, check=True)
+    for view in (text, " ".join(shown["notes"]), (tmp_path / "t.html").read_text(),
+                 (tmp_path / "site" / "index.html").read_text(), otava.stderr):
+        for line in said:
+            assert line in view, view
+    vm = next(s for s in shown["series"] if s["target"] == "vm:tcg")
+    assert [(c["run"]["number"], c["what"]) for c in vm["plan_changes"]] == [
+        (4, ["cpu cpu-max-prime: 2000 → 20000"]), (5, ["vm:tcg vcpus: 2 → 1"])]

@@ -136,6 +136,8 @@ class Series:
     accepted: dict[str, Any] | None = None
     accepted_from: int = 0            # the index of that run among the points
     note: str = ""                    # why no change was sought
+    # Where the runs' plans asked differently for this series: (first run, what differs).
+    plan_changes: list[tuple[SeriesRun, list[str]]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -326,9 +328,33 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     series = sorted(found.values(), key=lambda s: (s.host, s.target, s.workload))
     for s in series:
         s.points.sort(key=lambda p: p.run.created)
+    for s in series:
+        s.plan_changes = [(after.run, lines) for before, after in zip(s.points, s.points[1:])
+                          if (lines := plan_changes(before, after, s.target, s.workload))]
     trend = Trend(name, per_host, series, alpha=0.05, method="bh")
-    trend.notes = _overlap_notes(name, per_host, configs)
+    trend.notes = _overlap_notes(name, per_host, configs) + _plan_notes(name, series)
     return trend
+
+
+def _plan_notes(name: str, series: list[Series]) -> list[str]:
+    """Per host whose runs' plans asked differently part-way: from which run, what (and how
+    many series it bears on), so no view mixes them silently."""
+    found: dict[str, dict[tuple[int, str, str], int]] = defaultdict(dict)
+    for s in series:
+        for run, lines in s.plan_changes:
+            for line in lines:
+                key = (run.number, run.id, line)
+                found[s.host][key] = found[s.host].get(key, 0) + 1
+    notes = []
+    for host, changes in found.items():
+        shown = [f"from run {number} ({run_id}) on, {line}"
+                 + (f" ({count} series)" if count > 1 else "")
+                 for (number, run_id, line), count in sorted(changes.items())]
+        notes.append(f"the runs of {name} on {host} differ in their plans: "
+                     + "; ".join(shown[:6]) + (f"; and {len(shown) - 6} more" if len(shown) > 6
+                                               else "")
+                     + ": a series mixes what they measured from there on")
+    return notes
 
 
 def _headlines(workload_names: list[str]) -> set[tuple[str, str]] | None:
@@ -484,15 +510,30 @@ def what_changed(before: Point, after: Point, target: str, workload: str) -> lis
     return lines
 
 
+def plan_changes(before: Point, after: Point, target: str, workload: str) -> list[str]:
+    """What the plans of two points' runs asked differently for target × workload: the
+    target's options, the workload's parameters, the plan's settings."""
+    return (_differences(f"{target} ", _plan_options(before.run, target),
+                         _plan_options(after.run, target))
+            + _differences(f"{workload} ", before.params, after.params)
+            + _differences("plan ", _without(before.run.plan, _PLAN_ELSEWHERE),
+                           _without(after.run.plan, _PLAN_ELSEWHERE)))
+
+
 def _without(facts: dict[str, Any], keys: set[str]) -> dict[str, Any]:
     return {k: v for k, v in facts.items() if k not in keys}
+
+
+def _plan_options(run: SeriesRun, target: str) -> dict[str, Any]:
+    """The target's options as the run's plan asked for them."""
+    return next((t.get("options", {}) for t in run.plan.get("targets", [])
+                 if t.get("name") == target), {})
 
 
 def _target_facts(run: SeriesRun, target: str) -> dict[str, Any]:
     """The target's options as the plan asked for them, overridden by its fingerprint (what
     it was); durations measured at start-up (boot_seconds, job_overhead_s) left out."""
-    options: dict[str, Any] = next((t.get("options", {}) for t in run.plan.get("targets", [])
-                    if t.get("name") == target), {})
+    options = _plan_options(run, target)
     fingerprint = run.targets.get(target, {}).get("fingerprint", {})
     return {k: v for k, v in {**options, **fingerprint}.items()
             if not k.endswith(("_s", "seconds"))}
@@ -554,6 +595,7 @@ def to_json(trend: Trend) -> dict[str, Any]:
                        for p in s.points],
             "points_needed": s.detection.points_needed if s.detection else None,
             "changes": [change(c) for c in s.changes],
+            "plan_changes": [{"run": run(r), "what": lines} for r, lines in s.plan_changes],
             "newest": None if s.recent is None else {
                 "verdict": s.recent.verdict, "runs": [run(p.run) for p in s.recent.judged],
                 "against_runs": [run(p.run) for p in s.recent.against],

@@ -194,9 +194,12 @@ def export_otava(results: str, name: str) -> None:
     from vmtax.report import trend as trend_report
 
     store = Store(results, readonly=True)
-    data, left_out = trend_report.to_otava(history.load(store, series_name(store, name)))
+    trend = history.load(store, series_name(store, name))
+    data, left_out = trend_report.to_otava(trend)
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
+    for note in trend.notes:   # Otava's CSV has no place for them
+        click.echo(f"vmtax: note: {printable(note)}", err=True)
     if left_out:
         click.echo(f"vmtax: {len(left_out)} series not in every run of {name} left out "
                    f"(Otava takes no empty cell): {printable(', '.join(left_out[:5]))}"
