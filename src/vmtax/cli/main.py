@@ -539,7 +539,9 @@ def main() -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, proc.stop_on_signal)
     try:
-        cli.main(standalone_mode=False)
+        # "vmtax" in usage lines and help, however it was started (`python -m vmtax`, as
+        # the lab starts it): what a user types.
+        cli.main(prog_name="vmtax", standalone_mode=False)
     except click.exceptions.Abort:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())

@@ -88,8 +88,9 @@ def read_user_file(path: str | os.PathLike[str], what: str, limit: int,
 
 
 def bracket(kind: str, low: str, high: str, sep: str = ", ") -> str:
-    """An interval as every view writes it (analysis.stats.interval_kind): a real CI in brackets;
-    with too few runs for one, the runs' range in parentheses; from one run, nothing."""
+    """An interval as every view writes it (analysis.intervals.interval_kind): a real CI in
+    brackets; with too few runs for one, the runs' range in parentheses; from one run,
+    nothing."""
     if kind == "none":
         return ""
     if kind == "ci":

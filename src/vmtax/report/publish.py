@@ -103,7 +103,8 @@ def plan(trends: list[Trend], directory: str) -> Site:
                 runs.append(f"<li>{_link(href, r.id)} ({html.escape(host)}, run "
                             f"{r.number}{', interrupted' if r.status == 'interrupted' else ''}"
                             ")</li>")
-        sections.append(f"<h2>{_link(f'trends/{trend.name}.html', trend.name)}</h2>"
+        notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in trend.notes)
+        sections.append(f"<h2>{_link(f'trends/{trend.name}.html', trend.name)}</h2>{notes}"
                         f"<h3>series</h3><ul>{''.join(items)}</ul>"
                         f"<h3>runs</h3><ul>{''.join(runs)}</ul>")
     site.index = _page("vmtax: series", "<h1>vmtax: series</h1>" + "".join(sections))
