@@ -15,6 +15,7 @@ from typing import Any, Callable, TypeVar
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
+from vmtax.core.files import read_json
 
 
 class StoreError(VmtaxError):
@@ -91,9 +92,11 @@ def _record(path: Path) -> Path:
 
 
 def _checked(path: Path) -> Any:
-    """The stamp the database had when it last passed its check (None: never, or unknown)."""
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads(_record(path).read_text())
+    """The stamp the database had when it last passed its check (None: never, or unknown,
+    or garbled). A stamp vmtax did not write (a FIFO, another user's, vmtax.core.files) is
+    refused in one line: it would skip the check."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return read_json(_record(path), "the stamp of a checked database", 4096)
     return None
 
 
