@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -506,12 +507,20 @@ def doctor(as_json) -> None:
 
 
 @cli.command()
-def cleanup() -> None:
+@results_option
+def cleanup(results) -> None:
     """Undo what killed vmtax processes left on this host: processes, containers, cgroups,
-    mounts, huge pages. (`vmtax run` does it too, before it starts.)"""
+    mounts, huge pages, temporary files; and a commit one left unfinished in the results
+    database. (`vmtax run` does it too, before it starts.)"""
+    from vmtax.results.connection import roll_back
+    from vmtax.results.store import DB_NAME
+
     lines = journal.recover()
+    database = Path(results) / DB_NAME
+    if roll_back(database):
+        lines.append(f"rolled back the commit a killed vmtax left unfinished in {database}")
     for line in lines:
-        out.print(escape(line))
+        out.print(escape(line), soft_wrap=True)
     if not lines:
         out.print("nothing to clean up")
 

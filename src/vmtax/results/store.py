@@ -41,7 +41,7 @@ from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.host.proc import process_start_time, running
 from vmtax.results.connection import StoreError as StoreError  # the store's API
-from vmtax.results.connection import connect, guarded, problem
+from vmtax.results.connection import connect, guarded, problem, roll_back
 from vmtax.results.masking import masker
 from vmtax.results.names import RUN_NAME
 from vmtax.results.names import check_run_name as check_run_name  # the store's API
@@ -160,6 +160,9 @@ class Store(PendingSideFile):
                              "(or give --results DIR / VMTAX_RESULTS)")
         if not self.path.is_file():
             raise missing
+        # A kill -9 at a commit leaves a hot journal, which only a connection that may
+        # write rolls back: without that, every read would fail.
+        roll_back(self.path)
         uri = self.path.resolve().as_uri() + "?mode=ro"
         db = connect(self.path, uri)
         try:
