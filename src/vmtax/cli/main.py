@@ -188,9 +188,10 @@ def cli(ctx: click.Context) -> None:
               help="With --runs auto: runs before precision is judged.")
 @click.option("--max-runs", type=bounds.count(), default=20, show_default=True,
               help="With --runs auto: give up (and flag it) after this many runs.")
-@click.option("--ci-target", type=click.FloatRange(0, 100, min_open=True, max_open=True),
-              default=2.0, show_default=True, metavar="PCT",
-              help="With --runs auto: wanted CI half-width, percent of the median.")
+@click.option("--ci-target", type=bounds.number(0, 100, low_open=True), default=2.0,
+              show_default=True, metavar="PCT",
+              help="With --runs auto: wanted CI half-width, percent of the median (above 0 "
+                   "and at most 100).")
 @click.option("--warmup", type=bounds.count(0), default=1, show_default=True,
               help="Warm-up repetitions run first and discarded.")
 @click.option("--time", "time_", type=bounds.seconds(whole=True), show_default=True,
@@ -369,10 +370,11 @@ def _side(store: Store, spec: str) -> tuple:
 @cli.command()
 @click.argument("a", metavar="[A", required=False)
 @click.argument("b", metavar="B]", required=False)
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
-              show_default=True, help="Significance level after the multiplicity adjustment.")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
-              help="Relative changes smaller than this are never called significant.")
+@click.option("--alpha", type=bounds.ALPHA, default=0.01, show_default=True,
+              help=f"Significance level after the multiplicity adjustment ({bounds.ALPHA.words}).")
+@click.option("--noise-floor", type=bounds.NOISE_FLOOR, default=0.02, show_default=True,
+              help="Relative changes smaller than this are never called significant "
+                   f"({bounds.NOISE_FLOOR.words}).")
 @click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
               help="Adjustment across metrics: Benjamini-Hochberg (false discovery rate) or Holm.")
 @click.option("--fail-on", type=click.Choice(["worse", "change", "inconclusive"]),

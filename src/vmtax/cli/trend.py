@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from vmtax.analysis import history
+from vmtax.cli import bounds
 from vmtax.cli.main import _csv, results_option
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
@@ -112,12 +113,12 @@ def load_trend(results: str, name: str, *, since: str | None = None,
                    "or run on.")
 @click.option("--until", metavar="DATE|RUN",
               help="Only runs up to this date or time, or run: the series as it was then.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              default=0.05, show_default=True,
+@click.option("--alpha", type=bounds.ALPHA, default=0.05, show_default=True,
               help="Significance level after the adjustment across every series shown "
-                   "(false discovery rate with bh).")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
-              help="Relative changes smaller than this are never called.")
+                   f"(false discovery rate with bh; {bounds.ALPHA.words}).")
+@click.option("--noise-floor", type=bounds.NOISE_FLOOR, default=0.02, show_default=True,
+              help=f"Relative changes smaller than this are never called "
+                   f"({bounds.NOISE_FLOOR.words}).")
 @click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
               help="Adjustment across series: Benjamini-Hochberg or Holm.")
 @click.option("--fail-on", type=click.Choice(["regression"]),
