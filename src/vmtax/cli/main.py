@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -15,7 +16,7 @@ import click
 
 from vmtax import __version__
 from vmtax.cli import bounds, run_flags
-from vmtax.cli.consoles import err, out
+from vmtax.cli.consoles import StdoutError, err, guard_stdout, out
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
@@ -549,10 +550,20 @@ def main() -> None:
     signal.signal(signal.SIGTERM, proc.stop_on_signal)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, proc.stop_on_signal)
+    guard_stdout()
     try:
         # "vmtax" in usage lines and help, however it was started (`python -m vmtax`, as
         # the lab starts it): what a user types.
         cli.main(prog_name="vmtax", standalone_mode=False)
+        sys.stdout.flush()
+    except StdoutError as exc:
+        # Whatever is still buffered for stdout must not fail again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if exc.errno == errno.EPIPE:   # the reader went away (`| head`): nothing to say
+            sys.exit(128 + signal.SIGPIPE)
+        click.echo(f"vmtax: error: cannot write to standard output ({exc.strerror})",
+                   err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())
