@@ -377,17 +377,18 @@ class Store(PendingSideFile):
         recorded = "" if imported else f" WHERE json_extract(r.plan, '$.{IMPORTED}') IS NULL"
         rows = self.db.execute(
             "SELECT r.id, r.created, r.finished, r.status,"
-            " (SELECT group_concat(name, ',') FROM targets t WHERE t.run_id = r.id) AS targets,"
-            " (SELECT group_concat(DISTINCT workload) FROM reps p WHERE p.run_id = r.id)"
-            " AS workloads,"
+            # Names as JSON arrays: a target's name may hold a comma ("a,b" in a plan).
+            " (SELECT json_group_array(name) FROM targets t WHERE t.run_id = r.id) AS targets,"
+            " (SELECT json_group_array(workload) FROM (SELECT DISTINCT workload FROM reps p"
+            "  WHERE p.run_id = r.id)) AS workloads,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure') AS reps,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure'"
             "  AND p.status != 'ok') AS failed"
             f" FROM runs r{recorded} ORDER BY r.created").fetchall()
         return [{"id": r["id"], "created": r["created"], "finished": r["finished"],
                  "status": self._status(r),
-                 "targets": (r["targets"] or "").split(",") if r["targets"] else [],
-                 "workloads": sorted((r["workloads"] or "").split(",")) if r["workloads"] else [],
+                 "targets": json.loads(r["targets"]),
+                 "workloads": sorted(json.loads(r["workloads"])),
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
     @guarded
