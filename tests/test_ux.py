@@ -316,7 +316,9 @@ def test_without_a_terminal_one_line_per_finished_cell(capsys):
             reporter.step(f"{target} · cpu · run 1")
             reporter.advance()
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" done")[0] for line in lines] == ["[3/4] vm · cpu", "[4/4] native · cpu"]
+    assert [line.split(" done")[0] for line in lines] == [
+        "[0/4] native · cpu starts", "[1/4] vm · cpu starts", "[3/4] vm · cpu",
+        "[4/4] native · cpu"]
     assert lines[-1].endswith("~0 s left")
 
 

@@ -69,6 +69,7 @@ class ProgressReporter:
         self.cell: tuple[str, str] | None = None
         self.stored_before = False
         self.cells: dict[tuple[str, str], int] = {}
+        self.begun: set[tuple[str, str]] = set()   # cells said to start (piped)
         # Warnings for when measuring starts: once the targets are up, not before an error
         # that stops the run from starting at all.
         self.before_first: list[str] = []
@@ -109,6 +110,8 @@ class ProgressReporter:
             for warning in self.before_first:
                 self.warn(warning)
             self.before_first = []
+        if self.progress.disable:
+            self._said_begun(text)
         if self.task is not None:
             # Names come from plans and stores: their control characters are shown escaped.
             self.progress.update(self.task, description=printable(text))
@@ -116,6 +119,13 @@ class ProgressReporter:
                 self.total += 1
                 self.progress.update(self.task, total=self.total)
                 self.advance()
+
+    def _said_begun(self, text: str) -> None:
+        """Without a terminal: a line as each cell starts, beside the one as it is done."""
+        if self.cell is not None and not self.stored_before and self.cell not in self.begun:
+            self.begun.add(self.cell)
+            err.print(f"[{self.done}/{self.total}] {escape(printable(' · '.join(self.cell)))} "
+                      "starts", highlight=False, soft_wrap=True)
 
     def advance(self) -> None:
         self.done += 1
