@@ -14,7 +14,7 @@ from vmtax.core.workload import Workload
 from vmtax.results.store import Store
 from vmtax.studies import plan as plan_mod
 from vmtax.studies.runner import Runner
-from vmtax.targets import vm_instance
+from vmtax.guest import vmm_guest
 
 pytestmark = pytest.mark.live
 
@@ -44,7 +44,7 @@ class FreezeOnce(Workload):
 
 def test_hung_guest_is_killed_rebooted_and_the_plan_goes_on(tmp_path, monkeypatch):
     monkeypatch.setitem(plugin.registry()["workload"], FreezeOnce.name, FreezeOnce)
-    monkeypatch.setattr(vm_instance, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
+    monkeypatch.setattr(vmm_guest, "HOST_MARGIN", 2.0)   # the host's grace beyond the job timeout
     reporter = warnings_reporter()
     store = Store(tmp_path)
     plan = plan_mod.Plan(targets=plan_mod.target_specs(["vm:tcg"], {}),

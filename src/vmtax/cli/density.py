@@ -27,7 +27,7 @@ from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import ksm, proc
 from vmtax.results import study_records as records
 from vmtax.results.store import Store
-from vmtax.studies import density, planfile
+from vmtax.studies import density, plan_toml
 from vmtax.studies import density_results
 from vmtax.studies import session as sessions
 from vmtax.studies.plan import TargetSpec
@@ -61,7 +61,7 @@ def load_plan(path: str, quick: bool = False, results: str | None = None
               ) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
     """(settings values, targets) of a density plan file; errors name the file and key (and
     a plan of workloads the `vmtax run` of it, into results)."""
-    data = planfile.parse(planfile.read_text(path), path)
+    data = plan_toml.parse(plan_toml.read_text(path), path)
     if "workloads" in data:
         raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
                          f"run it with `{hints.command('run', path, results=results)}`")
