@@ -59,24 +59,32 @@ class Config:
     lab: dict[str, Any] = field(default_factory=dict)     # LabConfig's fields
     kernel: str = "minimal"                               # L2's kernel
     kernel_args: str | None = None                        # L2's extra kernel arguments
+    vcpus: int = 2                                        # L2's (the vm target's default)
     hogs: int = 0
     quiet: bool = False
 
 
+# vmtax before the census gave a nested KVM guest the kernel's own RCU stall timeout.
+BEFORE = "rcupdate.rcu_cpu_stall_timeout=21"
 CONFIGS = {
-    "default": Config("the default lab: Debian 6.1, max,+svm,+npt, 2 vCPUs, 4G; L2 minimal"),
-    "default-hogs": Config("the default lab, two CPU hogs on the host", hogs=2),
-    "default-quiet": Config("the default lab, the host quiet", quiet=True),
+    "before-hogs": Config("vmtax before: L2's RCU stall report at 21 s; two CPU hogs",
+                          kernel_args=BEFORE, hogs=2),
+    "before": Config("vmtax before: L2's RCU stall report at 21 s", kernel_args=BEFORE),
+    "before-quiet": Config("vmtax before, the host quiet", kernel_args=BEFORE, quiet=True),
+    "default-hogs": Config("the default: Debian 6.1, max,+svm,+npt, 2 vCPUs, 4G; L2 minimal, "
+                           "2 vCPUs, RCU stall report at 300 s; two CPU hogs", hogs=2),
+    "default": Config("the default"),
+    "default-quiet": Config("the default, the host quiet", quiet=True),
+    "l2-1cpu-before-hogs": Config("L2 1 vCPU, its RCU stall report at 21 s; two CPU hogs",
+                                  vcpus=1, kernel_args=BEFORE, hogs=2),
     "l2-debian": Config("L2 Debian's kernel", kernel="debian"),
+    "l2-tsc": Config("L2 clocksource=tsc", kernel_args="clocksource=tsc"),
     "l1-6.12": Config("L1 Debian 12's 6.12 (security archive)", lab={"kernel": KERNEL_612}),
     "l1-1cpu": Config("L1 1 vCPU", lab={"vcpus": 1}),
     "l1-2g": Config("L1 2G of memory", lab={"memory": "2G"}),
     "l1-epyc": Config("L1 CPU EPYC (+svm,+npt)", lab={"cpu": "EPYC"}),
     "tcg-single": Config("TCG thread=single", lab={"tcg_thread": "single"}),
     "tcg-tb256": Config("TCG tb-size=256 MiB", lab={"tb_size": 256}),
-    "l2-tsc": Config("L2 clocksource=tsc", kernel_args="clocksource=tsc"),
-    "l2-rcu300": Config("L2 RCU stall timeout 300 s",
-                        kernel_args="rcupdate.rcu_cpu_stall_timeout=300"),
 }
 
 PLAN = """runs = 1
@@ -89,12 +97,14 @@ kind = "vm"
 accel = "kvm"
 kernel = "{kernel}"
 memory = "256M"
+vcpus = {vcpus}
 {kernel_args}
 [targets.kvm-2]
 kind = "vm"
 accel = "kvm"
 kernel = "{kernel}"
 memory = "256M"
+vcpus = {vcpus}
 {kernel_args}
 [[workloads]]
 name = "cpu"
@@ -154,7 +164,8 @@ def one_lab(name: str, config: Config, work: Path, hang_timeout: float,
     of a lab that died or hung is kept in consoles."""
     kernel_args = f'kernel_args = "{config.kernel_args}"\n' if config.kernel_args else ""
     plan = work / "plan.toml"
-    plan.write_text(PLAN.format(kernel=config.kernel, kernel_args=kernel_args))
+    plan.write_text(PLAN.format(kernel=config.kernel, kernel_args=kernel_args,
+                                vcpus=config.vcpus))
     results = work / "results"
     record: dict[str, Any] = {"config": name, "started": time.time(),
                               "load_before": os.getloadavg()[0]}
@@ -180,11 +191,16 @@ def one_lab(name: str, config: Config, work: Path, hang_timeout: float,
         faults[l2_fault(found["why"])] += 1
     for found in _NOT_PREPARED.finditer(said):   # its second try failed as well
         faults[l2_fault(found["why"])] += 1
+    record["boots"] = {}   # each L2's: seconds to READY on the lab's clock, its own uptime
     if (results / "vmtax.sqlite").exists():
         store = Store(results, readonly=True)
         for run in store.list_runs():
+            stored = store.load_run(run["id"])
             faults["workload hang"] += sum(r.status == "timeout" and r.phase == "measure"
-                                           for r in store.load_run(run["id"]).reps)
+                                           for r in stored.reps)
+            record["boots"].update({name: [t["fingerprint"].get("boot_seconds"),
+                                           t["fingerprint"].get("guest_boot_seconds")]
+                                    for name, t in stored.targets.items()})
         store.close()
     record["faults"] = faults
     record["said"] = said[-4000:]
@@ -223,7 +239,8 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="default-hogs,default-quiet",
+    parser.add_argument("--configs", default="before-hogs,default-hogs,before-quiet,"
+                        "default-quiet",
                         help="comma-separated: " + ", ".join(CONFIGS))
     parser.add_argument("--labs", type=int, default=20, help="labs per configuration")
     parser.add_argument("--out", default="results/lab-census.jsonl")
