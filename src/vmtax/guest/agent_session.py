@@ -84,7 +84,9 @@ def tail(path: Path, lines: int = 5) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:]
+    # Words, not a line's own whitespace: the kernel's RCU stall report has tabs, which a
+    # one-line error showed as a literal "\t".
+    return " | ".join(" ".join(line.split()) for line in text.strip().splitlines()[-lines:]
                       if line.strip())
 
 

@@ -190,26 +190,23 @@ class Runner:
     def _prepare_and_run(self, s: Session, made: list[Workload], done: set[tuple]) -> None:
         units = schedule(self.plan)
         self.reporter.start(len(self.plan.workloads) * len(units))
-        lost: dict[str, VmtaxError] = {}
+        lost: list[TargetError] = []
         for spec in self.plan.targets:
             self.reporter.step(f"preparing {spec.name}")
             target = s.create(spec)
             try:
                 target.prepare()
                 target.pause()
-            except TargetError as exc:
-                # A guest that cannot be booted even after its retry (a nested KVM's faults
-                # in a lab, a busy host): its cells fail with the reason, the rest go on.
-                lost[spec.name] = exc
+            except TargetError as exc:   # a guest not booted even after its retry (a lab's
+                lost.append(exc)         # nested KVM, a busy host): its cells fail, why
                 self.broken[spec.name] = f"could not be prepared: {exc}"
-                self.reporter.warn(f"{spec.name} {self.broken[spec.name]}; its runs are "
-                                   "skipped")
+                self.reporter.warn(f"{spec.name} {self.broken[spec.name]}; its runs are skipped")
                 with contextlib.suppress(Exception):
                     target.cleanup()
             for warning in target.warnings:
                 self.reporter.warn(f"{spec.name}: {warning}")
         if len(lost) == len(self.plan.targets):   # nothing to measure: no run of failures
-            raise next(iter(lost.values()))
+            raise lost[0]
         # Stored only once every target is up: bad input leaves no empty run behind.
         if self.resume_id:
             s.reopen_run(self.resume_id)
@@ -307,9 +304,7 @@ class Runner:
         if server is None:
             return
         port = workload.server_port or 0
-        for name in active:
-            if name in self.broken:   # its repetitions fail with why (_run_job)
-                continue
+        for name in (n for n in active if n not in self.broken):   # broken: failed, why
             try:
                 with self._awake(name) as target:
                     endpoint = target.start_server(server, port)
