@@ -56,8 +56,11 @@ def test_a_change_below_the_noise_floor_is_not_called():
 
 def test_too_few_points_say_how_many_more_are_needed():
     found = changepoint.detect(series([100, 90, 80]))
-    assert found.changes == () and found.points_needed == 3
-    assert changepoint.detect(series([100] * 6)).points_needed == 0
+    # At alpha 0.01 (detect's default) the fewest runs a clean step is called in are 12.
+    assert found.changes == () and found.points_needed == 9
+    assert changepoint.detect(series([100] * 11)).points_needed == 1
+    assert changepoint.detect(series([100] * 12)).points_needed == 0
+    assert changepoint.detect(series([100] * 6), alpha=0.05).points_needed == 2
 
 
 def test_the_same_series_always_gets_the_same_answer():
@@ -168,3 +171,31 @@ def test_a_change_alone_among_hundreds_of_series_survives_the_adjustment():
     assert [c.index for c in found[-1].changes] == [25]
     assert not any(d.changes for d in found[:-1])
     assert changepoint.enough_permutations(125, 0.05) == changepoint.PERMUTATIONS
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_what_detection_promises_it_keeps_on_clean_steps_of_every_size(alpha):
+    """A clean step (two levels, a little noise, in any order within each side) of a runs
+    and then b is called wherever `calls` promises it, which it does from runs_each_side
+    runs on each side on; points_needed more runs make some split promised; and below
+    what the test can reach, nothing is called. The old promise, 3 runs on each side, could
+    not be kept: the rank test of 3 against 3 has 20 orders, so its p is never below 0.1."""
+    each = changepoint.runs_each_side(alpha)
+    assert each == {0.05: 5, 0.01: 6}[alpha]
+    rng = np.random.default_rng(11)
+    for a in range(1, 11):
+        for b in range(1, 11):
+            promised = changepoint.calls(a, b, alpha)
+            assert promised or not (a >= each and b >= each), (a, b)
+            for order in range(3):
+                levels = np.r_[100 + rng.permutation(a) * 0.1, 60 + rng.permutation(b) * 0.1]
+                found = changepoint.detect_medians(levels, alpha=alpha)
+                if promised:
+                    assert [c.index for c in found.changes] == [a], (a, b, order)
+                if a + b <= {0.05: 7, 0.01: 9}[alpha]:    # (3 + 3: p >= 0.1, 4 + 4: 0.026)
+                    assert found.changes == (), (a, b, order)
+    for n in range(1, 16):
+        more = changepoint.points_needed(n, alpha)
+        assert any(changepoint.calls(k, n + more - k, alpha) for k in range(n + more))
+        assert more == 0 or not any(changepoint.calls(k, n + more - 1 - k, alpha)
+                                    for k in range(n + more - 1))

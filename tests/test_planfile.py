@@ -21,8 +21,9 @@ from vmtax.studies.plan import TargetSpec, WorkloadSpec
 from vmtax.studies.planfile import PlanError
 from vmtax.studies.toml_lines import Locator
 
-VM_OPTIONS = ('qemu, accel, machine, vcpus, memory, cpu, kernel, disk_size, boot_timeout, '
-              'binaries, icount, hugepages, guest_hugepages, pin, kernel_args, network, '
+# A guest's options every VMM shares (vmtax.targets.vmm_target), then QEMU's own.
+VM_OPTIONS = ('vcpus, memory, kernel, disk_size, boot_timeout, binaries, hugepages, '
+              'guest_hugepages, pin, kernel_args, network, qemu, accel, machine, cpu, icount, '
               'vhost, disk_cache, disk_aio, iothread, disk_bus, tcg_thread, tb_size')
 
 PLANS = sorted((ROOT / "plans").glob("*.toml"))

@@ -24,9 +24,15 @@ is binary segmentation with a rank statistic and a permutation test:
 
 Guards from trackers of such tools: `min_segment` points on each side means a single
 spike is never a change, and a point near either end of the series cannot be called
-until enough points follow it (`points_needed` says how many more). p-values are raw
-here; `adjust` applies Benjamini-Hochberg or Holm across everything a report judges
-together (series × metrics), as `compare` does.
+until enough points follow it. p-values are raw here; `adjust` applies Benjamini-Hochberg
+or Holm across everything a report judges together (series × metrics), as `compare` does.
+
+What the test can call is said from the test itself, never from `min_segment` alone: a rank
+test of a points against b cannot go below a floor whatever the step (3 against 3: 20
+orders, p >= 0.1, so at alpha 0.05 never). `step_p` is the largest p-value a clean step of
+a and b points can get (its order within each side is free), `calls` whether that passes
+alpha, `runs_each_side` the sides from which on every clean step is called, and
+`Detection.points_needed` how many more points a series needs before any could be.
 """
 
 from __future__ import annotations
@@ -78,11 +84,14 @@ class Detection:
     min_segment: int
     # Every test made, a change called or not: what an adjustment counts.
     p_values: tuple[float, ...] = ()
+    alpha: float = 0.01
+    permutations: int = PERMUTATIONS
 
     @property
     def points_needed(self) -> int:
-        """How many more points before any change can be called (0: enough now)."""
-        return max(0, 2 * self.min_segment - self.points)
+        """How many more points before a clean step somewhere in the series could be
+        called at alpha (0: enough now), before the adjustment across series."""
+        return points_needed(self.points, self.alpha, self.min_segment, self.permutations)
 
     def segments(self) -> list[tuple[int, int]]:
         """[start, end) of each stretch without a change, oldest first."""
@@ -295,8 +304,12 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     # thousands).
     done, extreme = 0, np.zeros(len(kinds), dtype=int)
     orders = _Orders.of(rng, len(ranks), (batch, permutations))
+    # The orders rearrange the ranks sorted, which is the same null (any fixed order of the
+    # ranks, shuffled, is uniform) but the same draws for every series of n untied points:
+    # what a clean step's p can be is then known beforehand (step_p).
+    ordered = np.sort(ranks)
     for size in _batch_sizes(batch, permutations):
-        null = _centred_sums(np.take(ranks, orders.next(size)), ends)
+        null = _centred_sums(np.take(ordered, orders.next(size)), ends)
         extreme += [kind.reaching(null, o) for kind, o in zip(kinds, observed)]
         done += size
         if extreme.min() >= _EXCEEDANCES:
@@ -304,6 +317,83 @@ def _p_value(ranks: np.ndarray, min_segment: int, permutations: int,
     # Unless stopped early, the observed order counts as one of the arrangements.
     p = (extreme / done if extreme.min() >= _EXCEEDANCES else (1 + extreme) / (1 + done))
     return float(min(1.0, len(kinds) * p.min()))
+
+
+@functools.cache
+def step_p(before: int, after: int, min_segment: int = MIN_SEGMENT,
+           permutations: int = PERMUTATIONS, below: float = 0.0) -> float:
+    """The largest p-value detect gives a clean step: `before` points at one level, then
+    `after` at another, in any order within each side (1.0 when a side is shorter than
+    min_segment). Every such series has at least the statistic of its split over single
+    changes, sqrt(3 a b / (n + 1)); the test takes the smaller p of its two kinds times
+    their count, and stops drawing once each kind saw _EXCEEDANCES orders as extreme (when
+    depends on the other kind, so on the order within the sides). So this is that count
+    times the largest chance of reaching the split's statistic that the test could stop
+    at, over the orders it draws (the same seed, batches and sorted ranks as _p_value, so
+    exactly what it gives untied points). Returned early, once above `below`: then only
+    that is known."""
+    n = before + after
+    if min(before, after) < min_segment:
+        return 1.0
+    batch, ends, kinds = _tests(n, min_segment)
+    observed = math.sqrt(3 * before * after / (n + 1)) - 1e-12
+    orders = _Orders.of(np.random.default_rng(0), n, (batch, permutations))
+    ranks = np.arange(1.0, n + 1)
+    done = extreme = 0
+    worst = 0.0
+    for size in _batch_sizes(batch, permutations):
+        extreme += kinds[0].reaching(_centred_sums(np.take(ranks, orders.next(size)), ends),
+                                     observed)
+        done += size
+        if extreme >= _EXCEEDANCES:
+            worst = max(worst, len(kinds) * extreme / done)
+            if below and worst > below:
+                return min(1.0, worst)
+    return float(min(1.0, max(worst, len(kinds) * (1 + extreme) / (1 + done))))
+
+
+def calls(before: int, after: int, alpha: float, min_segment: int = MIN_SEGMENT,
+          permutations: int = PERMUTATIONS) -> bool:
+    """Whether every clean step of `before` points and then `after` passes alpha (raw, before
+    an adjustment across series), whatever its order within each side."""
+    return step_p(before, after, min_segment, permutations, below=alpha) <= alpha
+
+
+def points_needed(points: int, alpha: float, min_segment: int = MIN_SEGMENT,
+                  permutations: int = PERMUTATIONS) -> int:
+    """How many more points a series of `points` needs before a clean step somewhere in it
+    could be called at alpha: none from twice runs_each_side on; below, the splits of each
+    length are tried, the most even (which has the most orders) first."""
+    enough = 2 * runs_each_side(alpha, min_segment, permutations)
+    for total in range(max(points, 2 * min_segment), enough):
+        if any(calls(a, total - a, alpha, min_segment, permutations)
+               for a in sorted(range(min_segment, total - min_segment + 1),
+                               key=lambda a: abs(2 * a - total))):
+            return total - points
+    return max(0, enough - points)
+
+
+# alpha below this no test reaches (its floor, with two kinds of stretch and all
+# permutations drawn): runs_each_side then says so rather than searching for ever.
+_NO_SIDE = 10 ** 6
+
+
+@functools.cache
+def runs_each_side(alpha: float, min_segment: int = MIN_SEGMENT,
+                   permutations: int = PERMUTATIONS) -> int:
+    """The fewest runs on each side from which every clean step is called at alpha (raw,
+    before an adjustment across series): the promise a trend states. A longer side only
+    adds orders, so a clean step grows easier to call, but where the longer side brings
+    the test's second kind of stretch in (its p doubles there): the sides tried beside k
+    are k, k + 1 and those up to one past that point."""
+    if alpha < 2 / (1 + permutations):
+        return _NO_SIDE
+    k = min_segment
+    while not all(calls(k, b, alpha, min_segment, permutations)
+                  and calls(b, k, alpha, min_segment, permutations)
+                  for b in range(k, max(k + 2, 3 * min_segment - k + 1))):
+        k += 1
+    return k
 
 
 def _located(x: np.ndarray, min_segment: int) -> int:
@@ -388,7 +478,7 @@ def detect_medians(point_medians: Sequence[float], *, min_segment: int = MIN_SEG
             changes.append(change)
             stack += [(start, at), (at, end)]
     return Detection(len(medians), tuple(sorted(changes, key=lambda c: c.index)),
-                     min_segment, tuple(tested))
+                     min_segment, tuple(tested), alpha, permutations)
 
 
 def detect_many(series_medians: Sequence[Sequence[float]], **options: Any) -> list[Detection]:

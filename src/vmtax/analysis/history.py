@@ -44,7 +44,7 @@ _ABSENT = object()
 @dataclass(frozen=True)
 class SeriesRun:
     id: str
-    number: int                       # 1-based position among the host's runs of the name
+    number: int                       # 1-based position among all the host's runs of the name
     created: float
     host: str
     version: str
@@ -74,6 +74,49 @@ class FoundChange:
     accepted: dict[str, Any] | None = None   # who accepted it and when, if anyone did
 
 
+@dataclass(frozen=True)
+class Recent:
+    """The newest runs of a series against the runs before them in its segment, as
+    `compare` judges two runs: a change too recent for detection to call. The runs judged
+    are the newest alone, or, where the runs before it lay beyond the earlier runs' spread
+    on the same side as it does, all of them since the first: a suspected change, held
+    (and failing, if worse) until detection calls it, it recovers, or it is accepted. The
+    spread comes from the runs before the first judged, never from those after it."""
+    judged: list[Point]
+    against: list[Point]
+    comparison: stats.Comparison
+    # Where the runs `against` let a run's median fall by chance, as changes (-0.1 = 10%
+    # lower); None with fewer than SPREAD_FROM of them.
+    spread: tuple[float, float] | None
+    # More runs like the judged ones before detection could call a clean step there (0: it
+    # could now, but the adjustment across series has not let it); None: too few runs
+    # before it in its segment for a change point there ever.
+    more_runs: int | None = None
+
+    @property
+    def within_spread(self) -> bool:
+        """Whether the judged runs lie where the runs before them let a run fall by chance:
+        `compare` pools repetitions, so a host busier on one night than on another looks
+        like a change to it; the spread of earlier runs' medians says how much that moves.
+        A held change lies beyond it by what made it one."""
+        if self.spread is None or len(self.judged) > 1:
+            return False
+        low, high = self.spread
+        return low <= self.judged[0].median / _centre(self.against) - 1 <= high
+
+    @property
+    def verdict(self) -> str:
+        """What text, JSON and the gate all say: compare's verdict, or "no verdict" where
+        the run lies within the earlier runs' own spread."""
+        if self.comparison.significant and self.within_spread:
+            return "no verdict"
+        return self.comparison.verdict
+
+    @property
+    def held(self) -> bool:
+        return len(self.judged) > 1
+
+
 @dataclass
 class Series:
     host: str
@@ -87,13 +130,14 @@ class Series:
     points: list[Point]
     detection: changepoint.Detection | None = None
     changes: list[FoundChange] = field(default_factory=list)
-    # The newest point against the rest of its segment, as `compare` judges two runs.
-    newest: stats.Comparison | None = None
-    newest_accepted: dict[str, Any] | None = None
-    # Where the runs before the newest let its median fall from run to run alone, as changes
-    # (-0.1 = 10% lower); None with fewer than SPREAD_FROM of them.
-    newest_spread: tuple[float, float] | None = None
+    recent: Recent | None = None
+    # The latest acceptance of the series' host after its last change point: the newest
+    # runs are judged from the run it accepted on.
+    accepted: dict[str, Any] | None = None
+    accepted_from: int = 0            # the index of that run among the points
     note: str = ""                    # why no change was sought
+    # Where the runs' plans asked differently for this series: (first run, what differs).
+    plan_changes: list[tuple[SeriesRun, list[str]]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -103,43 +147,49 @@ class Series:
                                       " ".join(filter(None, (self.metric, dims)))) if p)
 
     def regression(self) -> str | None:
-        """Why the newest point lies in a worse segment than the one before it, not yet
-        recovered nor accepted; None when it does not."""
+        """Why the newest point lies in a worse segment than the one before it, or is
+        itself worse than the runs before it (alone or with the runs a suspected change
+        holds), not yet recovered nor accepted; None when it does not."""
+        found = self._regressed()
+        return found[0] if found else None
+
+    @property
+    def regressed_from(self) -> SeriesRun | None:
+        """The run from which the series regressed: the one `--accept` takes."""
+        found = self._regressed()
+        return found[1] if found else None
+
+    def _regressed(self) -> tuple[str, SeriesRun] | None:
         if self.changes:
             last = self.changes[-1]
             if last.verdict == "worse" and last.accepted is None:
                 return (f"{_percent(last.change.change)} from run {last.after.number} "
-                        f"({last.after.id}) on")
-        elif (self.newest is not None and self.newest.verdict == "worse"
-              and not self.newest_within_spread and self.newest_accepted is None):
-            run = self.points[-1].run
-            return (f"run {run.number} ({run.id}) {_percent(self.newest.change)} against "
-                    f"the {len(self.before_newest)} runs before it "
-                    "(too few after it yet to call a change)")
+                        f"({last.after.id}) on", last.after)
+        recent = self.recent
+        if recent is not None and recent.verdict == "worse":
+            first = recent.judged[0].run
+            return (f"{_percent(recent.comparison.change)} "
+                    + (f"from run {first.number} ({first.id}) on" if recent.held else
+                       f"at run {first.number} ({first.id})")
+                    + f" against {runs_text(recent.against)} (not yet a change point)", first)
         return None
-
-    @property
-    def newest_within_spread(self) -> bool:
-        """Whether the newest median lies where the runs before it let a run fall by chance:
-        `compare` pools repetitions, so a host busier on one night than on another looks
-        like a change to it; the spread of earlier runs' medians says how much that moves."""
-        if self.newest_spread is None:
-            return False
-        low, high = self.newest_spread
-        change = self.points[-1].median / _centre(self.before_newest) - 1
-        return low <= change <= high
-
-    @property
-    def before_newest(self) -> list[Point]:
-        """What the newest point is judged against: the points before it in its segment,
-        at most the NEWEST_AGAINST latest (a long segment's older runs add no evidence
-        about this run that the latest do not, only cost)."""
-        return self.points[max(self.segment_start, len(self.points) - 1 - NEWEST_AGAINST):-1]
 
     @property
     def segment_start(self) -> int:
         """The first point of the newest segment."""
         return self.changes[-1].change.index if self.changes else 0
+
+    @property
+    def judged_from(self) -> int:
+        """The first point the newest runs are judged among: the newest segment's, or the
+        run accepted after it."""
+        return max(self.segment_start, self.accepted_from)
+
+
+def runs_text(points: Sequence[Point]) -> str:
+    """"run 5", or "runs 1–4" (by their numbers among the host's runs of the name)."""
+    first, last = points[0].run.number, points[-1].run.number
+    return f"run {first}" if first == last else f"runs {first}–{last}"
 
 
 @dataclass
@@ -207,12 +257,14 @@ def _runs(store: Store, name: str, since: float | None,
                          + (f"the names there: {', '.join(names)}" if names else
                             "no run there has a name (vmtax run --name NAME)"))
     per_host: dict[str, list[SeriesRun]] = defaultdict(list)
+    numbers: dict[str, int] = defaultdict(int)   # a run keeps its number whatever is shown
     for r in found:
+        host = host_of(r["host"])
+        numbers[host] += 1
         if (since is not None and r["created"] < since) or (until is not None
                                                             and r["created"] > until):
             continue
-        host = host_of(r["host"])
-        per_host[host].append(SeriesRun(r["id"], len(per_host[host]) + 1, r["created"], host,
+        per_host[host].append(SeriesRun(r["id"], numbers[host], r["created"], host,
                                         r["version"], r["plan"], r["host"], r["targets"]))
     if not per_host:
         raise VmtaxError(f"no run of {name!r} between the times given; its runs are "
@@ -276,9 +328,33 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     series = sorted(found.values(), key=lambda s: (s.host, s.target, s.workload))
     for s in series:
         s.points.sort(key=lambda p: p.run.created)
+    for s in series:
+        s.plan_changes = [(after.run, lines) for before, after in zip(s.points, s.points[1:])
+                          if (lines := plan_changes(before, after, s.target, s.workload))]
     trend = Trend(name, per_host, series, alpha=0.05, method="bh")
-    trend.notes = _overlap_notes(name, per_host, configs)
+    trend.notes = _overlap_notes(name, per_host, configs) + _plan_notes(name, series)
     return trend
+
+
+def _plan_notes(name: str, series: list[Series]) -> list[str]:
+    """Per host whose runs' plans asked differently part-way: from which run, what (and how
+    many series it bears on), so no view mixes them silently."""
+    found: dict[str, dict[tuple[int, str, str], int]] = defaultdict(dict)
+    for s in series:
+        for run, lines in s.plan_changes:
+            for line in lines:
+                key = (run.number, run.id, line)
+                found[s.host][key] = found[s.host].get(key, 0) + 1
+    notes = []
+    for host, changes in found.items():
+        shown = [f"from run {number} ({run_id}) on, {line}"
+                 + (f" ({count} series)" if count > 1 else "")
+                 for (number, run_id, line), count in sorted(changes.items())]
+        notes.append(f"the runs of {name} on {host} differ in their plans: "
+                     + "; ".join(shown[:6]) + (f"; and {len(shown) - 6} more" if len(shown) > 6
+                                               else "")
+                     + ": a series mixes what they measured from there on")
+    return notes
 
 
 def _headlines(workload_names: list[str]) -> set[tuple[str, str]] | None:
@@ -357,21 +433,65 @@ def _found(s: Series, change: changepoint.Change,
 
 def _judge_newest(analysed: list[Series], alpha: float, noise_floor: float,
                   method: Literal["bh", "holm"], accepted: Sequence[dict[str, Any]]) -> None:
-    """The newest point of each series against the rest of its segment, all judged
-    together as `compare` judges metrics: a change too recent for detection to call."""
-    judged = [s for s in analysed if len(s.points) - s.segment_start >= 2]
-    if not judged:
+    """The newest runs of each series against the runs before them (Recent), all judged
+    together as `compare` judges metrics."""
+    found = []
+    for s in analysed:
+        start, newest = s.points[s.segment_start].run.created, s.points[-1].run.created
+        mine = [a for a in accepted
+                if a["host"] == s.host and start <= a["created"] <= newest]
+        if mine:
+            s.accepted = max(mine, key=lambda a: (a["created"], a["at"]))
+            s.accepted_from = next(i for i, p in enumerate(s.points)
+                                   if p.run.created >= s.accepted["created"])
+        if len(s.points) - s.judged_from >= 2:
+            found.append((s, *_recent_split(s.points[s.judged_from:], alpha, noise_floor)))
+    if not found:
         return
-    pairs = [(s.label, [v for p in s.before_newest for v in p.values],
-              s.points[-1].values, s.higher_is_better) for s in judged]
-    specs = [analysis.metric_spec(s.workload, s.metric) for s in judged]
+    pairs = [(s.label, [v for p in against for v in p.values],
+              [v for p in judged for v in p.values], s.higher_is_better)
+             for s, judged, against, _ in found]
+    specs = [analysis.metric_spec(s.workload, s.metric) for s, *_ in found]
     comparisons = stats.compare_many(pairs, alpha=alpha, noise_floor=noise_floor,
                                      method=method,
                                      resolutions=[sp.resolution if sp else None for sp in specs])
-    for s, c in zip(judged, comparisons):
-        s.newest = c
-        s.newest_spread = run_to_run_spread(s.before_newest, alpha)
-        s.newest_accepted = _acceptance(accepted, s.points[-1].run)
+    for (s, judged, against, spread), c in zip(found, comparisons):
+        assert s.detection is not None
+        before = len(s.points) - len(judged) - s.segment_start
+        s.recent = Recent(judged, against, c, spread, next(
+            (more for more in range(HELD_AT_MOST + 1) if changepoint.calls(
+                before, len(judged) + more, alpha, permutations=s.detection.permutations)),
+            None))
+
+
+# Runs after a suspected change the newest-run rule holds together, at most: a step older
+# than that, with SPREAD_FROM runs before it, detection has the runs to call (a lone step
+# among the 15 series of the classic plan, 3 runs against 20: p <= 0.002 each, 0.03
+# adjusted).
+HELD_AT_MOST = 2 * NEWEST_AGAINST
+
+
+def _recent_split(segment: list[Point], alpha: float, noise_floor: float
+                  ) -> tuple[list[Point], list[Point], tuple[float, float] | None]:
+    """Of a segment's points (two or more): the newest runs to judge, the runs to judge
+    them against (at most NEWEST_AGAINST, just before them), and those runs' spread. The
+    longest tail whose every run lies beyond the spread of the runs before it, all on one
+    side and past the noise floor, is a suspected change held together; else the newest
+    alone."""
+    logs = [math.log(p.median) for p in segment]
+    for held in range(min(HELD_AT_MOST, len(segment) - SPREAD_FROM), 0, -1):
+        start = len(segment) - held
+        against = segment[max(0, start - NEWEST_AGAINST):start]
+        spread = run_to_run_spread(against, alpha)
+        assert spread is not None
+        centre = math.log(_centre(against))
+        low = centre + math.log1p(min(spread[0], -noise_floor))
+        high = centre + math.log1p(max(spread[1], noise_floor))
+        tail = logs[start:]
+        if max(tail) < low or min(tail) > high:
+            return segment[start:], against, spread
+    against = segment[max(0, len(segment) - 1 - NEWEST_AGAINST):-1]
+    return segment[-1:], against, run_to_run_spread(against, alpha)
 
 
 def what_changed(before: Point, after: Point, target: str, workload: str) -> list[str]:
@@ -390,15 +510,30 @@ def what_changed(before: Point, after: Point, target: str, workload: str) -> lis
     return lines
 
 
+def plan_changes(before: Point, after: Point, target: str, workload: str) -> list[str]:
+    """What the plans of two points' runs asked differently for target × workload: the
+    target's options, the workload's parameters, the plan's settings."""
+    return (_differences(f"{target} ", _plan_options(before.run, target),
+                         _plan_options(after.run, target))
+            + _differences(f"{workload} ", before.params, after.params)
+            + _differences("plan ", _without(before.run.plan, _PLAN_ELSEWHERE),
+                           _without(after.run.plan, _PLAN_ELSEWHERE)))
+
+
 def _without(facts: dict[str, Any], keys: set[str]) -> dict[str, Any]:
     return {k: v for k, v in facts.items() if k not in keys}
+
+
+def _plan_options(run: SeriesRun, target: str) -> dict[str, Any]:
+    """The target's options as the run's plan asked for them."""
+    return next((t.get("options", {}) for t in run.plan.get("targets", [])
+                 if t.get("name") == target), {})
 
 
 def _target_facts(run: SeriesRun, target: str) -> dict[str, Any]:
     """The target's options as the plan asked for them, overridden by its fingerprint (what
     it was); durations measured at start-up (boot_seconds, job_overhead_s) left out."""
-    options: dict[str, Any] = next((t.get("options", {}) for t in run.plan.get("targets", [])
-                    if t.get("name") == target), {})
+    options = _plan_options(run, target)
     fingerprint = run.targets.get(target, {}).get("fingerprint", {})
     return {k: v for k, v in {**options, **fingerprint}.items()
             if not k.endswith(("_s", "seconds"))}
@@ -460,10 +595,18 @@ def to_json(trend: Trend) -> dict[str, Any]:
                        for p in s.points],
             "points_needed": s.detection.points_needed if s.detection else None,
             "changes": [change(c) for c in s.changes],
-            "newest": None if s.newest is None else {
-                "verdict": s.newest.verdict, "change": s.newest.change,
-                "ci": list(s.newest.change_ci), "p_adjusted": s.newest.p_adjusted,
-                "run_to_run_spread": None if s.newest_spread is None else list(s.newest_spread),
-                "within_run_to_run_spread": s.newest_within_spread},
-            "regression": s.regression(), "note": s.note} for s in trend.series],
+            "plan_changes": [{"run": run(r), "what": lines} for r, lines in s.plan_changes],
+            "newest": None if s.recent is None else {
+                "verdict": s.recent.verdict, "runs": [run(p.run) for p in s.recent.judged],
+                "against_runs": [run(p.run) for p in s.recent.against],
+                "held": s.recent.held, "change": s.recent.comparison.change,
+                "ci": list(s.recent.comparison.change_ci),
+                "interval": s.recent.comparison.interval,
+                "p_adjusted": s.recent.comparison.p_adjusted,
+                "run_to_run_spread": None if s.recent.spread is None else list(s.recent.spread),
+                "within_run_to_run_spread": s.recent.within_spread},
+            "accepted": s.accepted,
+            "regression": s.regression(),
+            "regressed_from": None if (r := s.regressed_from) is None else run(r),
+            "note": s.note} for s in trend.series],
     }

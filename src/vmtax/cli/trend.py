@@ -7,6 +7,7 @@ import datetime
 import getpass
 import json
 import os
+import re
 import sys
 
 import click
@@ -20,19 +21,37 @@ from vmtax.core.text import printable
 from vmtax.results.store import Store
 
 
+# How a date is written: 2026-11-28, with dashes (a run id, 20261201-230955-2105, is digits
+# that ISO 8601's basic format reads as a date, a time and a UTC offset: 23:09:55-21:05).
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _when(store: Store, text: str | None, flag: str) -> float | None:
-    """--since/--until: a date or time (local), or a run (its start)."""
+    """--since/--until: a date or time (local), or a run (its start): a run first, unless
+    it is written as a date."""
     if text is None:
         return None
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        pass
+    readings = [_run_time, _iso_time] if not _DATE.match(text) else [_iso_time, _run_time]
+    for reading in readings:
+        found = reading(store, text)
+        if found is not None:
+            return found
+    raise VmtaxError(f"{flag}: expected a date (2026-11-28), a time (2026-11-28T09:30) "
+                     f"or a run, got {text!r}")
+
+
+def _run_time(store: Store, text: str) -> float | None:
     try:
         return store.load_run(text).created
     except VmtaxError:
-        raise VmtaxError(f"{flag}: expected a date (2026-11-28), a time (2026-11-28T09:30) "
-                         f"or a run, got {text!r}") from None
+        return None
+
+
+def _iso_time(store: Store, text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def _who() -> str:
@@ -48,11 +67,22 @@ def _accept(results: str, name: str, spec: str) -> None:
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
     host = history.host_of(run.host)
+    # What the acceptance covers: the series of its host that regressed from it or before.
+    covered = [s for s, _ in load_trend(results, name).regressions()
+               if s.host == host and (r := s.regressed_from) is not None
+               and r.created <= run.created]
     who = _who()
     store.accept(name, host, run.id, who)
-    click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
-               f"`{hints.command('trend', name, '--fail-on', 'regression', results=results)}` "
-               "no longer fails on changes up to it")
+    gate = hints.command('trend', name, '--fail-on', 'regression', results=results)
+    if covered:
+        click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}): "
+                   f"{len(covered)} series that regressed ({printable(covered[0].label)}"
+                   + (f" and {len(covered) - 1} more" if len(covered) > 1 else "")
+                   + f"); `{gate}` no longer fails on changes up to it")
+    else:
+        click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
+                   "nothing of it had regressed up to that run, so this only makes it the "
+                   "baseline the runs after it are judged against")
 
 
 def load_trend(results: str, name: str, *, since: str | None = None,
@@ -61,11 +91,14 @@ def load_trend(results: str, name: str, *, since: str | None = None,
                alpha: float = 0.05, noise_floor: float = 0.02,
                method: str = "bh") -> history.Trend:
     store = Store(results, readonly=True)
+    until_time = _when(store, until, "--until")
     trend = history.load(store, name, since=_when(store, since, "--since"),
-                         until=_when(store, until, "--until"), targets=targets, metrics=metrics)
+                         until=until_time, targets=targets, metrics=metrics)
+    # The series as it was then: acceptances made later are not yet made.
+    accepted = [a for a in store.accepted(name) if until_time is None or a["at"] <= until_time]
     return history.judge(trend, alpha=alpha, noise_floor=noise_floor,
                          method=method,  # type: ignore[arg-type]
-                         accepted=store.accepted(name))
+                         accepted=accepted)
 
 
 @click.command("trend")
@@ -118,21 +151,42 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
 
         trend_report.print_trend(Console(highlight=False), trend)
     if html_path:
-        from vmtax.report import export as export_mod
+        from vmtax.host import outputs
         from vmtax.report import trend_html
 
-        export_mod.write_file(html_path,
+        outputs.write_file(html_path,
                               trend_html.render(trend, history.levels(trend)).encode())
         click.echo(f"wrote {html_path}", err=True)
     regressions = trend.regressions()
     if fail_on and regressions:
         shown = "; ".join(f"{s.label} {why}" for s, why in regressions[:3])
         more = f" and {len(regressions) - 3} more" if len(regressions) > 3 else ""
+        # One acceptance per host covers every regression of it up to the run it names.
+        latest: dict[str, history.SeriesRun] = {}
+        for s, _ in regressions:
+            run = s.regressed_from
+            if run is not None and (s.host not in latest or run.created > latest[s.host].created):
+                latest[s.host] = run
         click.echo(f"vmtax: {len(regressions)} series regressed (--fail-on regression): "
                    f"{printable(shown)}{more}; if intended: "
-                   + printable(hints.command("trend", name, "--accept", "RUN", results=results)),
-                   err=True)
+                   + "; ".join(printable(hints.command("trend", name, "--accept", run.id,
+                                                       results=results))
+                               for run in latest.values()), err=True)
         sys.exit(1)
+
+
+def series_name(store: Store, spec: str) -> str:
+    """The name whose series spec means: a name of runs, or a run of one ('last', an id)."""
+    if store.named_runs(spec):
+        return spec
+    try:
+        run = store.load_run(spec)
+    except VmtaxError:
+        return spec        # history.load names the names there are
+    if not run.plan.get("name"):
+        raise VmtaxError(f"run {run.id} has no name, so no series: give a name of runs "
+                         "(vmtax run --name NAME)")
+    return str(run.plan["name"])
 
 
 def export_otava(results: str, name: str) -> None:
@@ -140,9 +194,12 @@ def export_otava(results: str, name: str) -> None:
     from vmtax.report import trend as trend_report
 
     store = Store(results, readonly=True)
-    data, left_out = trend_report.to_otava(history.load(store, name))
+    trend = history.load(store, series_name(store, name))
+    data, left_out = trend_report.to_otava(trend)
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
+    for note in trend.notes:   # Otava's CSV has no place for them
+        click.echo(f"vmtax: note: {printable(note)}", err=True)
     if left_out:
         click.echo(f"vmtax: {len(left_out)} series not in every run of {name} left out "
                    f"(Otava takes no empty cell): {printable(', '.join(left_out[:5]))}"

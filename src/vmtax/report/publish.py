@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from vmtax.analysis.history import SeriesLevels, Trend
 from vmtax.analysis.model import RunComparison, RunModel
-from vmtax.report import export as export_mod
+from vmtax.host import outputs
 from vmtax.report import html as htmlreport
 from vmtax.report import trend_html
 
@@ -48,7 +48,7 @@ class Site:
 
 
 def plan(trends: list[Trend], directory: str) -> Site:
-    out = export_mod.output_dir(directory)
+    out = outputs.output_dir(directory)
     for sub in ("runs", "trends", "changes"):
         (out / sub).mkdir(exist_ok=True)
     site = Site(out)
@@ -81,7 +81,8 @@ def plan(trends: list[Trend], directory: str) -> Site:
                     site.runs.append((out / href, r.id, r.id in drawn))
                 runs.append(f"<li>{_link(href, r.id)} ({html.escape(host)}, run "
                             f"{r.number})</li>")
-        sections.append(f"<h2>{_link(f'trends/{trend.name}.html', trend.name)}</h2>"
+        notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in trend.notes)
+        sections.append(f"<h2>{_link(f'trends/{trend.name}.html', trend.name)}</h2>{notes}"
                         f"<h3>series</h3><ul>{''.join(items)}</ul>"
                         f"<h3>runs</h3><ul>{''.join(runs)}</ul>")
     site.index = _page("vmtax: series", "<h1>vmtax: series</h1>" + "".join(sections))
@@ -89,14 +90,14 @@ def plan(trends: list[Trend], directory: str) -> Site:
 
 
 def trend_page(path: Path, trend: Trend, levels: list[SeriesLevels]) -> None:
-    export_mod.write_file(path, trend_html.render(trend, levels, linked=True).encode())
+    outputs.write_file(path, trend_html.render(trend, levels, linked=True).encode())
 
 
 def run_page(path: Path, run_id: str, model: RunModel, figures: bool) -> None:
     page = htmlreport.render_html([htmlreport.build(model, charts=figures)])
     if not figures:
         page = page.replace(_MAIN, _MAIN + _NO_FIGURES.format(id=html.escape(run_id)), 1)
-    export_mod.write_file(path, page.encode())
+    outputs.write_file(path, page.encode())
 
 
 # A page without figures says so at its top (report.html.j2 opens its content with _MAIN).
@@ -109,11 +110,11 @@ _NO_FIGURES = ("\n" + _NO_FIGURES_MARK + "This site draws figures only for the r
 
 def compare_page(path: Path, before: RunModel, after: RunModel,
                  comparison: RunComparison | None) -> None:
-    export_mod.write_file(path, htmlreport.render_html(
+    outputs.write_file(path, htmlreport.render_html(
         [htmlreport.build(before), htmlreport.build(after)], comparison).encode())
 
 
 def index_page(site: Site) -> Path:
     index = site.out / "index.html"
-    export_mod.write_file(index, site.index.encode())
+    outputs.write_file(index, site.index.encode())
     return index

@@ -8,10 +8,11 @@ import time
 
 from rich.console import Console
 
-from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
+from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend, runs_text
 from vmtax.analysis.stats import Comparison
 from vmtax.core.text import bracket
 from vmtax.report.export import iso_time
+from vmtax.report.parts import method_note, recent_status, series_status
 from vmtax.report.terminal import fmt, shown_text
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -47,17 +48,6 @@ def _change_interval(c: Comparison) -> str:
     return bracket(c.interval, f"{c.change_ci[0]:+.1%}", f"{c.change_ci[1]:+.1%}")
 
 
-def _status(s: Series) -> str:
-    if s.detection is None:
-        return s.note
-    if s.detection.points_needed:
-        more = s.detection.points_needed
-        return (f"{len(s.points)} run{'s' * (len(s.points) != 1)}: {more} more before a "
-                "change can be called")
-    count = len(s.changes)
-    return f"{count} change{'s' * (count != 1)}" if count else "no change"
-
-
 def _print_change(console: Console, c: FoundChange) -> None:
     ch = c.change
     style = "red" if c.verdict == "worse" else "green"
@@ -87,28 +77,32 @@ def _print_series(console: Console, s: Series) -> None:
     latest = s.points[-1]
     spark = sparkline(medians, {c.change.index for c in s.changes})
     console.print(f"  {spark}  latest {fmt(latest.median)} (run {latest.run.number})  "
-                  f"{shown_text(_status(s))}", soft_wrap=True)
+                  f"{shown_text(series_status(s))}", soft_wrap=True)
     for c in s.changes:
         _print_change(console, c)
-    newest = s.newest
-    if newest is not None and newest.verdict in ("better", "worse"):
-        first = s.before_newest[0].run.number
-        against = (f"{newest.change:+.1%}{_change_interval(newest)} against runs "
-                   f"{first}–{s.points[-2].run.number}")
-        if s.newest_within_spread and s.newest_spread is not None:
-            low, high = s.newest_spread
-            console.print(f"  newest run {latest.run.number}: {against}", soft_wrap=True)
-            console.print(f"    within those runs' own run-to-run spread ({low:+.1%} … "
-                          f"{high:+.1%}): no verdict", soft_wrap=True)
-            return
-        style = "red" if newest.verdict == "worse" else "green"
-        console.print(f"  newest run {latest.run.number} [{style}]{newest.verdict}[/{style}]: "
-                      f"{against}", soft_wrap=True)
-        console.print(f"    p={newest.p_adjusted:.2g} (adjusted); too recent to call a change",
-                      soft_wrap=True)
-        if newest.verdict == "worse" and s.newest_accepted:
-            console.print(f"    [dim]accepted by {shown_text(s.newest_accepted['who'])} on "
-                          f"{_day(s.newest_accepted['at'])}[/dim]", soft_wrap=True)
+    if s.accepted is not None and s.accepted_from > s.segment_start:
+        console.print(f"  [dim]accepted by {shown_text(s.accepted['who'])} on "
+                      f"{_day(s.accepted['at'])} as it is from run "
+                      f"{s.points[s.accepted_from].run.number} on[/dim]", soft_wrap=True)
+    recent = s.recent
+    if recent is None or recent.verdict not in ("better", "worse", "no verdict"):
+        return
+    judged = recent.comparison
+    against = (f"{judged.change:+.1%}{_change_interval(judged)} against "
+               f"{runs_text(recent.against)}")
+    head = (f"runs {recent.judged[0].run.number}–{latest.run.number}" if recent.held
+            else f"newest run {latest.run.number}")
+    if recent.verdict == "no verdict" and recent.spread is not None:
+        low, high = recent.spread
+        console.print(f"  {head}: {against}", soft_wrap=True)
+        console.print(f"    within those runs' own run-to-run spread ({low:+.1%} … "
+                      f"{high:+.1%}): no verdict", soft_wrap=True)
+        return
+    style = "red" if recent.verdict == "worse" else "green"
+    console.print(f"  {head} [{style}]{recent.verdict}[/{style}]: {against}", soft_wrap=True)
+    console.print(f"    p={judged.p_adjusted:.2g} (adjusted); "
+                  f"{shown_text(recent_status(recent))}",
+                  soft_wrap=True)
 
 
 def print_trend(console: Console, trend: Trend) -> None:
@@ -128,11 +122,7 @@ def print_trend(console: Console, trend: Trend) -> None:
             console.print(f"\n[bold underline]{shown_text(s.host)}[/bold underline]")
         console.print()
         _print_series(console, s)
-    method = "Benjamini-Hochberg" if trend.method == "bh" else "Holm"
-    console.print(f"\n[dim]change points: rank test over each run's median, p adjusted "
-                  f"({method}) over {trend.tests} test{'s' * (trend.tests != 1)}, "
-                  f"α={trend.alpha:g}; a change is "
-                  "called with 3 runs on each side[/dim]")
+    console.print(f"\n[dim]{shown_text(method_note(trend))}[/dim]")
 
 
 def _column(s: Series) -> str:
@@ -144,7 +134,8 @@ def _column(s: Series) -> str:
 
 def to_otava(trend: Trend) -> tuple[bytes, list[str]]:
     """Otava's CSV input: a `time` column (ISO 8601, UTC), the run's id and host as
-    attributes, and one column per series, of its point medians; a row per run. The host
+    attributes, and one column per series, of its point medians (10 significant digits: a
+    median of two repetitions is no longer 24756.059999999998); a row per run. The host
     column is `branch` when there are several, which Otava keeps apart (`--branch HOST`).
     Series some run lacks are left out (Otava takes no empty cell): returned by name."""
     runs = [r for host_runs in trend.runs.values() for r in host_runs]
@@ -157,5 +148,5 @@ def to_otava(trend: Trend) -> tuple[bytes, list[str]]:
     writer.writerow(["time", "run", "branch" if len(trend.runs) > 1 else "host", *complete])
     for r in sorted(runs, key=lambda r: r.created):
         writer.writerow([iso_time(r.created), r.id, r.host,
-                         *(repr(by_run[r.id]) for by_run in complete.values())])
+                         *(f"{by_run[r.id]:.10g}" for by_run in complete.values())])
     return text.getvalue().encode(), [name for name in columns if name not in complete]
