@@ -377,6 +377,7 @@ def _hashable(value: Any) -> Hashable:
         return frozenset((k, _hashable(v)) for k, v in value.items())
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
+    assert isinstance(value, Hashable)   # TOML's scalars: strings, numbers, booleans, dates
     return value
 
 

@@ -78,11 +78,15 @@ DROP_CACHES = Job(["busybox", "sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_ca
                   timeout=120)
 
 
-def _params_key(params: dict) -> str:
+def _params_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def rep_key(rep: dict[str, Any]) -> tuple:
+# A repetition's identity within a run: (target, workload, parameters as JSON, phase, index).
+RepKey = tuple[str, str, str, str, int]
+
+
+def rep_key(rep: dict[str, Any]) -> RepKey:
     """A repetition's identity within a run (target, workload, parameters, phase, index):
     what `skip` and a resumed run's stored repetitions are matched by."""
     return (rep["target"], rep["workload"], _params_key(rep["params"]), rep["phase"],
@@ -135,7 +139,7 @@ class Runner:
 
     def __init__(self, plan: Plan, store: Store, reporter: Reporter | None = None,
                  resume: str | None = None, journal: Journal | None = None, *,
-                 events: EventSink | None = None, skip: Iterable[tuple] = (),
+                 events: EventSink | None = None, skip: Iterable[RepKey] = (),
                  repetitions: RepetitionPolicy | None = None):
         self.plan = plan
         self.store = store
@@ -187,7 +191,7 @@ class Runner:
                 self._store_flags()
         return self._stored_run
 
-    def _prepare_and_run(self, s: Session, made: list[Workload], done: set[tuple]) -> None:
+    def _prepare_and_run(self, s: Session, made: list[Workload], done: set[RepKey]) -> None:
         units = schedule(self.plan)
         self.reporter.start(len(self.plan.workloads) * len(units))
         lost: dict[str, VmtaxError] = {}
@@ -235,7 +239,7 @@ class Runner:
             (target, row.workload, row.params, row.key, flag)
             for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
 
-    def _already_done(self) -> set[tuple]:
+    def _already_done(self) -> set[RepKey]:
         if self.resume_id is None:
             return set(self.skip)
         run = self.store.load_run(self.resume_id)
@@ -249,7 +253,7 @@ class Runner:
         if self.events is not None:
             self.events("rep", rep)
 
-    def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
+    def _run_workload(self, workload: Workload, units: list[Unit], done: set[RepKey]) -> None:
         key = (workload.name, _params_key(workload.params))
         todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
         for unit in units:
@@ -334,7 +338,7 @@ class Runner:
 
     # -- collectors ---------------------------------------------------------------------
     @contextlib.contextmanager
-    def _recorded(self, name: str, workload: Workload, done: set[tuple],
+    def _recorded(self, name: str, workload: Workload, done: set[RepKey],
                   recording: dict[str, list[tuple[str, Collector]]]) -> Iterator[None]:
         """Target name's collectors recording one of its measured repetitions, and only
         it: started before its first, resumed before each next, paused right after each,
@@ -362,7 +366,7 @@ class Runner:
                                     if endpoint else None))
 
     def _start_collectors(self, name: str, workload: Workload,
-                          done: set[tuple]) -> list[tuple[str, Collector]]:
+                          done: set[RepKey]) -> list[tuple[str, Collector]]:
         """The plan's collectors on target name, right before its first measured
         repetition of the cell; one that cannot record is stored as unavailable, why."""
         key = (workload.name, _params_key(workload.params))
@@ -449,8 +453,9 @@ class Runner:
 
     def _run_client(self, name: str, job: Job, endpoint: Endpoint) -> JobResult:
         cpus = self._client_cpus(name)
-        steps = [s for s in ((lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-                             endpoint.client_preexec) if s is not None]
+        steps: list[Callable[[], None]] = [
+            s for s in ((lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                        endpoint.client_preexec) if s is not None]
 
         def preexec() -> None:
             for step in steps:
@@ -467,7 +472,7 @@ class Runner:
         return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
                          timed_out=done.timed_out)
 
-    def _cell(self, workload: Workload, active: list[str], done: set[tuple],
+    def _cell(self, workload: Workload, active: list[str], done: set[RepKey],
               recording: dict[str, list[tuple[str, Collector]]]) -> Cell:
         """The cell of workload for the repetition policy: what is stored of it so far, and
         its `measure`."""
@@ -561,7 +566,8 @@ class Runner:
             self.reporter.warn(f"{name} {self.broken[name]}; its remaining runs are skipped")
 
     def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
-                 parse, store: bool = True, on_host: bool = False) -> list[Metric]:
+                 parse: Callable[[str], list[Metric]], store: bool = True,
+                 on_host: bool = False) -> list[Metric]:
         job = dataclasses.replace(job, timeout=estimate.job_timeout(workload, job, phase,
                                                                     self.plan.timeout))
         started = time.time()
