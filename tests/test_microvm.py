@@ -193,16 +193,16 @@ def test_a_cached_build_whose_binary_changed_is_not_used(tmp_path):
     from vmtax.host import binary
     (build / "meta.json").write_text(json.dumps(
         {"binary_sha256": binary.sha256(build / "firecracker")}))
-    assert vmm_build.cached(Fc.cargo) == build / "firecracker"
+    assert vmm_build.cached(Fc.source_build) == build / "firecracker"
     (build / "firecracker").write_bytes(b"planted")
-    assert vmm_build.cached(Fc.cargo) is None
+    assert vmm_build.cached(Fc.source_build) is None
 
 
 def test_a_release_tarball_is_known_by_its_name(tmp_path):
     from vmtax.targets.firecracker import FirecrackerTarget as Fc
-    assert Fc.cargo.version_of(Path("firecracker-1.16.1.tar.gz")) == "1.16.1"
+    assert Fc.source_build.version_of(Path("firecracker-1.16.1.tar.gz")) == "1.16.1"
     with pytest.raises(VmtaxError, match="named firecracker-VERSION.tar.gz"):
-        Fc.cargo.version_of(Path("cloud-hypervisor-53.0.tar.gz"))
+        Fc.source_build.version_of(Path("cloud-hypervisor-53.0.tar.gz"))
 
 
 def test_vcpu_threads_are_found_by_their_names(tmp_path):

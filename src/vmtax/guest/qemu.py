@@ -144,20 +144,14 @@ MACHINES = {
 }
 
 
-# How virtio devices attach on the machines vmtax's guests boot on: QEMU's, and the one
-# each microVM VMM emulates (vmtax.targets.firecracker, vmtax.targets.cloud_hypervisor).
-BUSES = {"microvm": "mmio", "q35": "pci", "firecracker": "mmio", "cloud-hypervisor": "pci"}
-# Machines whose guests are told the TSC's rate: a Debian kernel's TSC calibration hung
-# microvm boots on a busy host (HOST-NOTES), and the microVM VMMs' machines are as bare.
-EARLY_TSC = frozenset({"microvm", "firecracker", "cloud-hypervisor"})
 # The vsock port of the agent's channel, for a VMM without virtio-serial: the guest connects
 # to the host there (vmtax.vsock= on the kernel's command line; the guest's /init).
 AGENT_VSOCK_PORT = 1024
 
 
 def transport(machine: str) -> str:
-    """How virtio devices attach: "mmio" on microvm (and Firecracker), "pci" on q35."""
-    return BUSES.get(machine, "pci")
+    """How virtio devices attach: "mmio" on microvm, "pci" on q35."""
+    return "mmio" if machine == "microvm" else "pci"
 
 
 # Boot-time work these skip, measured under TCG on a 2-core host (each was 0.1-1 s):
@@ -186,11 +180,23 @@ APIC_BUS_HZ = 1_000_000_000
 
 def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None,
                    guest_hugepages: int = 0, extra: str | None = None, *, tcg: bool = False,
-                   params: tuple[str, ...] = (), vsock: bool = False) -> str:
-    """The guest kernel's command line on machine (BUSES); tcg: the guest runs under TCG;
-    params: the boot parameters the kernel takes beyond upstream's (Kernel.params); vsock:
-    the agent's channel is vsock (AGENT_VSOCK_PORT), not a virtio-serial port."""
-    args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={transport(machine)}",
+                   params: tuple[str, ...] = ()) -> str:
+    """The guest kernel's command line on a QEMU machine; tcg: the guest runs under TCG;
+    params: the boot parameters the kernel takes beyond upstream's (Kernel.params). The
+    Debian kernel's TSC calibration hung microvm boots on a busy host (HOST-NOTES): there
+    the kernel is told the TSC's rate."""
+    return guest_cmdline(transport(machine), tsc_khz, hz, guest_hugepages, extra, tcg=tcg,
+                         params=params, early_tsc=machine == "microvm")
+
+
+def guest_cmdline(bus: str, tsc_khz: int | None, hz: int | None = None,
+                  guest_hugepages: int = 0, extra: str | None = None, *, tcg: bool = False,
+                  params: tuple[str, ...] = (), early_tsc: bool = False,
+                  vsock: bool = False) -> str:
+    """The guest kernel's command line for virtio devices on bus ("mmio", "pci"); early_tsc:
+    tell the kernel the TSC's rate (tsc_early_khz); vsock: the agent's channel is vsock
+    (AGENT_VSOCK_PORT), not a virtio-serial port."""
+    args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={bus}",
             *([f"vmtax.vsock={AGENT_VSOCK_PORT}"] if vsock else ()),
             *BOOT_SPEEDUPS, *(TCG_BOOT_SPEEDUPS if tcg else ())]
     if tcg and hz and "lapic_timer_period" in params:
@@ -198,7 +204,7 @@ def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None,
     if tsc_khz:
         if hz:   # the delay loop counts TSC cycles: TSC cycles per tick
             args.append(f"lpj={tsc_khz * 1000 // hz}")
-        if machine in EARLY_TSC:
+        if early_tsc:
             args.append(f"tsc_early_khz={tsc_khz}")
     if guest_hugepages:
         # Reserved at boot, before guest memory fragments; the default size on x86 is 2 MiB.

@@ -234,9 +234,8 @@ def main(argv: list[str]) -> int:
     """Build each VMM whose release tarball is named (its plugin says how)."""
     from vmtax.core import target as target_mod
 
-    # A VMM target declares its build as `cargo` (vmtax.targets.microvm.MicroVmTarget).
     builds = {build.name: build for cls in target_mod.kinds().values()
-              if isinstance(build := getattr(cls, "cargo", None), CargoBuild)}
+              if isinstance(build := cls.source_build, CargoBuild)}
     try:
         for arg in argv:
             tarball = Path(arg)

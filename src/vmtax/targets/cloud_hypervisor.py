@@ -110,8 +110,8 @@ class CloudHypervisorTarget(MicroVmTarget):
     description = ("A Cloud Hypervisor guest (KVM) booting vmtax's guest kernel and image, "
                    "its agent over vsock: the VMM Kata Containers can run sandboxes in")
     Options = CloudHypervisorOptions
-    machine = "cloud-hypervisor"
-    cargo = CargoBuild(name="cloud-hypervisor", title="Cloud Hypervisor",
+    bus = "pci"
+    source_build = CargoBuild(name="cloud-hypervisor", title="Cloud Hypervisor",
                        package="cloud-hypervisor")
     # Guest RAM is marked mergeable only with mergeable = true (not by default).
     ksm_mergeable = False

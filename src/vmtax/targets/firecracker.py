@@ -149,8 +149,8 @@ class FirecrackerTarget(MicroVmTarget):
     description = ("A Firecracker microVM (KVM) booting vmtax's guest kernel and image, its "
                    "agent over vsock: the sandbox serverless platforms run")
     Options = FirecrackerOptions
-    machine = "firecracker"
-    cargo = CargoBuild(name="firecracker", title="Firecracker", package="firecracker",
+    bus = "mmio"
+    source_build = CargoBuild(name="firecracker", title="Firecracker", package="firecracker",
                        # Its default target is musl, which needs a toolchain rustup may
                        # lack; the gnu build has no default seccomp policy (empty).
                        target="x86_64-unknown-linux-gnu",
@@ -158,7 +158,7 @@ class FirecrackerTarget(MicroVmTarget):
     # Firecracker maps guest RAM without MADV_MERGEABLE: KSM on leaves it as it is.
     ksm_mergeable = False
     # Building it needs bindgen's libclang and libseccomp.
-    packages = cargo.packages
+    packages = source_build.packages
     # Its start, then the boot to agent READY (minimal kernel in a nested lab: ~10 s).
     startup_seconds = 10.0
 

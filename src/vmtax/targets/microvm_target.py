@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from vmtax.core import plugin
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.option_types import ExistingFile
-from vmtax.guest.qemu import AGENT_VSOCK_PORT, host_tsc_khz, kernel_cmdline
+from vmtax.guest.qemu import AGENT_VSOCK_PORT, guest_cmdline, host_tsc_khz
 from vmtax.guest.vmm_guest import GuestFiles, VmmGuest, thread_ids
 from vmtax.helpers import vmm_build, vsock_relay
 from vmtax.host import binary, proc, unix_http
@@ -109,9 +109,9 @@ class MicroVmTarget(VmmTarget):
     """A target whose guest a microVM VMM boots."""
     opts: Any
     # How the VMM builds from its release source (vmtax.helpers.vmm_build).
-    cargo: ClassVar[vmm_build.CargoBuild]
-    # The machine its guests boot on, as vmtax.guest.qemu.BUSES knows it.
-    machine: ClassVar[str]
+    source_build: ClassVar[vmm_build.CargoBuild]
+    # How its virtio devices attach ("mmio", "pci").
+    bus: ClassVar[str]
     # The guest's serial console: the kernel's messages (and, with `quiet`, little else).
     guest_noun = "guest"
     # What makes the guest's instances small for density and boot: the minimal kernel
@@ -143,17 +143,17 @@ class MicroVmTarget(VmmTarget):
         if vmm != cls.default_vmm():
             raise VmtaxError(f"{cls.name}: vmm = {vmm!r}: no such program")
         if source is not None:
-            return str(vmm_build.built_from(cls.cargo, Path(source)))
-        cached = vmm_build.cached(cls.cargo)
+            return str(vmm_build.built_from(cls.source_build, Path(source)))
+        cached = vmm_build.cached(cls.source_build)
         if cached is not None:
             return str(cached)
         raise VmtaxError(cls.how_to_get())
 
     @classmethod
     def how_to_get(cls) -> str:
-        return (f"{cls.name}: no {cls.cargo.title} binary: {cls.default_vmm()} is not on "
+        return (f"{cls.name}: no {cls.source_build.title} binary: {cls.default_vmm()} is not on "
                 f"PATH and vmtax has built none; give vmm = PATH (a release binary) or "
-                f"source = {cls.cargo.name}-VERSION.tar.gz (vmtax builds it once; needs "
+                f"source = {cls.source_build.name}-VERSION.tar.gz (vmtax builds it once; needs "
                 f"{vmm_build.RUSTUP_HINT.removeprefix('install ')})")
 
     def vmm_path(self) -> str:
@@ -179,8 +179,8 @@ class MicroVmTarget(VmmTarget):
         status = kvm.probe()
         if status.usable:
             return None
-        return (f"{cls.cargo.title} needs KVM, and {status.reason}; `vmtax lab` runs it in a "
-                "nested KVM")
+        return (f"{cls.source_build.title} needs KVM, and {status.reason}; `vmtax lab` runs "
+                "it in a nested KVM")
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -202,9 +202,10 @@ class MicroVmTarget(VmmTarget):
 
     def cmdline(self) -> str:
         kernel = self.image().kernel_info()
-        return kernel_cmdline(self.machine, host_tsc_khz(), kernel.hz,
-                              self.opts.guest_hugepages, self.opts.kernel_args,
-                              params=kernel.params, vsock=True)
+        # Told the TSC's rate as a microvm guest is: their machines are as bare.
+        return guest_cmdline(self.bus, host_tsc_khz(), kernel.hz, self.opts.guest_hugepages,
+                             self.opts.kernel_args, params=kernel.params, early_tsc=True,
+                             vsock=True)
 
     def tree_serials(self) -> tuple[tuple[str, str], ...]:
         """(serial, mountpoint) of each read-only tree's disk, as the guest sees it."""
