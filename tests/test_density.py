@@ -357,3 +357,36 @@ def test_cpu_ticks_count_a_process_own_cpu_time():
     # 0.3 s of CPU at USER_HZ (100 here): about 30 ticks; never fewer than half of that.
     assert proc.cpu_ticks(os.getpid()) - before >= 0.15 * os.sysconf("SC_CLK_TCK")
     assert proc.cpu_ticks(2 ** 22 + 1) == 0    # above pid_max: no such process
+
+
+def test_a_plan_of_workloads_holds_its_density_study(tmp_path):
+    """plans/microvms.toml: the serving plan's targets, its [density] table: those that
+    start instances are filled (native serves the workloads only)."""
+    path = write(tmp_path, '[targets.native]\n[targets.c]\nkind = "container"\n'
+                           '[[workloads]]\nname = "cpu"\n'
+                           '[density]\nmax = 8\n[density.quick]\nmax = 2\n')
+    values, specs = cli_density.load_plan(path)
+    assert values == {"max": 8} and set(specs) == {"c"}
+    assert cli_density.load_plan(path, quick=True)[0] == {"max": 2}
+    with pytest.raises(VmtaxError, match=r"without a \[density\] table: run it with"):
+        cli_density.load_plan(write(tmp_path, '[targets.native]\n[[workloads]]\nname = "cpu"\n'))
+
+
+def test_the_microvm_study_loads_for_each_of_its_commands():
+    from vmtax.cli import boot
+    values, specs = cli_density.load_plan("plans/microvms.toml")
+    assert set(specs) == {"runc", "lxd", "qemu-microvm", "firecracker", "cloud-hypervisor"}
+    assert values["ksm"] == [False, True]
+    boot_specs, settings = boot.plan_settings("plans/microvms.toml")
+    assert boot_specs == specs and settings == {"count": 10, "warmup": 1}
+
+
+def test_a_plans_boot_table_is_checked(tmp_path):
+    from vmtax.cli import boot
+    plan = '[targets.c]\nkind = "container"\n[[workloads]]\nname = "cpu"\n[boot]\n'
+    for table, message in (("cont = 3\n", r"boot.cont: expected one of count, warmup, "
+                                         "http_timeout, got 'cont'"),
+                           ("count = 0\n", "boot.count: ")):
+        with pytest.raises(VmtaxError, match=message) as err:
+            boot.plan_settings(write(tmp_path, plan + table))
+        assert "\n" not in str(err.value)

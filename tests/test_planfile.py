@@ -271,7 +271,7 @@ ERRORS = [
     ("rnus = 3\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      'x.toml:1: top level: expected one of runs, warmup, time, baseline, interleave, '
      'drop_caches, max_runs, ci_target, collect, timeout, name, targets, workloads, quick, '
-     'got "rnus" (did you mean "runs"?)'),
+     'density, boot, got "rnus" (did you mean "runs"?)'),
     ("runs = 0\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      "x.toml:1: runs: expected a whole number from 1 to 1000000000, got 0"),
     ("warmup = -1\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",

@@ -133,7 +133,10 @@ class Settings(plugin.Options):
 
 
 SETTINGS = plugin.option_infos(Settings)
-TOP_LEVEL = (*SETTINGS, "targets", "workloads", "quick")
+# Tables a plan keeps for the other commands that read it (`vmtax density PLAN`,
+# `vmtax boot PLAN`), so one plan holds a whole study of its targets; `run` leaves them.
+OTHER_COMMANDS = ("density", "boot")
+TOP_LEVEL = (*SETTINGS, "targets", "workloads", "quick", *OTHER_COMMANDS)
 QUICK_KEYS = (*SETTINGS, "targets", "params")
 WORKLOAD_KEYS = ("name", "params", "zip")
 
@@ -154,6 +157,9 @@ class _Reader(Checker):
                 got = ('"tune" (a [tune] table is read by `vmtax tune PLAN`)'
                        if key == "tune" else unknown(key, TOP_LEVEL))
                 self.bad((), "one of " + ", ".join(TOP_LEVEL), got, at=(key,))
+        for key in OTHER_COMMANDS:
+            if key in data:
+                self.table((key,), data[key], f"a table of `vmtax {key}` settings")
         settings = {}
         for key, info in SETTINGS.items():
             if key in data:
