@@ -2,7 +2,7 @@
 one): one lab session runs a plan that sets them beside native and QEMU's microvm under
 KVM (VM exits recorded on each VMM's process), then cold boots of each, then a small
 density study. The VMMs are the builds `make builds` made from ../shared/vendor's release
-tarballs (vmtax.helpers.vmm_build), found in the cache."""
+tarballs (vmtax.helpers.vmm_build), which the targets find in the cache."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, vmtax
+from conftest import vmtax
 from vmtax.host import kvm
 from vmtax.host.machine import LAB_LABEL
 
@@ -21,7 +21,6 @@ pytestmark = [pytest.mark.live,
               pytest.mark.skipif(kvm.probe().usable,
                                  reason="this host's KVM runs guests itself: no lab needed")]
 
-VENDOR = ROOT.parent / "shared" / "vendor"
 MICROVMS = ("firecracker", "cloud-hypervisor")
 # The minimal kernel (everything built in): an L2 boots in seconds, not a minute. iperf3's
 # server in each guest, its client in the lab: each VMM's tap and virtio-net carry it.
@@ -45,20 +44,18 @@ memory = "256M"
 kind = "firecracker"
 kernel = "minimal"
 memory = "256M"
-source = "{vendor}/firecracker-1.16.1.tar.gz"
 
 [targets.cloud-hypervisor]
 kind = "cloud-hypervisor"
 kernel = "minimal"
 memory = "256M"
-source = "{vendor}/cloud-hypervisor-53.0.tar.gz"
 
 [[workloads]]
 name = "cpu"
 
 [[workloads]]
 name = "fileio"
-params = {{ file-total-size = "64M", threads = 2 }}
+params = { file-total-size = "64M", threads = 2 }
 
 [[workloads]]
 name = "iperf3"
@@ -73,7 +70,7 @@ LAB_TIMEOUT = 1800
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     work = tmp_path_factory.mktemp("microvms")
-    (work / "plan.toml").write_text(PLAN.format(vendor=VENDOR))
+    (work / "plan.toml").write_text(PLAN)
     (work / "session.txt").write_text(SESSION)
     started = time.monotonic()
     done = vmtax("lab", "--results", str(work / "results"), "--session", "session.txt",

@@ -135,6 +135,7 @@ def print_summaries(summaries: list[density_results.Summary], notes: Iterable[st
     """The table of memory per instance; runs: the run of each summary (across runs)."""
     from vmtax.report import density_tables
 
+    notes = [*filter(None, map(density_results.vmm_line, summaries)), *notes]
     density_tables.print_summaries(out, summaries, density_results.ratios(summaries),
                                    density_results.ratio_lines(summaries), notes, runs,
                                    [density_results.http_line(s) for s in summaries])
