@@ -161,3 +161,28 @@ def test_density_of_microvms(session):
     text = json.dumps(data)
     for target in MICROVMS:
         assert target in text
+
+
+PROBE = Path(__file__).parent / "lab_programs" / "kill9_microvm.py"
+
+
+def test_kill_9_leaves_no_vmm_socket_tap_or_file_within_5_s(tmp_path):
+    """Inside one lab, for each VMM: vmtax killed while its guest serves iperf3; its
+    guardian undoes what the journal holds (tests/lab_programs/kill9_microvm.py)."""
+    import sys
+
+    from vmtax.host import guardian, journal
+    from vmtax.studies import lab as lab_study
+
+    said = []
+    own = journal.Journal()
+    with guardian.guard(own.path):
+        outcome = lab_study.run([[kind] for kind in MICROVMS], lab_study.LabConfig(),
+                                results=tmp_path / "results", journal=own,
+                                echo=(said.append, said.append), say=print,
+                                program=(sys.executable, str(PROBE)))
+    text = b"".join(said).decode(errors="replace")
+    print(text)
+    assert outcome.exit_code == 0, text
+    for kind in MICROVMS:
+        assert f"{kind}: nothing left after" in text
