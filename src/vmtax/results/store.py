@@ -276,8 +276,7 @@ class Store(PendingSideFile):
                              "status": status}, write)
 
     @guarded
-    def import_runs(self, other_dir: str | os.PathLike[str],
-                    only: str | None = None) -> list[str]:
+    def import_runs(self, other_dir: str | os.PathLike[str], only: str | None = None) -> list[str]:
         """Copy in the runs of another results directory (a lab's, made in a guest; only
         the run `only`, when given), as ordinary runs: their targets, repetitions, metrics
         and flags. A run held here unfinished (a lab's, resumed in another) gets what it

@@ -46,8 +46,8 @@ from vmtax.results.store import Rep, Run, Store
 from vmtax.studies.fleet_ray import (RESOURCE, FleetError, Host, connected, hosts, identity,
                                      kv_del, kv_put, node_hosts)
 from vmtax.studies.plan import Plan
-from vmtax.studies.runner import (QuietReporter, RepKey, Reporter, Runner, _params_key,
-                                  rep_key, schedule)
+from vmtax.studies.repetitions import RepKey, params_key, rep_key
+from vmtax.studies.runner import QuietReporter, Reporter, Runner, schedule
 from vmtax.studies.session import guarded_journal
 
 SPREADS = ("hosts", "cells")
@@ -172,7 +172,7 @@ class _Job:
 
 def _complete(plan: Plan, keys: set[RepKey]) -> bool:
     """Whether every warm-up and measured repetition of the plan is stored."""
-    return all((u.target, w.name, _params_key(w.make(plan.time).params), u.phase, u.idx)
+    return all((u.target, w.name, params_key(w.make(plan.time).params), u.phase, u.idx)
                in keys for w in plan.workloads for u in schedule(plan))
 
 

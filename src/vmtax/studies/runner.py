@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import resource
 import sys
@@ -30,7 +29,8 @@ from vmtax.host.journal import Journal
 from vmtax.results.store import Store
 from vmtax.studies import estimate
 from vmtax.studies.plan import Plan, point_labels
-from vmtax.studies.repetitions import Cell, Precision, RepetitionPolicy, Unit
+from vmtax.studies.repetitions import (Cell, Precision, RepetitionPolicy, RepKey, Unit,
+                                       params_key, rep_key)
 from vmtax.studies.session import Session, session
 
 
@@ -76,21 +76,6 @@ def schedule(plan: Plan) -> list[Unit]:
 # Run in a target by the plan's drop_caches: a fixed script, no user input in it.
 DROP_CACHES = Job(["busybox", "sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"],
                   timeout=120)
-
-
-def _params_key(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True)
-
-
-# A repetition's identity within a run: (target, workload, parameters as JSON, phase, index).
-RepKey = tuple[str, str, str, str, int]
-
-
-def rep_key(rep: dict[str, Any]) -> RepKey:
-    """A repetition's identity within a run (target, workload, parameters, phase, index):
-    what `skip` and a resumed run's stored repetitions are matched by."""
-    return (rep["target"], rep["workload"], _params_key(rep["params"]), rep["phase"],
-            rep["idx"])
 
 
 def _failure(result: JobResult, job: Job) -> str:
@@ -254,7 +239,7 @@ class Runner:
             self.events("rep", rep)
 
     def _run_workload(self, workload: Workload, units: list[Unit], done: set[RepKey]) -> None:
-        key = (workload.name, _params_key(workload.params))
+        key = (workload.name, params_key(workload.params))
         todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
         for unit in units:
             if (unit.target, *key, unit.phase, unit.idx) in done:
@@ -369,7 +354,7 @@ class Runner:
                           done: set[RepKey]) -> list[tuple[str, Collector]]:
         """The plan's collectors on target name, right before its first measured
         repetition of the cell; one that cannot record is stored as unavailable, why."""
-        key = (workload.name, _params_key(workload.params))
+        key = (workload.name, params_key(workload.params))
         started: list[tuple[str, Collector]] = []
         if not self.plan.collect:
             return started
