@@ -292,7 +292,7 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     for run_id, target, workload, params, metric_name, *_ in values:
         configs[(run_id, target, workload)].add(params)
         firsts.setdefault((run_id, target, workload, params), metric_name)
-    found: dict[tuple, Series] = {}
+    found: dict[tuple[str, str, str, str, str], Series] = {}
     headline = functools.cache(analysis.is_headline)
     # The same few parameter strings and metrics recur in every run: decoded once each
     # (each point still gets a dict of its own).

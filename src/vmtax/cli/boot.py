@@ -99,8 +99,9 @@ def plan_settings(path: str) -> tuple[dict[str, TargetSpec], dict[str, Any]]:
               '"debian-rt", "minimal" or a path. [default: the target\'s, "debian"]')
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def boot_command(plan_file, target_names, count, warmup, http_timeout, kernel, results,
-                 as_json) -> None:
+def boot_command(plan_file: str | None, target_names: str | None, count: int | None,
+                 warmup: int | None, http_timeout: float | None, kernel: str | None,
+                 results: str, as_json: bool) -> None:
     """Cold-start each target COUNT times, one at a time: time to ready and to the first
     HTTP answer, p50/p90/p99/max. With PLAN.toml (a plan with a [boot] table, as
     plans/microvms.toml has), the plan's targets that start instances, as it configures

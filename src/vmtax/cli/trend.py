@@ -13,7 +13,7 @@ import sys
 import click
 from rich.console import Console
 
-from vmtax.analysis import history
+from vmtax.analysis import drift, history
 from vmtax.cli.main import _csv, results_option
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
@@ -66,7 +66,7 @@ def _accept(results: str, name: str, spec: str) -> None:
         raise VmtaxError(f"--accept: run {run.id} is not a run of {name!r} "
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
-    host = history.host_of(run.host)
+    host = drift.host_of(run.host)
     # What the acceptance covers: the series of its host that regressed from it or before.
     covered = [s for s, _ in load_trend(results, name).regressions()
                if s.host == host and (r := s.regressed_from) is not None
