@@ -15,7 +15,7 @@ from conftest import vmtax
 from vmtax.core.errors import VmtaxError
 from vmtax.guest import lab
 from vmtax.host import machine
-from vmtax.report import terminal
+from vmtax.report import parts
 from vmtax.results.store import Run, Store
 
 
@@ -139,13 +139,13 @@ def _run(host: dict) -> Run:
 
 def test_a_labs_kvm_is_labelled_nested_in_the_table_and_title():
     in_lab, on_host = _run({"lab": machine.LAB_LABEL}), _run({})
-    assert terminal.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
-    assert machine.LAB_LABEL in terminal._title(in_lab)
-    assert terminal.target_label(on_host, "vm:kvm") == "vm:kvm"
+    assert parts.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
+    assert machine.LAB_LABEL in parts.run_title(in_lab)
+    assert parts.target_label(on_host, "vm:kvm") == "vm:kvm"
     # Found by the lab: a libvirt domain of type kvm was not marked nested.
-    assert terminal.target_label(in_lab, "lv") == "lv (nested KVM)"
-    assert terminal.target_label(on_host, "lv") == "lv"
-    assert "lab" not in terminal._title(on_host)
+    assert parts.target_label(in_lab, "lv") == "lv (nested KVM)"
+    assert parts.target_label(on_host, "lv") == "lv"
+    assert "lab" not in parts.run_title(on_host)
 
 
 def test_the_fingerprint_says_lab_only_in_a_lab(monkeypatch):

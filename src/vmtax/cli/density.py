@@ -260,8 +260,8 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
         if (why := ksm.unavailable()) is not None:
             raise VmtaxError(f"density: ksm = true: {why}")
     with session(results) as s:
-        run_id = s.new_run(density.stored_plan(density.WORKLOAD, specs,
-                                               settings=settings.values()))
+        run_id = s.new_run(density.noted_plan(specs, platform.release(),
+                                              settings=settings.values()))
         err.print(f"density run {run_id} on network {s.network.name}")
         for name, spec in specs.items():
             target = s.create(spec)

@@ -293,10 +293,7 @@ def _render(model: "RunModel", as_json: bool, show_all: bool,
     if show_all:
         tables.print_summary(out, model.run, model.summary)
     else:
-        from vmtax.host import quiet
-
-        tables.print_headline(out, model, quiet.during(model.run.host),
-                              results=results)
+        tables.print_headline(out, model, results=results)
 
 
 @cli.command()

@@ -111,14 +111,3 @@ def read_user_file(path: str | os.PathLike[str], what: str, limit: int,
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB"
-
-
-def bracket(kind: str, low: str, high: str, sep: str = ", ") -> str:
-    """An interval as every view writes it (analysis.stats.interval_kind): a real CI in brackets;
-    with too few runs for one, the runs' range in parentheses; from one run, nothing."""
-    if kind == "none":
-        return ""
-    if kind == "ci":
-        return f" [{low}{sep}{high}]"
-    # spaced where the CI's bounds are: a narrow column wraps there
-    return f" ({low}{'–' if sep == '–' else ' – '}{high})"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import jinja2
 
 from vmtax.analysis.history import NOTHING_CHANGED, Series, SeriesLevels, Trend
-from vmtax.report.terminal import fmt, interval
+from vmtax.report.parts import fmt, interval
 
 WIDTH, HEIGHT, PAD = 640, 180, 36
 
