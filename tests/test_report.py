@@ -301,3 +301,32 @@ def test_too_noisy_to_tell_is_not_called_no_difference():
     assert composite.recommend("CPU", with_loser, "native") == (
         "CPU: not told apart between native and container: too noisy to tell (±66%); "
         "vm keeps 0.100 of native")
+
+
+def test_workload_parameters_are_shown_wherever_runs_are_set_side_by_side(tmp_path):
+    """Issue 48.10: cpu-max-prime, block sizes and threads appeared in no report; an A/B
+    report showed -77.6% with nothing saying a parameter had changed."""
+    results = tmp_path / "results"
+    store = Store(results)
+    ids = []
+    for prime, level in ((2000, 1.0), (20000, 0.224)):
+        run_id = store.new_run({"targets": [{"name": "native"}], "baseline": "native",
+                                "runs": 3, "warmup": 0, "time": 1},
+                               {"cpu_model": "Synthetic CPU"}, "0.1.0")
+        store.set_target(run_id, "native", "native", TARGETS["native"])
+        for idx in range(3):
+            store.add_rep(run_id, target="native", workload="cpu",
+                          params={"cpu-max-prime": prime, "threads": 1}, phase="measure",
+                          idx=idx, status="ok", argv=["sysbench"], started=float(idx),
+                          host_elapsed=1.0, metrics=[Metric("events/s", 48000 * level *
+                                                            (1 + idx / 100), "events/s", True)])
+        store.finish_run(run_id, "done")
+        ids.append(run_id)
+    store.close()
+    shown = vmtax("show", ids[0], "--all", "--results", str(results), check=True).stdout
+    assert "workload parameters" in shown and "cpu: cpu-max-prime=2000 threads=1" in shown
+    page = tmp_path / "ab.html"
+    vmtax("report", ids[0], ids[1], "--html", str(page), "--results", str(results), check=True)
+    html = page.read_text()
+    assert "B ran with other parameters than A: cpu: cpu-max-prime 2000 → 20000." in html
+    assert "<strong>cpu</strong> cpu-max-prime=20000 threads=1" in html

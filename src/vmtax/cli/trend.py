@@ -216,7 +216,7 @@ def publish_command(names, results) -> None:
     if len(names) < 2:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
     *series_names, directory = names
-    from vmtax.analysis.model import analyse, compare
+    from vmtax.analysis.model import analyse
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
@@ -226,12 +226,11 @@ def publish_command(names, results) -> None:
     site = publish.plan(trends, directory)
     for path, trend in site.trends:
         publish.trend_page(path, trend, history.levels(trend))
-    for path, before_id, after_id in site.changes:
-        before, after = store.load_run(before_id), store.load_run(after_id)
-        publish.compare_page(path, analyse(before), analyse(after),
-                             compare(before, after, store=store))
+    for path, before_id, after_id, changes in site.changes:
+        publish.compare_page(path, analyse(store.load_run(before_id)),
+                             analyse(store.load_run(after_id)), changes)
     for path, run_id, figures in site.runs:
-        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures)
+        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures, results)
     publish.index_page(site)
     pages = len(site.trends) + len(site.changes) + len(site.runs)
-    click.echo(f"wrote {site.out / 'index.html'} and {pages} more pages")
+    click.echo(f"wrote {site.out / 'index.html'} and {pages} more page{'s' * (pages != 1)}")

@@ -104,6 +104,8 @@ class RunReport:
     hypotheses: dict[str, str] = field(default_factory=dict)
     profiles: list[CellProfile] = field(default_factory=list)   # the flame graphs' cells
     measured: str = ""                    # "3 measured runs" per cell (RunModel.measured)
+    # Per workload, the parameters it ran with (parts.workload_parameters).
+    parameters: dict[str, str] = field(default_factory=dict)
 
 
 def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunReport:
@@ -128,7 +130,7 @@ def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunR
                      host=host,
                      composite=model.classes if len(summary.targets) > 1 else [],
                      explained=explained, hypotheses=model.hypotheses,
-                     profiles=model.profiles)
+                     profiles=model.profiles, parameters=parts.workload_parameters(run.reps))
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
@@ -184,6 +186,7 @@ _ENV.filters.update(fmt=parts.fmt, interval=parts.interval, pct=pct, ratio_class
                     fingerprint=fingerprint_items, repr=repr, change=change,
                     change_interval=lambda c: parts.change_interval(c.interval, *c.change_ci),
                     bounds=parts.ratio_interval, ratio=parts.sig3,
+                    param_changes=parts.param_changes,
                     keeps_interval=lambda i: parts.bracket(i.interval, pct(i.ci_low),
                                                            pct(i.ci_high)))
 _ENV.tests["finite"] = math.isfinite

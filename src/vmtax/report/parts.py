@@ -161,6 +161,36 @@ def fixed_note(fixed: dict[str, dict[str, Any]]) -> str:
                      + " throughout" for workload, params in fixed.items())
 
 
+def workload_parameters(reps: Iterable[Any]) -> dict[str, str]:
+    """Per workload, the parameters its measured repetitions ran with (store.Rep's): one
+    configuration's as KEY=VALUE words; of several, what they share, then each varied
+    parameter's values ("memory-block-size=16K|1M")."""
+    sets: dict[str, list[dict[str, Any]]] = {}
+    for rep in reps:
+        if rep.phase == "measure" and rep.params not in sets.setdefault(rep.workload, []):
+            sets[rep.workload].append(rep.params)
+    found = {}
+    for workload, params in sets.items():
+        keys = dict.fromkeys(k for p in params for k in p)
+        found[workload] = " ".join(
+            f"{k}=" + "|".join(dict.fromkeys(str(p[k]) if k in p else "–" for p in params))
+            for k in keys)
+    return {w: text for w, text in found.items() if text}
+
+
+def param_changes(rows: Iterable[Any]) -> list[str]:
+    """Where two sides compared (summary.CompareRow's) ran a workload with other
+    parameters: "cpu: cpu-max-prime 2000 → 20000", once each."""
+    lines = []
+    for row in rows:
+        changed = [f"{k} {row.params.get(k, '–')} → {row.params_b.get(k, '–')}"
+                   for k in dict.fromkeys([*row.params, *row.params_b])
+                   if row.params.get(k) != row.params_b.get(k)]
+        if changed:
+            lines.append(f"{row.workload}: {', '.join(changed)}")
+    return list(dict.fromkeys(lines))
+
+
 def fingerprint_value(value: object) -> str:
     """A fingerprint's value as text, never Python's own spelling: lists joined (records
     by "; "), a record as KEY=VALUE words, none (or an empty list) as "–", booleans as
@@ -237,6 +267,13 @@ def flags_line(rows: list[Row], context: str = "") -> str:
 
 
 # -- a trend ---------------------------------------------------------------------------------
+
+def runs_text(points: list[Any]) -> str:
+    """"run 5", or "runs 1–4" (history.Point's, by their numbers among the host's runs of
+    the name)."""
+    first, last = points[0].run.number, points[-1].run.number
+    return f"run {first}" if first == last else f"runs {first}–{last}"
+
 
 def series_status(s: Series) -> str:
     """A series' change points in a word, or why there are none yet."""

@@ -21,7 +21,7 @@ from vmtax.report.parts import (Part, fingerprint_value, fixed_note, fixed_param
                                 flags_line, fmt, index_parts, interval, interval_legend,
                                 median_parts, ranged, ratio_interval, ratio_parts,
                                 ratio_style, recommendation_lines, run_title, sig3,
-                                target_label)
+                                target_label, workload_parameters)
 
 if TYPE_CHECKING:   # analysis loads numpy and the plugins: `vmtax runs` needs neither
     from vmtax.analysis import composite
@@ -298,6 +298,12 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
         previous = group
     console.print(table)
     _print_failures(console, summary)
+    parameters = workload_parameters(run.reps)
+    if parameters:
+        console.print(Text("workload parameters", style="bold"))
+        for workload, words in parameters.items():
+            _print_indented(console, 2, Text(printable(f"{workload}: {words}")),
+                            hanging=len(workload) + 2)
     print_fingerprints(console, run, summary.targets)
 
 

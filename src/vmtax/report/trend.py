@@ -8,10 +8,10 @@ import time
 
 from rich.console import Console
 
-from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend, runs_text
+from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
 from vmtax.report.export import iso_time
 from vmtax.report.parts import (change_interval, fmt, method_note, recent_status,
-                                series_status)
+                                runs_text, series_status)
 from vmtax.report.terminal import shown_text
 
 SPARKS = "▁▂▃▄▅▆▇█"
