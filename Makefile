@@ -41,7 +41,8 @@ bench: deps
 bench-stats: deps
 	$(VENV)/bin/python scripts/bench_stats.py
 
-# kill -9, fuzzing, corrupt databases (issue #16); `make test` runs its --quick form.
+# kill -9, fuzzing, corrupt databases, planted files: the attacks of scripts/torture_attacks/
+# (issue #16, #46); `make test` runs its --quick form.
 torture: deps
 	$(VENV)/bin/python scripts/torture.py
 

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torture import (VMTAX, changed, descendants, host_state, journal_entries,  # noqa: E402
-                     leftovers, processes)
+from torture_kit.env import VMTAX  # noqa: E402
+from torture_kit.host import (changed, descendants, host_state, journal_entries,  # noqa: E402
+                              leftovers, processes)
 
 CLEAN_WITHIN = 10.0
 GUARDIAN = "vmtax.host.guardian"

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["vmtax.analysis.stats", "vmtax.analysis.changepoint",
-                                    "vmtax.analysis.tune"])
+@pytest.mark.parametrize("module", ["vmtax.analysis.stats", "vmtax.analysis.significance",
+                                    "vmtax.analysis.intervals", "vmtax.analysis.resampling",
+                                    "vmtax.analysis.changepoint", "vmtax.analysis.tune"])
 def test_loading_a_statistics_module_starts_no_blas_threads(module):
     code = (f"import os, {module}\n"
             "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))")

@@ -2,6 +2,7 @@
 runs, the SIGINT at stop, the report it parses, the journal, and every reason it gives for
 not recording. Nothing here records real exits: /dev/kvm is kvm_pvm."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
+from vmtax.collectors import exits
 from vmtax.collectors.exits import Exits
 from vmtax.core import plugin
 from vmtax.core.collector import CollectorError, Subject
@@ -95,7 +97,7 @@ def make(tmp_path):
 def qemu():
     """A process standing in for the QEMU the collector is pointed at."""
     p = subprocess.Popen(["sleep", "60"])
-    yield Subject(kind="vm", name="vm:kvm", pids=[p.pid])
+    yield Subject(kind="vm", name="vm:kvm", vmm_process=True, pids=[p.pid])
     p.kill()
     p.wait()
 
@@ -172,21 +174,33 @@ def _proc_with_fd(root: Path, pid: int, link: str) -> Path:
 def test_unavailable_for_no_vm_and_for_a_tcg_guest(monkeypatch, tmp_path):
     assert Exits.unavailable(Subject(kind="container", name="container:runc", pids=[1])) == (
         "container:runc is no VM: exits are those of a KVM guest")
-    # Found by the lab: a libvirt domain of type kvm was called "no VM".
-    assert Exits.unavailable(Subject(kind="libvirt", name="libvirt-kvm", pids=[1])) == (
-        "libvirt-kvm: exits are recorded for vm targets' QEMU only, not yet for a libvirt "
-        "domain's")
     monkeypatch.setattr(Exits, "proc_root", _proc_with_fd(tmp_path, 4242, "/dev/null"))
     monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm"))
-    why = Exits.unavailable(Subject(kind="vm", name="vm:tcg", pids=[4242]))
+    why = Exits.unavailable(Subject(kind="vm", name="vm:tcg", vmm_process=True, pids=[4242]))
     assert why == ("vm:tcg runs under TCG, which has no VM exits (and KVM is unusable here: "
                    + kvm.PVM_REASON + ")")
+
+
+def test_any_target_whose_first_process_is_a_vmm_is_recorded_not_only_vm(monkeypatch,
+                                                                         tmp_path):
+    """A libvirt domain's QEMU (and a microVM's VMM) holds a KVM VM as a vm target's does:
+    the collector asks Subject.vmm_process, not the target's kind."""
+    monkeypatch.setattr(Exits, "proc_root", _proc_with_fd(tmp_path, 4242, "anon_inode:kvm-vm"))
+    monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(True, "works", "kvm_amd"))
+    monkeypatch.setattr(Exits, "tracefs", (tmp_path,))
+    (tmp_path / "events" / "kvm" / "kvm_exit").mkdir(parents=True)
+    monkeypatch.setattr(exits, "perf_problem", lambda: None)
+    domain = Subject(kind="libvirt", name="libvirt-kvm", pids=[4242], vmm_process=True)
+    assert Exits.unavailable(domain) is None
+    assert Exits.unavailable(dataclasses.replace(domain, vmm_process=False)) == (
+        "libvirt-kvm is no VM: exits are those of a KVM guest")
 
 
 def test_unavailable_for_a_kvm_guest_on_kvm_pvm(monkeypatch, tmp_path):
     monkeypatch.setattr(Exits, "proc_root", _proc_with_fd(tmp_path, 4242, "anon_inode:kvm-vm"))
     monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(False, kvm.PVM_REASON, "kvm_pvm"))
-    assert Exits.unavailable(Subject(kind="vm", name="vm:kvm", pids=[4242])) == kvm.PVM_REASON
+    guest = Subject(kind="vm", name="vm:kvm", vmm_process=True, pids=[4242])
+    assert Exits.unavailable(guest) == kvm.PVM_REASON
 
 
 @pytest.fixture
@@ -196,7 +210,7 @@ def kvm_guest(monkeypatch, tmp_path):
     monkeypatch.setattr(kvm, "probe", lambda: kvm.KvmStatus(True, "works", "kvm_intel"))
     tracing = tmp_path / "tracing"
     monkeypatch.setattr(Exits, "tracefs", (tracing,))
-    return Subject(kind="vm", name="vm:kvm", pids=[4242]), tracing
+    return Subject(kind="vm", name="vm:kvm", vmm_process=True, pids=[4242]), tracing
 
 
 def test_unavailable_without_perf(kvm_guest, monkeypatch, tmp_path):
@@ -241,7 +255,7 @@ def test_stop_when_perf_already_ended_warns(fake_perf, make, qemu):
 
 def test_per_vcpu_reports_each_vcpu_of_the_subject(fake_perf, make, qemu):
     collector = make(per_vcpu=True)
-    collector.start(Subject(kind="vm", name="vm:kvm", pids=qemu.pids, vcpu_threads=[11, 12]))
+    collector.start(dataclasses.replace(qemu, vcpu_threads=[11, 12]))
     metrics = collector.stop()
     assert [c["argv"][3:] for c in fake_perf()[1:]] == [
         ["--event=vmexit"], ["--event=vmexit", "--vcpu=0"], ["--event=vmexit", "--vcpu=1"]]

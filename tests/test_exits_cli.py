@@ -268,3 +268,58 @@ def test_the_readme_example_of_import_and_diff_runs_as_written(tmp_path):
 def _columns(line: str) -> list[str]:
     """The cells of a table's line: its columns are two spaces apart or more."""
     return re.split(r"\s{2,}", line.strip())
+
+
+# A lab run's cell, as a user saw it: 4,587 exits "handled in 96,211,784 µs" over 5.20 s of
+# workload time on 2 vCPUs, and one hlt exit of 45.71 s.
+NESTED_REPORT = """
+Analyze events for all VMs, all VCPUs:
+
+             VM-EXIT    Samples  Samples%     Time%    Min Time    Max Time         Avg time
+
+                 hlt       1800    39.24%    99.48%      5.00us  45710000.00us  53172.50us ( +-  80.00% )
+                  io       2787    60.76%     0.52%      2.00us   40000.00us    179.54us ( +-  30.00% )
+
+Total Samples:4587, Total events handled time:96211784.00us.
+"""  # noqa: E501 (perf's own line width)
+
+
+def test_exit_times_no_workload_time_allows_are_not_given_as_facts(tmp_path):
+    """Found in the lab: single exits "lasting" 37-46 s, and 18 times the workload's time on
+    2 vCPUs in exits, printed as hlt 99.48% of the time. perf times an exit until the
+    vCPU's next entry: across the guest's pauses between repetitions. The samples and
+    their shares stand; the times are withheld, saying why."""
+    from vmtax.core.types import Metric
+    from vmtax.helpers import perf_kvm
+
+    store = Store(tmp_path / "results")
+    run = store.new_run({}, {}, "test")
+    for target, report in (("kvm", NESTED_REPORT),
+                           ("kvm-tuned", (FIXTURES / "classic-svm.txt").read_text())):
+        store.set_target(run, target, "vm", {"vcpus": 2})
+        store.add_rep(run, target=target, workload="cpu", params={}, phase="measure",
+                      idx=0, status="ok", argv=["sysbench"], started=0.0, host_elapsed=5.2,
+                      metrics=[Metric("events_per_sec", 10.0, "events/s", True)])
+        store.add_rep(run, target=target, workload="cpu", params={}, phase="collect",
+                      idx=0, status="ok", argv=["exits"], started=0.0,
+                      metrics=perf_kvm.parse(report).metrics())
+    store.finish_run(run, "done")
+    store.close()
+    results = str(tmp_path / "results")
+    [cell] = json.loads(ok("exits", f"{run}:kvm", "--json", "--results", results))["cells"]
+    assert cell["times_impossible"] == ("an exit lasted 45.7 s, longer than the 5.20 s of "
+                                        "workload time the recording spans")
+    hlt = next(r for r in cell["reasons"] if r["reason"] == "hlt")
+    assert (hlt["share"], hlt["time_share"], hlt["max"], hlt["avg"]) == (39.24, None, None, None)
+    text = ok("exits", f"{run}:kvm", "--results", results)
+    flat = " ".join(text.split())
+    assert "4.571e+07" not in text and "99.48" not in text and "45,710,000" not in text
+    assert "4,587 exits over 5.20 s of workload time; their times are not shown, as they " \
+           "cannot be true" in flat
+    diff = " ".join(ok("exits", "diff", f"{run}:kvm", f"{run}:kvm-tuned", "--results",
+                       results).split())
+    assert "A's exit times cannot be true" in diff and "+98.33" not in diff
+    # The other cell's times can be true: they are given.
+    [tuned] = json.loads(ok("exits", f"{run}:kvm-tuned", "--json", "--results",
+                            results))["cells"]
+    assert tuned["times_impossible"] is None and tuned["reasons"][0]["time_share"] == 98.33

@@ -13,9 +13,9 @@ from conftest import start_vmtax
 
 from vmtax.host import machine as host
 
-# The process table as make torture reads it (scripts/torture.py).
+# The process table as make torture reads it (scripts/torture_kit/host.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from torture import descendants, processes  # noqa: E402
+from torture_kit.host import descendants, processes  # noqa: E402
 
 pytestmark = [
     pytest.mark.live,

@@ -6,7 +6,7 @@ import pytest
 
 from vmtax.cli import density as cli_density
 from vmtax.core.errors import VmtaxError
-from vmtax.studies import planfile
+from vmtax.studies import plan_toml, planfile
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -34,6 +34,6 @@ def test_density_plan_file_checks_are_planfile_checks(tmp_path):
     with pytest.raises(VmtaxError, match="not a regular file"):
         cli_density.load_plan("/dev/null")
     big = tmp_path / "big.toml"
-    big.write_text("#" * (planfile.MAX_PLAN_BYTES + 1))
+    big.write_text("#" * (plan_toml.MAX_PLAN_BYTES + 1))
     with pytest.raises(VmtaxError, match="cannot read the plan file \\(larger than 1 MiB"):
         cli_density.load_plan(str(big))

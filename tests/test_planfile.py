@@ -11,15 +11,18 @@ from conftest import ROOT, known, vmtax
 
 from vmtax.cli import plan as cli_plan
 from vmtax.core import option_types
+from vmtax.core.errors import VmtaxError
 from vmtax.core.runtime import runtimes
 from vmtax.core import workload as workloads
+from vmtax.host import hugepages
 from vmtax.studies import estimate, plan, planfile
 from vmtax.studies.plan import TargetSpec, WorkloadSpec
 from vmtax.studies.planfile import PlanError
 from vmtax.studies.toml_lines import Locator
 
-VM_OPTIONS = ('qemu, accel, machine, vcpus, memory, cpu, kernel, disk_size, boot_timeout, '
-              'binaries, icount, hugepages, guest_hugepages, pin, kernel_args, network, '
+# A guest's options every VMM shares (vmtax.targets.vmm_target), then QEMU's own.
+VM_OPTIONS = ('vcpus, memory, kernel, disk_size, boot_timeout, binaries, hugepages, '
+              'guest_hugepages, pin, kernel_args, network, qemu, accel, machine, cpu, icount, '
               'vhost, disk_cache, disk_aio, iothread, disk_bus, tcg_thread, tb_size')
 
 PLANS = sorted((ROOT / "plans").glob("*.toml"))
@@ -50,7 +53,7 @@ TWO_TARGETS = """
 def host_has_huge_pages(monkeypatch):
     """The shipped plans are checked as plans, not against this host, where reserving huge
     pages needs root and free memory (the host check has tests of its own)."""
-    monkeypatch.setattr(planfile.hugepages, "capacity_problem", lambda wanted: None)
+    monkeypatch.setattr(hugepages, "capacity_problem", lambda wanted: None)
 
 
 @pytest.mark.parametrize("path", PLANS, ids=[p.name for p in PLANS])
@@ -267,7 +270,7 @@ ERRORS = [
     ("rnus = 3\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      'x.toml:1: top level: expected one of runs, warmup, time, baseline, interleave, '
      'drop_caches, max_runs, ci_target, collect, timeout, name, targets, workloads, quick, '
-     'got "rnus" (did you mean "runs"?)'),
+     'density, boot, got "rnus" (did you mean "runs"?)'),
     ("runs = 0\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
      "x.toml:1: runs: expected a whole number from 1 to 1000000000, got 0"),
     ("warmup = -1\n" + TWO_TARGETS + "[[workloads]]\nname = 'cpu'",
@@ -448,7 +451,7 @@ def test_every_problem_is_reported_in_line_order():
 
 
 def test_an_unreadable_file_is_one_line(tmp_path):
-    with pytest.raises(planfile.VmtaxError, match=r"^.*missing\.toml: cannot read the plan file"):
+    with pytest.raises(VmtaxError, match=r"^.*missing\.toml: cannot read the plan file"):
         planfile.load(tmp_path / "missing.toml")
 
 
@@ -591,7 +594,7 @@ def test_host_huge_pages_of_all_vms_together(monkeypatch):
     def capacity(wanted):
         asked.append(wanted)
         return "too many"
-    monkeypatch.setattr(planfile.hugepages, "capacity_problem", capacity)
+    monkeypatch.setattr(hugepages, "capacity_problem", capacity)
     assert problems("""
         [targets.vm]
         hugepages = ["2M", "1G", "none"]
@@ -604,14 +607,14 @@ def test_host_huge_pages_of_all_vms_together(monkeypatch):
 
 
 def test_host_huge_pages_that_fit_are_not_a_problem(monkeypatch):
-    monkeypatch.setattr(planfile.hugepages, "capacity_problem", lambda wanted: None)
+    monkeypatch.setattr(hugepages, "capacity_problem", lambda wanted: None)
     p = load('[targets.vm]\nhugepages = "2M"\n[[workloads]]\nname = "cpu"')
     assert p.targets[0].options["hugepages"] == "2M"
 
 
 @needs_sysbench
 def test_a_hugetlb_block_must_fit_in_each_targets_huge_pages(monkeypatch):
-    monkeypatch.setattr(planfile.hugepages, "host_free", lambda: 2)
+    monkeypatch.setattr(hugepages, "host_free", lambda: 2)
     assert problems("""
         [targets.native]
         [targets.vm]
@@ -791,7 +794,7 @@ def test_what_a_target_refuses_is_refused_when_the_plan_is_checked():
     # that fail with "run as root".
     why = ("refuses real-time scheduling (gVisor), which cyclictest needs at any priority: "
            "rt-tests checks that it may use SCHED_FIFO before it measures")
-    with pytest.raises(planfile.VmtaxError) as err:
+    with pytest.raises(VmtaxError) as err:
         plan.from_names(["native", "container:runsc"], ["cyclictest"])
     assert str(err.value) == f"cyclictest: container:runsc {why}"
     result = vmtax("run", "--targets", "container:runsc-ptrace", "--workloads", "cyclictest")

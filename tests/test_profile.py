@@ -3,6 +3,7 @@
 PATH (the process boundary): the control FIFO's enable and ack, SIGINT at stop, the
 journal, abort."""
 
+import dataclasses
 import json
 from collections import Counter
 import os
@@ -331,9 +332,13 @@ def test_sigint_reaches_perf_at_stop(fake_perf, make):
 
 def test_a_captured_tcg_guest_is_classed_by_its_vcpu_threads():
     script = parse_script((FIXTURES / "qemu-tcg.txt").read_text())
-    guest = Subject(kind="vm", name="vm:tcg", pids=[2967], vcpu_threads=[2979, 2980])
+    guest = Subject(kind="vm", name="vm:tcg", pids=[2967], vcpu_threads=[2979, 2980],
+                    vmm_process=True)
     kept = own_samples(script, guest, {2967}, set())
     assert Counter(cls for cls, _ in kept) == {"vcpu": 143, "main": 7}
+    # Of a subject that is no VMM, the threads are its processes' own, whatever their ids.
+    other = dataclasses.replace(guest, vmm_process=False)
+    assert "vcpu" not in {cls for cls, _ in own_samples(script, other, {2967}, set())}
     profile = Profile()
     for cls, sample in kept:
         profile.add(cls, sample, depth=32)

@@ -229,9 +229,13 @@ class Windows(plugin.Options):
 
 def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path, monkeypatch):
     """A B B A order: a collector started at A's first repetition used to record until the
-    end of the cell, B's repetitions included."""
+    end of the cell, B's repetitions included. The subject says what its target declares
+    (a VMM as its first process), whatever the target's kind."""
     from vmtax.core.collector import Collector
+    from vmtax.targets.native import NativeTarget
     log: list[tuple[str, str]] = []
+    vmm: dict[str, bool] = {}
+    monkeypatch.setattr(NativeTarget, "vmm_process", True)
 
     class Witness(Collector):
         name = "witness-test"
@@ -241,6 +245,7 @@ def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path,
         def start(self, subject):
             self.subject = subject.name
             log.append((self.subject, "start"))
+            vmm[subject.name] = subject.vmm_process
 
         def pause(self):
             log.append((self.subject, "pause"))
@@ -279,6 +284,7 @@ def test_a_collector_records_only_its_own_targets_measured_repetitions(tmp_path,
         else:
             assert not recording, log
     assert [e for t, e in log if t == "native"][-2:] == ["pause", "stop"], log
+    assert vmm == {"native": True, "b": True}
 
 
 def test_runs_auto_measures_until_precise_or_max_runs():
@@ -309,3 +315,37 @@ def test_runs_auto_measures_until_precise_or_max_runs():
     # Round 1 reversed (steady, noisy); then steady is precise, noisy runs to max_runs.
     assert order == ["steady", "noisy", "noisy", "noisy", "noisy", "noisy"]
     assert cell.attempts == {"noisy": 8, "steady": 6, "down": 0}
+
+
+def test_a_target_that_cannot_be_prepared_fails_its_cells_and_the_run_goes_on(tmp_path,
+                                                                               monkeypatch):
+    """Found in the lab: vm:kvm's guest could not be booted even after its retry (its nested
+    kernel stalled twice), and the whole run ended with nothing stored. Its cells now fail
+    with the reason, and the other targets' are measured and stored."""
+    from vmtax.core.errors import TargetError
+    from vmtax.targets.native import NativeTarget
+
+    real_prepare = NativeTarget.prepare
+
+    def prepare(self):
+        if self.name == "lost":
+            raise TargetError("lost: its kernel stalled while booting, twice")
+        real_prepare(self)
+    monkeypatch.setattr(NativeTarget, "prepare", prepare)
+    plan = dataclasses.replace(make_plan(), runs=2, warmup=0,
+                               targets=[plan_mod.TargetSpec("native", "native", {}),
+                                        plan_mod.TargetSpec("lost", "native", {})])
+    store = Store(tmp_path)
+    run = store.load_run(Runner(plan, store).execute())
+    assert run.status == "done"
+    by_target = {t: [r for r in run.reps if r.target == t and r.phase == "measure"]
+                 for t in ("native", "lost")}
+    assert [r.status for r in by_target["native"]] == ["ok", "ok"]
+    assert [r.status for r in by_target["lost"]] == ["failed", "failed"]
+    assert by_target["lost"][0].error == ("target lost could not be prepared: lost: its kernel "
+                                          "stalled while booting, twice")
+    # With no target left to measure, the run is not started: the error is the user's.
+    plan = dataclasses.replace(plan, targets=[plan_mod.TargetSpec("lost", "native", {})],
+                               baseline="lost")
+    with pytest.raises(TargetError, match="stalled while booting"):
+        Runner(plan, Store(tmp_path / "none")).execute()

@@ -86,10 +86,13 @@ def test_target_facts_are_declared_by_each_kind():
     assert {k for k, c in kinds.items()
             if c.shares_host_page_cache} == {"native", "container", "lxd"}
     assert {k for k, c in kinds.items() if c.ksm_mergeable} == {"vm", "libvirt"}
-    assert {k for k, c in kinds.items() if c.guest_clock} == {"vm", "libvirt"}
+    microvms = {"firecracker", "cloud-hypervisor"}
+    assert {k for k, c in kinds.items() if c.guest_clock} == {"vm", "libvirt", *microvms}
+    assert {k for k, c in kinds.items() if c.vmm_process} == {"vm", "libvirt", *microvms}
     assert {k for k, c in kinds.items() if c.makes_instances()} == {
-        "container", "libvirt", "lxd", "vm"}
-    assert {k for k, c in kinds.items() if c.small_options} == {"libvirt", "lxd", "vm"}
+        "container", "libvirt", "lxd", "vm", *microvms}
+    assert {k for k, c in kinds.items() if c.small_options} == {"libvirt", "lxd", "vm",
+                                                                  *microvms}
 
 
 def test_an_instance_declares_its_guests_boot_time():
@@ -99,7 +102,8 @@ def test_an_instance_declares_its_guests_boot_time():
 
 
 def test_density_and_boot_read_kinds_through_their_facts():
-    assert density.instance_kinds() == ["container", "libvirt", "lxd", "vm"]
+    assert density.instance_kinds() == ["cloud-hypervisor", "container", "firecracker",
+                                        "libvirt", "lxd", "vm"]
     assert density.default_kind() == "container"   # the quickest to start
     specs = density.instance_specs(["vm:tcg", "container:runc"])
     assert specs["vm:tcg"] == TargetSpec("vm:tcg", "vm", {

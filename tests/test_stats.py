@@ -7,21 +7,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from vmtax.analysis import stats
+from vmtax.analysis import resampling, significance, stats
+from vmtax.analysis.intervals import interval_kind
+from vmtax.analysis.significance import (
+    adjust_pvalues,
+    can_test,
+    min_p_value,
+    min_runs_to_detect,
+)
 from vmtax.core.notation import bracket
 from vmtax.analysis.stats import (
     RatioSummary,
     Summary,
-    adjust_pvalues,
     clock_skew,
-    can_test,
     compare,
     compare_many,
     faster_than_baseline,
-    interval_kind,
     interleave,
-    min_p_value,
-    min_runs_to_detect,
     next_action,
     noisy,
     precise_enough,
@@ -148,7 +150,7 @@ def test_ratio_of_sample_with_itself_is_one(values):
 
 def mw(a, b):
     """The Mann-Whitney p compare() uses once samples are large enough for a rank test."""
-    return stats._mann_whitney_p(np.asarray(a, float), np.asarray(b, float))
+    return significance.mann_whitney_p(np.asarray(a, float), np.asarray(b, float))
 
 
 def test_mann_whitney_smallest_possible_p():
@@ -523,7 +525,7 @@ def test_a_cell_of_more_than_1023_repetitions_has_a_median_interval():
 @pytest.mark.parametrize("df", [1, 2, 3, 7, 9, 30])
 @pytest.mark.parametrize("p", [0.005, 0.025, 0.25])
 def test_t_isf_inverts_students_t_as_scipy_does(df, p):
-    assert stats.t_isf(p, df) == pytest.approx(sps.t.isf(p, df), rel=1e-9)
+    assert significance.t_isf(p, df) == pytest.approx(sps.t.isf(p, df), rel=1e-9)
 
 
 # Two middle values near the largest float overflow to inf in their mean, np.median's too.
@@ -533,9 +535,9 @@ def test_median_is_numpys_bit_for_bit(values):
     """vmtax's medians (no numpy.ma on `show`'s path) are np.median's, bit for bit: even
     and odd n, -0.0, subnormals."""
     x = np.asarray(values)
-    assert stats._median(x).tobytes() == np.median(x).tobytes()
+    assert resampling.median(x).tobytes() == np.median(x).tobytes()
     rows = np.stack([x, x[::-1], -x])
-    assert stats._row_medians(rows).tobytes() == np.median(rows, axis=1).tobytes()
+    assert resampling.row_medians(rows).tobytes() == np.median(rows, axis=1).tobytes()
 
 
 @pytest.mark.parametrize("size", range(1, 10))
@@ -546,4 +548,4 @@ def test_medians_of_many_short_rows_are_numpys_bit_for_bit(size):
     rows = np.round(rng.normal(size=(2000, size)), 1)
     rows[rows == 0] = -0.0
     rows[::7, 0] = 0.0
-    assert stats._row_medians(rows.copy()).tobytes() == np.median(rows, axis=1).tobytes()
+    assert resampling.row_medians(rows.copy()).tobytes() == np.median(rows, axis=1).tobytes()

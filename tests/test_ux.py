@@ -15,7 +15,7 @@ from rich.console import Console
 from scipy import stats as scipy_stats
 
 from vmtax.analysis.model import analyse
-from vmtax.analysis import stats
+from vmtax.analysis import intervals
 from vmtax.analysis import summary as analysis
 from vmtax.cli import progress
 from vmtax.core import workload as workloads
@@ -339,7 +339,7 @@ def test_median_interval_without_scipy_matches_the_binomial():
     for n in range(1, 40):
         x = np.arange(n, dtype=float)
         for level in (0.5, 0.9, 0.95, 0.99):
-            lo, hi, coverage = stats._median_ci(x, level)
+            lo, hi, coverage = intervals.median_ci(x, level)
             k = np.arange(1, (n + 1) // 2 + 1)
             expected = 1 - 2 * scipy_stats.binom.cdf(k - 1, n, 0.5)
             ok = np.flatnonzero(expected >= level - 1e-12)

@@ -45,7 +45,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vmtax.analysis import stats
+from vmtax.analysis import significance, stats
 from vmtax.analysis.cpus import map_on_cpus
 from vmtax.core import blas
 
@@ -533,7 +533,7 @@ def adjust(detections: Sequence[Detection], alpha: float = 0.01,
     them made (those that called no change count too), and the changes that no longer
     pass `alpha` dropped."""
     raw = [p for d in detections for p in d.p_values]
-    adjusted = dict(zip(raw, stats.adjust_pvalues(raw, method))) if raw else {}
+    adjusted = dict(zip(raw, significance.adjust_pvalues(raw, method))) if raw else {}
     out = []
     for d in detections:
         kept = tuple(replace(c, p_adjusted=adjusted[c.p_value]) for c in d.changes

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 
 
 from vmtax.analysis import summary as analysis
-from vmtax.analysis.stats import SUSPICIOUS_MARGIN, IntervalKind
+from vmtax.analysis.intervals import IntervalKind
+from vmtax.analysis.stats import SUSPICIOUS_MARGIN
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core import workload as workloads
 from vmtax.core.notation import bracket, ratio_texts, sig3

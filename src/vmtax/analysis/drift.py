@@ -18,7 +18,7 @@ import math
 from collections import defaultdict
 from typing import Any, Sequence
 
-from vmtax.analysis import stats
+from vmtax.analysis import significance, stats
 from vmtax.analysis.summary import CompareRow
 from vmtax.results.store import Run, Store
 
@@ -39,7 +39,7 @@ def consecutive_spread(medians: Sequence[float], alpha: float) -> tuple[float, f
     ratios = [b - a for a, b in zip(logs, logs[1:])]
     if len(ratios) < DRIFT_FROM:
         return None
-    half = stats.t_isf(alpha / 2, len(ratios)) * math.sqrt(
+    half = significance.t_isf(alpha / 2, len(ratios)) * math.sqrt(
         math.fsum(r * r for r in ratios) / len(ratios))
     return math.exp(-half) - 1, math.exp(half) - 1
 

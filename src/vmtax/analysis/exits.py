@@ -19,8 +19,9 @@ class Reason:
     reason: str
     samples: int
     share: float                 # % of samples
-    time_share: float            # % of handling time
-    avg: float                   # µs
+    # Times: None where the layout prints none, or the cell's times cannot be true.
+    time_share: float | None     # % of handling time
+    avg: float | None            # µs
     min: float | None
     max: float | None
     spread: float | None         # ± % of the mean
@@ -40,6 +41,9 @@ class Cell:
     total_time: float            # µs
     seconds: float | None        # workload time the recording spans
     result: dict[str, float] = field(default_factory=dict)   # the workload's own medians
+    vcpus: int | None = None     # the guest's
+    # Why the exit times cannot be true, which are then not given (None: they can be).
+    times_impossible: str | None = None
 
     @property
     def label(self) -> str:
@@ -89,15 +93,38 @@ def _cell(run: Run, rep: Rep, event: str, vcpu: int | None) -> Cell:
         measured = _measured(run, rep)
         times = [r.host_elapsed for r in measured if r.host_elapsed is not None]
         seconds = sum(times) if times else None
-    reasons = [Reason(name, int(v["exits"]), v["exit share"], v["exit time share"],
-                      v["exit time avg"], v.get("exit time min"), v.get("exit time max"),
-                      v.get("exit time spread"),
+    vcpus = run.targets.get(rep.target, {}).get("fingerprint", {}).get("vcpus")
+    total_time = totals.get("exit time total", 0.0)
+    why = _impossible(seconds, vcpus, total_time,
+                      max((v.get("exit time max") or 0.0 for v in found.values()), default=0))
+    shown = (lambda v, key: v.get(key)) if why is None else (lambda v, key: None)
+    reasons = [Reason(name, int(v["exits"]), v["exit share"], shown(v, "exit time share"),
+                      shown(v, "exit time avg"), shown(v, "exit time min"),
+                      shown(v, "exit time max"), shown(v, "exit time spread"),
                       v["exits"] / seconds if seconds else None)
                for name, v in found.items()]
-    reasons.sort(key=lambda r: (-r.time_share, r.reason))
+    reasons.sort(key=lambda r: (-(r.time_share or 0.0), -r.samples, r.reason))
     return Cell(run.id, rep.target, rep.workload, rep.params, event, reasons,
-                int(totals.get("exits total", 0)), totals.get("exit time total", 0.0), seconds,
-                _result(rep.workload, measured))
+                int(totals.get("exits total", 0)), total_time, seconds,
+                _result(rep.workload, measured), vcpus, why)
+
+
+def _impossible(seconds: float | None, vcpus: int | None, total: float,
+                longest: float) -> str | None:
+    """Why exit times (µs) cannot be true over `seconds` of workload time on `vcpus`: one
+    exit longer than the workload ran, or more time in exits than its vCPUs had. perf
+    times an exit from a vCPU's exit to its next entry, so one that spans a pause of the
+    guest (vmtax stops it between its repetitions, while other targets run) lasts that
+    whole pause; and a lab's nested clock jumps. None: they can be true."""
+    if not seconds:
+        return None
+    if longest > seconds * 1e6:
+        return (f"an exit lasted {longest / 1e6:,.1f} s, longer than the {seconds:.2f} s "
+                "of workload time the recording spans")
+    if vcpus and total > seconds * 1e6 * vcpus:
+        return (f"{total / 1e6:,.1f} s were spent handling exits, more than {seconds:.2f} s "
+                f"of workload time × {vcpus} vCPUs")
+    return None
 
 
 def exits_collectors() -> list[str]:
@@ -151,7 +178,7 @@ class Change:
     change: float                # percentage points, B - A (absent counts as 0)
     time_share_a: float | None
     time_share_b: float | None
-    time_change: float
+    time_change: float | None    # None: a side's times cannot be true
     per_second_a: float | None
     per_second_b: float | None
 
@@ -166,7 +193,8 @@ def diff_cells(a: Cell, b: Cell) -> list[Change]:
             name, x.share if x else None, y.share if y else None,
             round((y.share if y else 0.0) - (x.share if x else 0.0), 2),
             x.time_share if x else None, y.time_share if y else None,
-            round((y.time_share if y else 0.0) - (x.time_share if x else 0.0), 2),
+            None if a.times_impossible or b.times_impossible else
+            round((y.time_share or 0.0 if y else 0.0) - (x.time_share or 0.0 if x else 0.0), 2),
             x.per_second if x else None, y.per_second if y else None))
     changes.sort(key=lambda c: (-abs(c.change), c.reason))
     return changes

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vmtax.analysis import changepoint, stats
+from vmtax.analysis import changepoint, significance, stats
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.drift import host_of
 from vmtax.core import workload as workloads
@@ -243,7 +243,7 @@ def run_to_run_spread(points: Sequence[Point], alpha: float) -> tuple[float, flo
         return None
     logs = [math.log(p.median) for p in points]
     k = len(logs)
-    half = stats.t_isf(alpha / 2, k - 1) * statistics.stdev(logs) * math.sqrt(1 + 1 / k)
+    half = significance.t_isf(alpha / 2, k - 1) * statistics.stdev(logs) * math.sqrt(1 + 1 / k)
     return math.exp(-half) - 1, math.exp(half) - 1
 
 

@@ -442,11 +442,11 @@ def compare(a, b, alpha, noise_floor, method, fail_on, junit_path, results, as_j
                "inconclusive": {"worse", "too few runs"}}.get(fail_on, set())
     hits = [r for r in primary if r.comparison.verdict in failing]
     if junit_path:
-        from vmtax.report import export as export_mod
+        from vmtax.host import outputs
         from vmtax.report import junit
 
         gate = f"--fail-on {fail_on}" if fail_on else "no --fail-on: failing on worse"
-        export_mod.write_file(junit_path, junit.render(primary, failing or {"worse"}, gate))
+        outputs.write_file(junit_path, junit.render(primary, failing or {"worse"}, gate))
         click.echo(f"wrote {junit_path}", err=True)
     open_ = [r for r in primary if r.comparison.verdict == "too few runs"]
     if fail_on and open_ and fail_on != "inconclusive":
@@ -533,7 +533,9 @@ def main() -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, proc.stop_on_signal)
     try:
-        cli.main(standalone_mode=False)
+        # "vmtax" in usage lines and help, however it was started (`python -m vmtax`, as
+        # the lab starts it): what a user types.
+        cli.main(prog_name="vmtax", standalone_mode=False)
     except click.exceptions.Abort:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())

@@ -36,7 +36,7 @@ def _summary(source: str, plan: Plan) -> list[str]:
 
 def _matrix(plan: Plan) -> list[str]:
     from vmtax.studies.estimate import configurations
-    from vmtax.studies.planfile import params_text
+    from vmtax.studies.plan_sweeps import params_text
 
     lines = [f"targets (baseline: {plan.baseline})"]
     width = max(len(t.name) for t in plan.targets)

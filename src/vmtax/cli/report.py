@@ -11,6 +11,7 @@ import click
 from vmtax.core import hints, paths
 from vmtax.cli.main import same_run
 from vmtax.core.errors import VmtaxError
+from vmtax.host import outputs
 from vmtax.report import export as export_mod
 from vmtax.analysis.model import RunModel, analyse, compare
 from vmtax.results.store import IMPORTED, Run, Store
@@ -94,17 +95,17 @@ def report(run_ids, html_path, png_dir, svg_dir, results) -> None:
     # Two runs: the second against the first, metric by metric, as `vmtax compare` does.
     comparison = compare(runs[0], runs[1], store=store) if len(runs) == 2 else None
     reports = [htmlreport.build(model, host=name) for model, name in models]
-    export_mod.write_file(html_path,
+    outputs.write_file(html_path,
                           htmlreport.render_html(reports, comparison, spread).encode())
     written = 0
     for fmt, directory in (("png", png_dir), ("svg", svg_dir)):
         if directory:
-            out_dir = export_mod.output_dir(directory)
+            out_dir = outputs.output_dir(directory)
             for rep in reports:
                 for chart in rep.charts:
                     stem = f"{rep.run.id}-{rep.host}" if rep.host else rep.run.id
                     # A host's name is the fleet's to say: never a path out of out_dir.
-                    export_mod.write_file(paths.under(out_dir, f"{stem}-{chart.slug}.{fmt}",
+                    outputs.write_file(paths.under(out_dir, f"{stem}-{chart.slug}.{fmt}",
                                                       "a figure file"),
                                           plots.render(chart, fmt))
                     written += 1
@@ -177,5 +178,5 @@ def export(run_id, csv_path, json_path, jsonl_path, benchstat_path, markdown_pat
             sys.stdout.buffer.write(encode(run, per_host))
             sys.stdout.flush()
         elif path:
-            export_mod.write_file(path, encode(run, per_host))
+            outputs.write_file(path, encode(run, per_host))
             click.echo(f"wrote {path}", err=True)

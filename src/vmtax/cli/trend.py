@@ -151,10 +151,10 @@ def trend_command(name, metrics, targets, since, until, alpha, noise_floor, meth
 
         trend_report.print_trend(Console(highlight=False), trend)
     if html_path:
-        from vmtax.report import export as export_mod
+        from vmtax.host import outputs
         from vmtax.report import trend_html
 
-        export_mod.write_file(html_path,
+        outputs.write_file(html_path,
                               trend_html.render(trend, history.levels(trend)).encode())
         click.echo(f"wrote {html_path}", err=True)
     regressions = trend.regressions()
@@ -217,20 +217,27 @@ def publish_command(names, results) -> None:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
     *series_names, directory = names
     from vmtax.analysis.model import analyse
+    from vmtax.host import outputs
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
     trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
               for name in series_names]
-    # The site decides its pages; each run they show is analysed here, once, and rendered.
-    site = publish.plan(trends, directory)
+    # The site decides its pages; each run they show is analysed here, once, rendered,
+    # and written.
+    out = outputs.output_dir(directory)
+    for sub in publish.SUBDIRECTORIES:
+        (out / sub).mkdir(exist_ok=True)
+    site = publish.plan(trends, out)
     for path, trend in site.trends:
-        publish.trend_page(path, trend, history.levels(trend))
+        outputs.write_file(path, publish.trend_page(trend, history.levels(trend)))
     for path, before_id, after_id, changes in site.changes:
-        publish.compare_page(path, analyse(store.load_run(before_id)),
-                             analyse(store.load_run(after_id)), changes)
+        outputs.write_file(path, publish.compare_page(analyse(store.load_run(before_id)),
+                                                      analyse(store.load_run(after_id)),
+                                                      changes))
     for path, run_id, figures in site.runs:
-        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures, results)
-    publish.index_page(site)
+        outputs.write_file(path, publish.run_page(run_id, analyse(store.load_run(run_id)),
+                                                  figures, results))
+    outputs.write_file(site.out / "index.html", site.index.encode())
     pages = len(site.trends) + len(site.changes) + len(site.runs)
     click.echo(f"wrote {site.out / 'index.html'} and {pages} more page{'s' * (pages != 1)}")

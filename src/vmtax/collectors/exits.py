@@ -1,7 +1,9 @@
 """exits: VM exits of a KVM guest per reason, recorded by `perf kvm stat` (E2).
 
-`perf kvm stat record -p QEMU_PID` runs in the collector's scratch directory from start to
-stop (it writes perf.data.guest there); at stop it gets SIGINT, as a user's Ctrl-C, which
+`perf kvm stat record -p VMM_PID` (the subject's first process, its VMM: the QEMU of a vm
+target or of a libvirt domain; Subject.vmm_process) runs in the collector's scratch
+directory from start to stop (it writes perf.data.guest there); at stop it gets SIGINT, as
+a user's Ctrl-C, which
 makes it finish the file, and `perf kvm stat report --event=E` per asked event kind is read
 by vmtax.helpers.perf_kvm into one metric per reason (with per_vcpu, also `--vcpu=N` for each of
 the subject's vCPUs, in vCPU order, as metrics with a "vcpu" dimension). perf prints that
@@ -93,7 +95,7 @@ def host_problem(tracefs: tuple[Path, ...] = TRACEFS) -> str | None:
 class Exits(Collector):
     name = "exits"
     description = ("VM exits of a KVM guest per reason (samples, shares of samples and of "
-                   "time, min/max/avg time), from perf kvm stat record on its QEMU process.")
+                   "time, min/max/avg time), from perf kvm stat record on its VMM process.")
     packages = ("linux-perf",)
     Options = ExitsOptions
     options: ExitsOptions
@@ -111,17 +113,13 @@ class Exits(Collector):
 
     @classmethod
     def unavailable(cls, subject: Subject) -> str | None:
-        if subject.kind == "libvirt":
-            # A VM, maybe on KVM (the lab runs one): its QEMU is libvirtd's, not attached yet.
-            return (f"{subject.name}: exits are recorded for vm targets' QEMU only, not yet "
-                    "for a libvirt domain's")
-        if subject.kind != "vm":
+        if not subject.vmm_process:
             return f"{subject.name} is no VM: exits are those of a KVM guest"
         if not subject.pids:
-            return f"{subject.name} has no QEMU process to record"
+            return f"{subject.name} has no VMM process to record"
         guest = _is_kvm_guest(subject.pids[0], cls.proc_root)
         if guest is None:
-            return f"cannot read /proc/{subject.pids[0]}/fd of {subject.name}'s QEMU"
+            return f"cannot read /proc/{subject.pids[0]}/fd of {subject.name}'s VMM"
         if not guest:
             status = kvm.probe()
             return (f"{subject.name} runs under TCG, which has no VM exits"
@@ -143,14 +141,14 @@ class Exits(Collector):
 
     def start(self, subject: Subject) -> None:
         if not subject.pids:
-            raise CollectorError(f"{self.name}: {subject.name} has no QEMU process")
-        qemu = subject.pids[0]
+            raise CollectorError(f"{self.name}: {subject.name} has no VMM process")
+        vmm = subject.pids[0]
         self._vcpus = len(subject.vcpu_threads)
         # perf reads the subject's /proc/PID/task/*/maps first, within 500 ms by default:
         # in vmtax's lab (everything under TCG) that ran out ("Reading … maps time out").
         slow = ["--proc-map-timeout", str(int(machine.lab_scaled(PROC_MAP_TIMEOUT_MS)))]
         self._perf = spawn_record([PERF, "kvm", "stat", "record",
-                                   *(slow if machine.lab() else []), "-p", str(qemu)],
+                                   *(slow if machine.lab() else []), "-p", str(vmm)],
                                   self.scratch, self.name)
         self._token = self.journal.process(self._perf.pid)
         data = self.scratch / "perf.data.guest"

@@ -279,8 +279,9 @@ def own_samples(script: Script, subject: Subject, recorded: set[int], launchers:
     Otherwise vmtax's pid (whose command name is `recorder`): a sample's process tree (its
     ancestor that is vmtax's child) is a container job when that root ran a container
     runtime's binary (launchers), and vmtax's own when it ran perf (another collector's
-    perf script); a fork of vmtax's that has not run its program yet is left out too."""
-    vcpus = set(subject.vcpu_threads)
+    perf script); a fork of vmtax's that has not run its program yet is left out too.
+    A VMM's (Subject.vmm_process) threads are classed by its vCPU threads."""
+    vcpus = set(subject.vcpu_threads) if subject.vmm_process else set()
     kept: list[Sample] = []
     for sample in script.samples:
         if sample.pid <= 0:
@@ -427,7 +428,8 @@ class Profiler(Collector):
     def start(self, subject: Subject) -> None:
         self._subject = subject
         self._recorded = list(subject.pids) or [os.getpid()]
-        threads = self._threads(self._recorded, subject.vcpu_threads)
+        threads = self._threads(self._recorded,
+                                subject.vcpu_threads if subject.vmm_process else [])
         if not threads:
             raise CollectorError(f"{self.name}: none of {subject.name}'s processes "
                                  f"({', '.join(map(str, self._recorded))}) is running")

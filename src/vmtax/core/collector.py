@@ -106,6 +106,9 @@ class Subject:
     cgroup: str | None = None
     # The workload's client on the host, for a client-server workload; None otherwise.
     host_client: HostClient | None = None
+    # pids[0] is a VMM holding the guest's KVM VM (Target.vmm_process: QEMU of a vm target
+    # or a libvirt domain, a microVM's VMM): what VM exits and a VMM's threads are read on.
+    vmm_process: bool = False
 
 
 class Collector(plugin.Plugin, abc.ABC):

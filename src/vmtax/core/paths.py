@@ -24,6 +24,13 @@ def cache_dir() -> Path:
     return path
 
 
+def work_parent(results_dir: Path) -> Path:
+    """Where a study makes its work directory (scratch files, guests' disks): VMTAX_WORK
+    (vmtax lab: the lab's own disk, not the share its results go to), else its results
+    directory."""
+    return Path(os.environ.get("VMTAX_WORK") or results_dir)
+
+
 def runtime_dir(create: bool = True) -> Path:
     """Host-wide state that must survive a crash of vmtax (the undo journal), checked as
     `check_private` does; create=False for those that only look (nothing is made, and a

@@ -95,6 +95,9 @@ class Target(plugin.Plugin, abc.ABC):
     # Its first host process (host_pids()[0]) is a VMM that holds the guest's KVM VM (QEMU,
     # Firecracker, Cloud Hypervisor): what VM exits and a VMM's profile are recorded on.
     vmm_process: ClassVar[bool] = False
+    # How the kind's own program is built from a source tarball on first use, when the host
+    # has none (vmtax.helpers.vmm_build.CargoBuild for a VMM); None: nothing of its own.
+    source_build: ClassVar[Any] = None
     # Options that make its instances small, for studies that start many at once
     # (density, boot): a guest of one vCPU and little memory.
     small_options: ClassVar[Mapping[str, Any]] = {}

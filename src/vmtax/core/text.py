@@ -12,12 +12,12 @@ file only (a FIFO would block, /dev/zero never end) and at most a size cap.
 from __future__ import annotations
 
 import os
-import stat
 import unicodedata
 
 from rich.markup import escape
 
 from vmtax.core.errors import VmtaxError
+from vmtax.core.files import read_bounded
 
 
 def first_line(text: str) -> str:
@@ -79,35 +79,9 @@ def read_user_file(path: str | os.PathLike[str], what: str, limit: int,
                    errors: str = "strict") -> str:
     """The text of the regular file at path, at most limit bytes, decoded as UTF-8 (with
     errors); else a VmtaxError naming path and what the file was to be (`the plan file`)."""
-    try:
-        # O_NONBLOCK: opening a FIFO without a writer must not wait for one.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise VmtaxError(f"{path}: cannot read {what} ({exc.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise VmtaxError(f"{path}: cannot read {what} (not a regular file)")
-        # One byte past the cap tells a file at the cap from a larger one; fstat's size is
-        # not trusted, as the file may grow while it is read.
-        data = b""
-        while len(data) <= limit:
-            chunk = os.read(fd, limit + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    except OSError as exc:
-        raise VmtaxError(f"{path}: cannot read {what} ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise VmtaxError(f"{path}: cannot read {what} (larger than {_size(limit)}, "
-                         f"the most vmtax reads)")
+    data = read_bounded(path, what, limit)
     try:
         return data.decode("utf-8", errors)
     except UnicodeDecodeError as exc:
         raise VmtaxError(f"{path}: cannot read {what} (not UTF-8 text: {exc.reason} at "
                          f"byte {exc.start})") from None
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB"

@@ -24,7 +24,7 @@ import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Mapping
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -32,7 +32,7 @@ from vmtax.guest import minimal_kernel
 from vmtax.guest import rootfs as rootfs_mod
 from vmtax.guest.kernel_cache import Kernel, kernel_version, load_kernel, publish_dir
 
-FORMAT = "5"   # bump when the image layout changes, to invalidate caches
+FORMAT = "6"   # bump when the image layout changes, to invalidate caches
 DEBIAN_META_PACKAGE = "linux-image-amd64"
 # Guest kernel choices by name, and the Debian meta-package each follows.
 DEBIAN_KERNELS = {"debian": DEBIAN_META_PACKAGE, "debian-rt": "linux-image-rt-amd64"}
@@ -49,6 +49,9 @@ NET_MODULES = ("virtio_net",)
 # them, whose disk then never appears.
 SCSI_MODULES = ("virtio_scsi", "sd_mod")
 NVME_MODULES = ("nvme",)
+# Loaded by /init before the agent's channel when it is vsock (a VMM without virtio-serial:
+# Firecracker, Cloud Hypervisor; vmtax.vsock= on the command line).
+VSOCK_MODULES = ("vmw_vsock_virtio_transport",)
 # ext4's soft dependency crc32c-intel fails to load on TCG CPU models; crc32c_generic covers it.
 SKIP_MODULES = frozenset({"crc32c_intel"})
 
@@ -116,8 +119,8 @@ def _insmod_order(root: Path, version: str, module: str) -> list[Path]:
 
 def select_modules(root: Path, version: str, dest: Path) -> dict[str, list[str]]:
     """Copy the modules the guest needs into dest; return each phase's insmod order (file
-    names): "boot-mmio"/"boot-pci" before READY, "disk" and "net" after (minus what boot
-    loaded)."""
+    names): "boot-mmio"/"boot-pci" before READY ("vsock" then, for a vsock channel), "disk"
+    and "net" after (minus what boot loaded)."""
     def ordered(modules: Iterable[str]) -> list[Path]:
         return list(dict.fromkeys(itertools.chain.from_iterable(
             _insmod_order(root, version, m) for m in modules)))
@@ -126,7 +129,8 @@ def select_modules(root: Path, version: str, dest: Path) -> dict[str, list[str]]
     loaded_at_boot = set(ordered(["virtio_console"]))
     phases["disk"] = [ko for ko in ordered(DISK_MODULES) if ko not in loaded_at_boot]
     phases["net"] = [ko for ko in ordered(NET_MODULES) if ko not in loaded_at_boot]
-    for phase, modules in (("scsi", SCSI_MODULES), ("nvme", NVME_MODULES)):
+    for phase, modules in (("scsi", SCSI_MODULES), ("nvme", NVME_MODULES),
+                           ("vsock", VSOCK_MODULES)):
         try:
             phases[phase] = [ko for ko in ordered(modules) if ko not in loaded_at_boot]
         except VmtaxError:
@@ -353,11 +357,13 @@ class GuestImage:
     """Kernel + initramfs for VM targets, built on first use and cached across runs."""
 
     def __init__(self, binaries: Iterable[str], kernel: str | Path | None = None,
-                 cache: Path | None = None):
-        """kernel: as guest_kernel takes it; None is "debian"."""
+                 cache: Path | None = None, programs: Mapping[str, Path] | None = None):
+        """kernel: as guest_kernel takes it; None is "debian". programs: more of vmtax's own
+        programs under /vmtax in the guest, by name (the vsock channel's end)."""
         self.binaries = sorted(set(binaries))
         self.kernel_arg = kernel
         self.cache = cache or paths.cache_dir()
+        self.programs = dict(programs or {})
         self._kernel: Kernel | None = None
         self._rootfs: Path | None = None
         self._initramfs: Path | None = None
@@ -385,6 +391,8 @@ class GuestImage:
                  CpioEntry("vmtax/modules", stat.S_IFDIR | 0o755)]
         extra += [CpioEntry(f"vmtax/{name}", stat.S_IFREG | 0o755, guest_file(name))
                   for name in GUEST_FILES if name != "init"]
+        extra += [CpioEntry(f"vmtax/{name}", stat.S_IFREG | 0o755, path)
+                  for name, path in sorted(self.programs.items())]
         for phase, files in kernel.modules.items():
             extra.append(CpioEntry(f"vmtax/modules/{phase}.list", stat.S_IFREG | 0o644,
                                    "".join(f + "\n" for f in files).encode()))
@@ -403,6 +411,8 @@ class GuestImage:
         h = hashlib.sha256(f"{FORMAT}\0{self.rootfs().name}\0{self.kernel_info().key}".encode())
         for name in GUEST_FILES:
             h.update(b"\0" + name.encode() + b"\0" + guest_file(name))
+        for name, path in sorted(self.programs.items()):
+            h.update(b"\0" + name.encode() + b"\0" + path.read_bytes())
         return h.hexdigest()[:16]
 
     def initramfs(self) -> Path:

@@ -6,7 +6,8 @@ initialising subsystems a guest of vmtax never uses, then loading the virtio mod
 so the initramfs carries none and /init loads none), boots in well under that. What it
 keeps: 64-bit SMP, PVH entry (QEMU boots the ELF directly), paravirt and KVM guest support,
 ACPI and PCI (microvm finds its virtio-mmio devices through ACPI; q35 uses virtio-pci),
-virtio mmio/pci with the console (the agent's port), block (the scratch disk, ext4) and net
+virtio mmio/pci with the console (the agent's port) and vsock (its channel under
+Firecracker and Cloud Hypervisor), block (the scratch disk, ext4) and net
 devices, the serial console, the initramfs (gzip or none), and what the agent, busybox and
 the workloads use (proc, sysfs, devtmpfs, tmpfs, futex, epoll, timers, SysV IPC and
 hugetlbfs for sysbench's --memory-hugetlb, real-time scheduling for cyclictest). What the
@@ -62,6 +63,8 @@ CONFIG = (
     "SIGNALFD", "TIMERFD", "EVENTFD", "POSIX_TIMERS", "HIGH_RES_TIMERS", "HUGETLBFS",
     "MULTIUSER", "SYSVIPC", "FILE_LOCKING", "RTC_CLASS", "POSIX_MQUEUE", "PROC_SYSCTL",
     "UNIX98_PTYS", "NO_HZ_IDLE",
+    # The agent's channel under a VMM without virtio-serial (Firecracker, Cloud Hypervisor).
+    "VSOCKETS", "VIRTIO_VSOCKETS",
 )
 # What tinyconfig or the options above bring by default that a vmtax guest never uses, and
 # that costs boot time under TCG (measured with initcall_debug, on a busy 2-core host):

@@ -144,6 +144,11 @@ MACHINES = {
 }
 
 
+# The vsock port of the agent's channel, for a VMM without virtio-serial: the guest connects
+# to the host there (vmtax.vsock= on the kernel's command line; the guest's /init).
+AGENT_VSOCK_PORT = 1024
+
+
 def transport(machine: str) -> str:
     """How virtio devices attach: "mmio" on microvm, "pci" on q35."""
     return "mmio" if machine == "microvm" else "pci"
@@ -176,16 +181,30 @@ APIC_BUS_HZ = 1_000_000_000
 def kernel_cmdline(machine: str, tsc_khz: int | None, hz: int | None = None,
                    guest_hugepages: int = 0, extra: str | None = None, *, tcg: bool = False,
                    params: tuple[str, ...] = ()) -> str:
-    """The guest kernel's command line; tcg: the guest runs under TCG; params: the boot
-    parameters the kernel takes beyond upstream's (Kernel.params)."""
-    args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={transport(machine)}",
+    """The guest kernel's command line on a QEMU machine; tcg: the guest runs under TCG;
+    params: the boot parameters the kernel takes beyond upstream's (Kernel.params). The
+    Debian kernel's TSC calibration hung microvm boots on a busy host (HOST-NOTES): there
+    the kernel is told the TSC's rate."""
+    return guest_cmdline(transport(machine), tsc_khz, hz, guest_hugepages, extra, tcg=tcg,
+                         params=params, early_tsc=machine == "microvm")
+
+
+def guest_cmdline(bus: str, tsc_khz: int | None, hz: int | None = None,
+                  guest_hugepages: int = 0, extra: str | None = None, *, tcg: bool = False,
+                  params: tuple[str, ...] = (), early_tsc: bool = False,
+                  vsock: bool = False) -> str:
+    """The guest kernel's command line for virtio devices on bus ("mmio", "pci"); early_tsc:
+    tell the kernel the TSC's rate (tsc_early_khz); vsock: the agent's channel is vsock
+    (AGENT_VSOCK_PORT), not a virtio-serial port."""
+    args = ["console=ttyS0", "quiet", "panic=-1", f"vmtax.bus={bus}",
+            *([f"vmtax.vsock={AGENT_VSOCK_PORT}"] if vsock else ()),
             *BOOT_SPEEDUPS, *(TCG_BOOT_SPEEDUPS if tcg else ())]
     if tcg and hz and "lapic_timer_period" in params:
         args.append(f"lapic_timer_period={APIC_BUS_HZ // hz}")
     if tsc_khz:
         if hz:   # the delay loop counts TSC cycles: TSC cycles per tick
             args.append(f"lpj={tsc_khz * 1000 // hz}")
-        if machine == "microvm":
+        if early_tsc:
             args.append(f"tsc_early_khz={tsc_khz}")
     if guest_hugepages:
         # Reserved at boot, before guest memory fragments; the default size on x86 is 2 MiB.

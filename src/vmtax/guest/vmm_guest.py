@@ -92,6 +92,7 @@ class VmmGuest(AgentGuest):
                  network: str = "none", net: Network | None = None):
         super().__init__(name)
         self.opts = opts
+        self.guest_memory = parse_size(opts.memory)
         self.journal = journal
         self.work_dir = Path(work_dir)
         self.network = network          # "none" | "bridge" (then on `net`) | "user"
@@ -148,6 +149,15 @@ class VmmGuest(AgentGuest):
     def _quit(self) -> None:
         """Ask the VMM to exit (its API) before it is killed; by default it is only killed."""
 
+    def _stdout(self, files: GuestFiles) -> Path:
+        """Where the VMM's standard output goes (a VMM whose serial console is its stdout:
+        the console's log); its standard error goes to vmm.log."""
+        return files.run_dir / "vmm.log"
+
+    def _logs(self, files: GuestFiles) -> list[Path]:
+        """The VMM's logs, whose last lines a failed boot's message quotes."""
+        return [files.run_dir / "vmm.log"]
+
     def _boot_hints(self) -> list[str]:
         """What the user may try after a failed boot, beyond the kernel's messages."""
         return []
@@ -179,9 +189,10 @@ class VmmGuest(AgentGuest):
         self._listener.bind(str(files.agent_socket))
         self._listener.listen(1)
         start = time.monotonic()
-        with open(run_dir / "vmm.log", "wb") as log, open(files.console_log, "ab"):
+        with open(run_dir / "vmm.log", "ab") as log, open(files.console_log, "ab"), \
+                open(self._stdout(files), "ab") as out:
             self._proc = proc.spawn(argv, preexec=self._preexec(files),
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=log)
         self._tokens.append(self.journal.process(self._proc.pid))
         self._started(files)
         deadline = start + machine.lab_scaled(self.opts.boot_timeout)
@@ -261,7 +272,7 @@ class VmmGuest(AgentGuest):
         # fault): it is said, and the boot failed all the same.
         exited = None if code is None else f"{self.vmm_name} exited with status {code}"
         what = self._not_ready(exc, exited, machine.lab_scaled(self.opts.boot_timeout))
-        said = tail(self.files.run_dir / "vmm.log", 3)
+        said = " | ".join(filter(None, (tail(log, 3) for log in self._logs(self.files))))
         console = tail(self.files.console_log)
         # The kernel boots with `quiet`.
         hints = [] if console else ['kernel_args = "loglevel=7" shows the kernel\'s messages']

@@ -8,7 +8,7 @@ its guardian (vmtax.host.guardian) undoes them at once, or failing that the next
 (or `vmtax cleanup`) finds the journal of a dead process and undoes it.
 
 An entry is a dict. The journal undoes the basic changes itself, by the entry's "type"
-(kill, rmtree, write, rmdir, umount, argv); any other entry names the function that undoes
+(kill, rmtree, unlink, write, rmdir, umount, argv); any other entry names the function that undoes
 it in its "undo" field (`undone_by`), "vmtax.host.hugepages:end_lease", called with the
 journal and the entry. It is named rather than registered because a guardian or `vmtax
 cleanup` undoing a dead process's journal has imported none of the modules that wrote it.
@@ -72,7 +72,10 @@ MOVED = {
 # What an entry of each type leaves on the host while it is not undone (`describe`).
 LEFT = {"kill": "process", "rmtree": "directory", "rmdir": "cgroup", "umount": "mount",
         "write": "setting", "ksm": "KSM setting", "hugepages": "huge page lease",
-        "remote": "remote directory"}
+        "remote": "remote directory", "unlink": "temporary file"}
+# The temporary names of the files vmtax writes for a user (vmtax.host.outputs), the only
+# files an "unlink" entry removes.
+TEMPORARY_FILE = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
 JOURNAL_NAME = re.compile(r"journal-\d+-\d+\.json")
 # A journal lists a few changes per target: a file far larger is none of vmtax's.
 MAX_JOURNAL = 16 << 20
@@ -423,6 +426,9 @@ def _refusal(entry: dict[str, Any]) -> None:
             raise Refused(f"process {entry.get('pid')!r} is not one vmtax journals")
     elif kind == "rmtree":
         _absolute(entry.get("path"))
+    elif kind == "unlink":
+        if not TEMPORARY_FILE.fullmatch(os.path.basename(_absolute(entry.get("path")))):
+            raise Refused(f"removing {entry['path']} is not something vmtax does")
     elif kind == "write":
         path = _absolute(entry.get("path"))
         if not path.startswith(("/sys/", "/proc/sys/")) or not isinstance(entry.get("value"),
@@ -463,6 +469,8 @@ def _undo(entry: dict[str, Any], journal: Journal) -> None:
     elif kind == "rmtree":
         if _check_tree(entry["path"], journal):
             shutil.rmtree(entry["path"], ignore_errors=True)
+    elif kind == "unlink":
+        _remove_temporary(entry["path"])
     elif kind == "write":
         Path(entry["path"]).write_text(entry["value"])
     elif kind == "rmdir":
@@ -473,6 +481,16 @@ def _undo(entry: dict[str, Any], journal: Journal) -> None:
         subprocess.run(entry["argv"], capture_output=True, timeout=30)
     else:
         _handler(PREVIOUS_VERSION_UNDO[kind])(journal, entry)
+
+
+def _remove_temporary(path: str) -> None:
+    """A temporary file of vmtax's user's, where a kill left it: never what a link names."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(found.st_mode) and found.st_uid == os.geteuid():
+        os.unlink(path)
 
 
 def _rmdir_all(paths: list[str], within: float = 2.0) -> None:

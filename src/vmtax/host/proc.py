@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -169,6 +170,28 @@ def smaps_rollup(path: Path) -> tuple[int, int] | None:
                 raise ValueError(f"unexpected line in {path}: {line!r}")
             found[key] = int(value[0])
     return (found["Rss"], found["Pss"]) if len(found) == 2 else None
+
+
+_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
+
+
+def large_mappings_pss(path: Path, at_least: int) -> int | None:
+    """KiB of PSS in the mappings of a /proc/PID/smaps file that are at least `at_least`
+    KiB large (a guest's RAM, mapped whole by its VMM); None when unreadable."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    total, size = 0, 0
+    for line in text.splitlines():
+        if _MAPPING.match(line):
+            size = 0
+        key, _, rest = line.partition(":")
+        if key == "Size":
+            size = int(rest.split()[0])
+        elif key == "Pss" and size >= at_least:
+            total += int(rest.split()[0])
+    return total
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -58,15 +58,24 @@ def print_cells(out: Console, found: list[Cell], missing: list[str]) -> None:
         rows = [[_shown(r.reason), f"{r.samples:,}", _num(r.share), _num(r.time_share),
                  micros(r.avg), micros(r.min), micros(r.max), _num(r.spread),
                  _num(r.per_second, 1)] for r in cell.reasons]
-        total = ["total", f"{cell.total_samples:,}", "100", "100",
-                 micros(cell.total_time / cell.total_samples if cell.total_samples else None),
+        times = cell.times_impossible is None
+        total = ["total", f"{cell.total_samples:,}", "100", "100" if times else "—",
+                 micros(cell.total_time / cell.total_samples
+                        if cell.total_samples and times else None),
                  "", "", "", _num(cell.total_samples / cell.seconds if cell.seconds else None, 1)]
         table = _table(_shown(cell.label), ["reason", "samples", "%", "time\n%", "avg\nµs",
                                             "min\nµs", "max\nµs", "±\n%", "/s"], rows, total)
         out.print(table, crop=False)
         seconds = f"{cell.seconds:.2f} s of workload time" if cell.seconds else "unknown time"
-        out.print(f"  {cell.total_samples:,} exits handled in {cell.total_time:,.2f} µs "
-                  f"over {seconds}")
+        if times:
+            out.print(f"  {cell.total_samples:,} exits handled in {cell.total_time:,.2f} µs "
+                      f"over {seconds}")
+        else:
+            out.print(f"  {cell.total_samples:,} exits over {seconds}; their times are not "
+                      f"shown, as they cannot be true: {_shown(cell.times_impossible or '')} "
+                      "(perf times an exit until the vCPU's next entry, across the pauses "
+                      "of the guest between repetitions and a nested clock's jumps); the "
+                      "samples and their shares stand", soft_wrap=False)
         if cell.result:
             out.print(f"  {_shown(cell.workload)}: {_shown(_result_text(cell))}")
     for line in grouped_notes(missing):   # once for all TCG guests, not once each
@@ -81,7 +90,8 @@ def print_diff(out: Console, event: str, cell_a: Cell, cell_b: Cell, changes: li
         side = " (A only)" if c.share_b is None else " (B only)" if c.share_a is None else ""
         rows.append([_shown(c.reason) + side, _num(c.share_a), _num(c.share_b),
                      f"{c.change:+.2f}", _num(c.time_share_a), _num(c.time_share_b),
-                     f"{c.time_change:+.2f}", _num(c.per_second_a, 1), _num(c.per_second_b, 1)])
+                     "—" if c.time_change is None else f"{c.time_change:+.2f}",
+                     _num(c.per_second_a, 1), _num(c.per_second_b, 1)])
     table = _table(f"exits ({event}): A → B", ["reason", "A %", "B %", "Δ pp", "A\ntime %",
                                                 "B\ntime %", "Δ time\npp", "A /s", "B /s"],
                    rows)
@@ -91,6 +101,10 @@ def print_diff(out: Console, event: str, cell_a: Cell, cell_b: Cell, changes: li
         out.print(f"{name}: {_shown(cell.label)}: {cell.total_samples:,} exits"
                   + (f" in {cell.seconds:.2f} s" if cell.seconds else "")
                   + (f"; {_shown(cell.workload)}: {_shown(result)}" if result else ""))
+    for name, cell in (("A", cell_a), ("B", cell_b)):
+        if cell.times_impossible:
+            out.print(f"{name}'s exit times cannot be true "
+                      f"({_shown(cell.times_impossible)}): no change of time share is given")
     if only_a or only_b:
         out.print(_shown("only in A: " + (", ".join(only_a) or "—") + "; only in B: "
                          + (", ".join(only_b) or "—")))

@@ -1,4 +1,4 @@
-"""Tidy data for pandas and R: one row per repetition × metric, and safe file writing.
+"""Tidy data for pandas and R: one row per repetition × metric.
 
 A row carries everything needed to filter and group without joins: run id, target,
 workload, phase, repetition index and status, every workload parameter in its own
@@ -18,18 +18,13 @@ column naming the host that ran each.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import datetime
 import io
 import json
-import os
 import re
-import secrets
-from pathlib import Path
 from typing import Any
 
-from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
 from vmtax.core.types import Metric
 from vmtax.results.store import Run
@@ -198,29 +193,3 @@ def to_benchstat(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     lines += [f"Unit {u} better={'higher' if hib else 'lower'}" for u, hib in units.items()]
     # Names, parameters and the CPU's model come from outside: escaped, as on the terminal.
     return "".join(printable(line) + "\n" for line in lines + [""] + body).encode()
-
-
-def write_file(path: str | os.PathLike, data: bytes) -> None:
-    """Write all of `data` or nothing: a temporary file beside `path`, renamed over it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        # os.open with 0o666 lets the umask decide the mode, as for any new file.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise VmtaxError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def output_dir(path: str | os.PathLike) -> Path:
-    """A directory for figure files, created if needed."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise VmtaxError(f"cannot create directory {path}: {exc.strerror or exc}") from None
-    return path

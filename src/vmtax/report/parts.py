@@ -117,9 +117,12 @@ def target_label(run: Run, name: str) -> str:
     # An ssh target: what the plan calls the machine, beside the hypervisor found there.
     detail = fp.get("accel") or fp.get("runtime") or ", ".join(dict.fromkeys(
         v for v in (fp.get("label"), fp.get("hypervisor")) if v and v not in name))
-    # vmtax lab: never hardware's KVM (a vm's accel, a libvirt domain's type)
+    # vmtax lab: never hardware's KVM (a vm's accel, a libvirt domain's type), nor a bare
+    # host (the lab's own system, a TCG guest)
     if run.host.get("lab") and "kvm" in (detail, fp.get("domain_type")):
         detail = "nested KVM"
+    elif run.host.get("lab") and fp.get("lab_host"):
+        detail = "lab"
     return f"{name} ({detail})" if detail and detail not in name else name
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, SeriesLevels, Trend
 from vmtax.analysis.model import RunModel
 from vmtax.core import hints
-from vmtax.report import export as export_mod
 from vmtax.report import html as htmlreport
 from vmtax.report import trend_html
 from vmtax.report.parts import change_interval, fmt, runs_text, series_status
@@ -62,8 +61,8 @@ def change_text(c: FoundChange) -> str:
 class Site:
     """The pages a publish writes, decided from the trends and what the directory holds
     already (a page written before is not written again, but for a run's page that gains
-    its figures); the CLI analyses the runs each page needs and hands them to the writers
-    below."""
+    its figures); the CLI analyses the runs each page needs, has the functions below render
+    them and writes them (a renderer writes no file: vmtax.host.outputs does)."""
     out: Path
     trends: list[tuple[Path, Trend]] = field(default_factory=list)
     # Per change point's pair of runs: its page, the runs, and each series changing there.
@@ -73,10 +72,11 @@ class Site:
     index: str = ""
 
 
-def plan(trends: list[Trend], directory: str) -> Site:
-    out = export_mod.output_dir(directory)
-    for sub in ("runs", "trends", "changes"):
-        (out / sub).mkdir(exist_ok=True)
+SUBDIRECTORIES = ("runs", "trends", "changes")
+
+
+def plan(trends: list[Trend], out: Path) -> Site:
+    """The site in out, a directory holding SUBDIRECTORIES."""
     site = Site(out)
     pages: dict[Path, list[tuple[Series, FoundChange]]] = {}
     sections = []
@@ -128,17 +128,16 @@ def plan(trends: list[Trend], directory: str) -> Site:
     return site
 
 
-def trend_page(path: Path, trend: Trend, levels: list[SeriesLevels]) -> None:
-    export_mod.write_file(path, trend_html.render(trend, levels, linked=True).encode())
+def trend_page(trend: Trend, levels: list[SeriesLevels]) -> bytes:
+    return trend_html.render(trend, levels, linked=True).encode()
 
 
-def run_page(path: Path, run_id: str, model: RunModel, figures: bool,
-             results: str | None = None) -> None:
+def run_page(run_id: str, model: RunModel, figures: bool, results: str | None = None) -> bytes:
     page = htmlreport.render_html([htmlreport.build(model, charts=figures)])
     if not figures:
         command = hints.command("report", run_id, "--html", "report.html", results=results)
         page = page.replace(_MAIN, _MAIN + _NO_FIGURES.format(command=html.escape(command)), 1)
-    export_mod.write_file(path, page.encode())
+    return page.encode()
 
 
 # A page without figures says so at its top (report.html.j2 opens its content with _MAIN).
@@ -149,13 +148,13 @@ _NO_FIGURES = ("\n" + _NO_FIGURES_MARK + "This site draws figures only for the r
                ".</p>")
 
 
-def compare_page(path: Path, before: RunModel, after: RunModel,
-                 changes: list[tuple[Series, FoundChange]]) -> None:
+def compare_page(before: RunModel, after: RunModel,
+                 changes: list[tuple[Series, FoundChange]]) -> bytes:
     """A change point's page: the segments on either side of it compared, as the trend
     compares them (a run against the run before alone is no such comparison: that run may
     be the segment's highest), what changed between the runs, then both runs' reports."""
     page = htmlreport.render_html([htmlreport.build(before), htmlreport.build(after)])
-    export_mod.write_file(path, page.replace(_MAIN, _MAIN + _segments(changes), 1).encode())
+    return page.replace(_MAIN, _MAIN + _segments(changes), 1).encode()
 
 
 def _segments(changes: list[tuple[Series, FoundChange]]) -> str:
@@ -181,9 +180,3 @@ def _segments(changes: list[tuple[Series, FoundChange]]) -> str:
             + _table(["series", "before", "after", "change", "p (adjusted)", ""], rows)
             + f"<h3>What changed since run {first.before.number}</h3><ul>"
             + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul></section>")
-
-
-def index_page(site: Site) -> Path:
-    index = site.out / "index.html"
-    export_mod.write_file(index, site.index.encode())
-    return index

@@ -276,41 +276,54 @@ class Store(PendingSideFile):
                              "status": status}, write)
 
     @guarded
-    def import_runs(self, other_dir: str | os.PathLike) -> list[str]:
-        """Copy in the runs of another results directory that this one lacks (a lab's,
-        made in a guest): their targets, repetitions, metrics and flags, as ordinary runs.
-        Their ids, oldest first. A run the other vmtax never finished is interrupted."""
+    def import_runs(self, other_dir: str | os.PathLike, only: str | None = None) -> list[str]:
+        """Copy in the runs of another results directory (a lab's, made in a guest; only
+        the run `only`, when given), as ordinary runs: their targets, repetitions, metrics
+        and flags. A run held here unfinished (a lab's, resumed in another) gets what it
+        lacks. The ids of the runs that changed, oldest first. A run the other vmtax never
+        finished is interrupted."""
         other = connect(Path(other_dir) / DB_NAME)
         other.row_factory = sqlite3.Row
         try:
             bring_up_to_date(other, Path(other_dir) / DB_NAME)
-            ids = [r["id"] for r in other.execute("SELECT id FROM runs ORDER BY created")
-                   if not self.db.execute("SELECT 1 FROM runs WHERE id = ?",
-                                          (r["id"],)).fetchone()]
+            changed = []
             with self.db:
-                for run_id in ids:
-                    self._copy_run(other, run_id)
+                for run in other.execute("SELECT * FROM runs ORDER BY created"):
+                    if only in (None, run["id"]) and self._copy_run(other, run):
+                        changed.append(run["id"])
         finally:
             other.close()
-        return ids
+        return changed
 
-    def _copy_run(self, other: sqlite3.Connection, run_id: str) -> None:
-        run = other.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+    def _copy_run(self, other: sqlite3.Connection, run: sqlite3.Row) -> bool:
+        """Copy run in, or what this store's unfinished copy of it lacks: whether it did."""
+        run_id = run["id"]
+        status = "interrupted" if run["status"] == "running" else run["status"]
+        here = self.db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if here is not None and here["status"] == "done":
+            return False
+        have = {(r["target"], r["workload"], r["params"], r["phase"], r["idx"])
+                for r in self.db.execute("SELECT * FROM reps WHERE run_id = ?", (run_id,))}
+        reps = [r for r in other.execute("SELECT * FROM reps WHERE run_id = ? ORDER BY id",
+                                         (run_id,))
+                if (r["target"], r["workload"], r["params"], r["phase"], r["idx"]) not in have]
+        if here is not None and not reps and here["status"] == status:
+            return False
+        self.db.execute("DELETE FROM runs WHERE id = ? AND status != 'done'", (run_id,))
         self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,NULL,NULL)",
-                        (run["id"], run["created"], run["finished"],
-                         "interrupted" if run["status"] == "running" else run["status"],
-                         run["plan"], run["host"], run["version"]))
-        targets = other.execute("SELECT run_id, name, kind, fingerprint FROM targets"
-                                " WHERE run_id = ?", (run_id,))
-        self.db.executemany("INSERT INTO targets VALUES (?,?,?,?)", [tuple(t) for t in targets])
-        for rep in other.execute("SELECT * FROM reps WHERE run_id = ? ORDER BY id", (run_id,)):
+                        (run_id, run["created"], run["finished"], status, run["plan"],
+                         run["host"], run["version"]))
+        for table, width in (("targets", 4), ("flags", 6)):   # as the other has them now
+            self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            self.db.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * width)})", [
+                tuple(row) for row in other.execute(f"SELECT * FROM {table} WHERE run_id = ?",
+                                                    (run_id,))])
+        for rep in reps:
             metrics = other.execute("SELECT name, value, unit, higher_is_better, dimensions"
                                     " FROM metrics WHERE rep_id = ?", (rep["id"],))
             self._insert_rep({**{c: rep[c] for c in REP_COLUMNS},
                               "metrics": [tuple(m) for m in metrics]})
-        flags = other.execute("SELECT run_id, target, workload, params, metric, flag"
-                              " FROM flags WHERE run_id = ?", (run_id,))
-        self.db.executemany("INSERT INTO flags VALUES (?,?,?,?,?,?)", [tuple(f) for f in flags])
+        return True
 
     @guarded
     def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:

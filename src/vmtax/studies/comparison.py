@@ -4,9 +4,11 @@ renders. The CLI parses the request, calls this and renders the model."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, ContextManager, NoReturn
 
 from vmtax.analysis.model import RunModel, analyse
+from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.results.store import Store
 from vmtax.studies import plan as plan_mod
@@ -26,7 +28,9 @@ def plan_of(request: RunRequest, store: Store | None = None) -> plan_mod.Plan:
     if request.resume:
         if store is None:
             raise VmtaxError("--resume: no results store to resume from")
-        the_plan = plan_mod.Plan.from_dict(store.load_run(request.resume).plan)
+        resumed = store.load_run(request.resume)
+        _resumable_here(resumed.id, resumed.host, store.dir)
+        the_plan = plan_mod.Plan.from_dict(resumed.plan)
     elif request.plan_file:
         from vmtax.studies import planfile
         the_plan = planfile.load(request.plan_file, request.quick)
@@ -45,6 +49,21 @@ def plan_of(request: RunRequest, store: Store | None = None) -> plan_mod.Plan:
     if request.name is not None:
         the_plan.name = request.name
     return the_plan
+
+
+def _resumable_here(run_id: str, host: dict, results: Path) -> None:
+    """A run is resumed where it was made: a lab's in a lab, a host's on a host, so that no
+    run mixes nested numbers with a host's."""
+    from vmtax.host import machine
+
+    made_in_lab, here = host.get("lab"), machine.lab()
+    if made_in_lab and not here:
+        again = hints.command("lab", "--results", results, "run", "--resume", run_id)
+        raise VmtaxError(f"run {run_id} was made in a lab ({made_in_lab}): resume it in one, "
+                         f"`{again}`")
+    if here and not made_in_lab:
+        raise VmtaxError(f"run {run_id} was made on a host, not in a lab: resume it there "
+                         "(vmtax run --resume, without vmtax lab)")
 
 
 def run(the_plan: plan_mod.Plan, store: Store, resume: str | None, progress: Progress,

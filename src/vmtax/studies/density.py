@@ -258,6 +258,17 @@ def memory_of(pids: Sequence[int]) -> tuple[int, int]:
     return rss, pss
 
 
+def guest_ram_pss(instances: Sequence[Instance]) -> int | None:
+    """KiB of PSS in the guests' RAM, summed: the mappings of each VMM (an instance's first
+    process) at least half its guest's memory large; None when no instance is a guest.
+    RAM on hugetlbfs counts nothing here (huge pages are not in PSS)."""
+    guests = [i for i in instances if i.guest_memory and i.host_pids()]
+    if not guests:
+        return None
+    return sum(proc.large_mappings_pss(Path(f"/proc/{i.host_pids()[0]}/smaps"),
+                                       (i.guest_memory or 0) >> 11) or 0 for i in guests)
+
+
 # Run in the network's namespace by the interpreter running vmtax: GET / of every address
 # at once until each answers with the site or the deadline; prints address -> when it
 # answered (CLOCK_MONOTONIC, the same in every process; null: it did not). A request may
@@ -326,6 +337,9 @@ class Step:
     # other processes included) and the instances' own CPU (cores' worth, summed).
     host_busy: float | None = None
     instances_cpu: float | None = None
+    # MiB of that PSS in the guests' RAM, as their VMMs map it (None: no guests): the rest
+    # is each VMM's own process, its code, heap and device state.
+    guest_ram: float | None = None
     # The HTTP check: every instance asked until it answered or http_wait seconds, scaled
     # from http_timeout by load (runnable tasks per CPU, 1-minute average, at the check);
     # the slowest answer, in seconds from the check's start.
@@ -458,6 +472,7 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
     if not with_ksm:
         counters = ksm.counters()
     rss, pss = memory_of(pids)
+    guest_ram = guest_ram_pss(instances)
     merged_mib = sum(map(merging_pages, pids)) * PAGE_MIB
     cpus = os.cpu_count() or 1
     load = os.getloadavg()[0] / cpus
@@ -469,7 +484,7 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
         instances=len(instances), added=len(added), start_seconds=round(start_seconds, 3),
         used_delta=_mib(used_kib(info) - used_kib(before)),
         kernel_delta={k: _mib(info.get(k, 0) - before.get(k, 0)) for k in KERNEL_LINES},
-        pss=_mib(pss), rss=_mib(rss),
+        pss=_mib(pss), rss=_mib(rss), guest_ram=None if guest_ram is None else _mib(guest_ram),
         answering=sum(1 for v in answers.values() if v is not None), settled=settled,
         settle_seconds=round(waited, 2), available=_mib(info["MemAvailable"]),
         ksm=counters, ksm_settled=ksm_settled,

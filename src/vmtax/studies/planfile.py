@@ -50,19 +50,23 @@ cyclictest's real-time scheduling).
 `load(path)` validates and expands a file into a plain `vmtax.studies.plan.Plan`, so the runner
 never sees sweeps. Every problem is one line, `FILE:LINE: KEY.PATH: expected WHAT, got
 VALUE`, all of them together in one `PlanError`.
+
+This module reads the plan's parts (settings, targets, workloads, [quick]) in that order;
+the rest is one concern each: reading the file's TOML (`plan_toml`, with `toml_lines` for
+where each value was written), checking keys and values against the declared options
+(`plan_checks`), expanding sweeps (`plan_sweeps`) and what bounds the plan as a whole
+(`plan_bounds`).
+
+May import: `vmtax.core`, `vmtax.studies.plan` and those parts; `vmtax.studies.density`
+only to name a density plan given to `run`.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
-import itertools
 import json
 import os
-import re
-import tomllib
-from dataclasses import dataclass
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
@@ -70,38 +74,20 @@ from vmtax.core import hints, plugin
 from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.core.limits import MAX_SECONDS
-from vmtax.core.errors import VmtaxError
 from vmtax.core.option_types import NonEmpty, Seconds
-from vmtax.core.text import composed, read_user_file
-from vmtax.host import hugepages
-from vmtax.studies.plan import (
-    DEFAULT_RUNS,
-    DEFAULT_TIME,
-    Plan,
-    TargetSpec,
-    WorkloadSpec,
-    refusals,
+from vmtax.core.text import composed
+from vmtax.studies.plan import DEFAULT_RUNS, DEFAULT_TIME, Plan, TargetSpec, WorkloadSpec
+from vmtax.studies.plan_bounds import (
+    Configurations,
+    check_host_hugepages,
+    check_hugetlb,
+    check_refused,
 )
-from vmtax.studies.toml_lines import KeyPath, Locator, dotted, show
-
-# A plan larger than this is not a plan (and a device file would never end).
-MAX_PLAN_BYTES = 1 << 20
-CheckOf = Callable[[KeyPath, str], "plugin.OptionInfo | None"]
-
-
-
-def _unknown(key: str, known) -> str:
-    """An unknown key as an error shows it, with the nearest known one: a misspelling."""
-    near = difflib.get_close_matches(key, list(known), n=1)
-    return json.dumps(key) + (f' (did you mean "{near[0]}"?)' if near else "")
-
-class PlanError(VmtaxError):
-    """A plan file that cannot run; `lines` holds one line per problem."""
-
-    def __init__(self, source: str, lines: list[str]):
-        self.lines = lines
-        head = [] if len(lines) == 1 else [f"{source}: {len(lines)} problems"]
-        super().__init__("\n".join(head + lines))
+from vmtax.studies.plan_checks import Checker, Origin, unknown
+from vmtax.studies.plan_sweeps import label, replace, sweep
+from vmtax.studies.plan_toml import PlanError as PlanError
+from vmtax.studies.plan_toml import parse, read_text
+from vmtax.studies.toml_lines import KeyPath, show
 
 
 # -- the plan's own settings, checked like a plugin's options ------------------------------
@@ -145,198 +131,19 @@ class Settings(plugin.Options):
 
 
 SETTINGS = plugin.option_infos(Settings)
-TOP_LEVEL = (*SETTINGS, "targets", "workloads", "quick")
+# Tables a plan keeps for the other commands that read it (`vmtax density PLAN`,
+# `vmtax boot PLAN`), so one plan holds a whole study of its targets; `run` leaves them.
+OTHER_COMMANDS = ("density", "boot")
+TOP_LEVEL = (*SETTINGS, "targets", "workloads", "quick", *OTHER_COMMANDS)
 QUICK_KEYS = (*SETTINGS, "targets", "params")
 WORKLOAD_KEYS = ("name", "params", "zip")
 
 
-def params_text(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={_label(v)}" for k, v in params.items())
-
-
-def _label(value: Any) -> str:
-    """A swept value in a target name: vm[pin=0+1], vm[hugepages=none]."""
-    if value is None:
-        return "none"
-    if isinstance(value, list):
-        return "+".join(map(str, value))
-    return str(value)
-
-
-@dataclass
-class _Axis:
-    """One sweep dimension: the keys it sets and, per step, their values."""
-    keys: tuple[str, ...]
-    steps: list[tuple[Any, ...]]
-
-
-def _expand(fixed: dict[str, Any], axes: list[_Axis]) -> list[tuple[dict, dict]]:
-    """(all values, swept values) of every point of the cartesian product of axes."""
-    points = []
-    for combo in itertools.product(*(axis.steps for axis in axes)):
-        swept = {k: v for axis, step in zip(axes, combo) for k, v in zip(axis.keys, step)}
-        points.append(({**fixed, **swept}, swept))
-    return points
-
-
-def _replace(values: dict[str, Any], key: str, value: Any,
-             owner: dict[str, Any] | None = None) -> None:
-    """Set values[key], taking key out of the zip table of owner (values' table by default)
-    when it is swept there: the quick value replaces the whole dimension."""
-    owner = values if owner is None else owner
-    zipped = owner.get("zip")
-    if isinstance(zipped, dict) and key in zipped:
-        del zipped[key]
-        if not zipped:
-            del owner["zip"]
-    values[key] = value
-
-
-@dataclass
-class _Origin:
-    """The table a target or workload configuration was expanded from."""
-    path: KeyPath       # [targets.NAME] or [[workloads]] entry
-    values: KeyPath     # where its options or params are: path, or path + ("params",)
-    given: dict[str, Any]
-    zipped: Any
-
-    def of(self, key: str) -> KeyPath:
-        """Where key was written: among the values, in the zip, else the table itself."""
-        if isinstance(self.zipped, dict) and key in self.zipped:
-            return self.path + ("zip", key)
-        return self.values + (key,) if key in self.given else self.path
-
-
-class _Reader:
+class _Reader(Checker):
     def __init__(self, source: str, text: str):
-        self.source = source
-        self.where = Locator(text)
-        self.errors: list[tuple[int, str]] = []     # (line, message)
-        # Where each expanded target and workload configuration came from, for the checks
-        # that look at several of them.
-        self.target_origin: dict[str, _Origin] = {}
-        self.target_options: dict[str, plugin.Options] = {}
-        self.workload_origin: list[_Origin] = []
-        self.aliases: dict[KeyPath, KeyPath] = {}   # where a [quick] value went -> its key
-
-    def bad(self, path: KeyPath, expected: str, got: str, at: KeyPath | None = None) -> None:
-        shown = self.written_at(path)
-        if at is not None and at[:len(path)] == path:
-            # A key in a table, named by the table: a [quick] key by its own table's name.
-            source = self.written_at(at)
-            shown = source[:len(source) - (len(at) - len(path))]
-        self.fail(path if at is None else at, f"{dotted(shown)}: expected {expected}, got {got}")
-
-    def alias(self, source: KeyPath, dest: KeyPath) -> None:
-        """A [quick] value moved from source to dest: name and place problems at source."""
-        self.where.alias(source, dest)
-        self.aliases[dest] = source
-
-    def written_at(self, path: KeyPath) -> KeyPath:
-        """Where the value at path was written: a [quick] value under its own key."""
-        for dest, source in self.aliases.items():
-            if path[:len(dest)] == dest:
-                return source + path[len(dest):]
-        return path
-
-    def dotted(self, path: KeyPath) -> str:
-        return dotted(self.written_at(path))
-
-    def fail(self, at: KeyPath, message: str) -> None:
-        line = self.where.line(at)
-        self.errors.append((line, f"{self.source}:{line}: {message}"))
-
-    def check(self, path: KeyPath, info: plugin.OptionInfo, value: Any) -> tuple[bool, Any]:
-        try:
-            return True, info.check(value)
-        except plugin.Invalid as exc:
-            self.bad(path, str(exc), show(value))
-            return False, None
-
-    def table(self, path: KeyPath, value: Any, what: str) -> dict | None:
-        if isinstance(value, dict):
-            return value
-        self.bad(path, what, show(value))
-        return None
-
-    def values(self, path: KeyPath, check: plugin.OptionInfo,
-               value: Any) -> tuple[list[Any] | None, bool]:
-        """(checked values, is a sweep); None when a value was wrong."""
-        takes_list = check.takes_list
-        sweep = isinstance(value, list) and (
-            not takes_list or all(isinstance(v, list) or v == "none" for v in value))
-        if not sweep:
-            ok, checked = self.check(path, check, value)
-            return ([checked] if ok else None), False
-        if not value:
-            self.bad(path, "a value or a non-empty list of values to sweep", "[]")
-            return None, True
-        results = [self.check(path + (i,), check, v) for i, v in enumerate(value)]
-        return ([v for _, v in results] if all(ok for ok, _ in results) else None), True
-
-    def sweep(self, path: KeyPath, given: dict[str, Any], zip_path: KeyPath, zipped: Any,
-              check_of: CheckOf) -> list[tuple[dict, dict]]:
-        """Expand one target's options or one workload's params; [] after an error."""
-        fixed: dict[str, Any] = {}
-        axes: list[_Axis] = []
-        failed = False
-        for key, value in given.items():
-            check = check_of(path + (key,), key)
-            if check is None:
-                failed = True
-                continue
-            checked, is_sweep = self.values(path + (key,), check, value)
-            if checked is None:
-                failed = True
-            elif is_sweep:
-                axes.append(_Axis((key,), [(v,) for v in checked]))
-            else:
-                fixed[key] = checked[0]
-        if zipped is not None:
-            axis = self.zip_axis(zip_path, zipped, given, check_of)
-            if axis is None:
-                failed = True
-            else:
-                axes.append(axis)
-        return [] if failed else _expand(fixed, axes)
-
-    def zip_axis(self, path: KeyPath, zipped: Any, given: dict[str, Any],
-                 check_of: CheckOf) -> _Axis | None:
-        table = self.table(path, zipped, "a table of equally long lists, like "
-                                         '{ a = [1, 2], b = ["x", "y"] }')
-        if table is None:
-            return None
-        if not table:
-            self.bad(path, "at least one list of values", "{ }")
-            return None
-        columns: dict[str, list[Any]] = {}
-        failed = False
-        for key, value in table.items():
-            check = check_of(path + (key,), key)
-            if check is None:
-                failed = True
-            elif key in given:
-                self.bad(path + (key,), "each key either swept in zip or set outside it",
-                         "both")
-                failed = True
-            elif not isinstance(value, list) or not value:
-                self.bad(path + (key,), "a non-empty list of values", show(value))
-                failed = True
-            else:
-                results = [self.check(path + (key, i), check, v) for i, v in enumerate(value)]
-                columns[key] = [v for _, v in results]
-                failed = failed or not all(ok for ok, _ in results)
-        lengths = {key: len(v) for key, v in table.items() if isinstance(v, list)}
-        if len(set(lengths.values())) > 1:
-            first = next(iter(lengths))
-            for key, n in lengths.items():
-                if n != lengths[first]:
-                    self.bad(path + (key,), f"{lengths[first]} values, as many as {first} has",
-                             str(n))
-            failed = True
-        if failed:
-            return None
-        return _Axis(tuple(columns), list(zip(*columns.values())))
+        super().__init__(source, text)
+        # Where each expanded configuration came from, for the checks of several at once.
+        self.made = Configurations()
 
     # -- the plan's parts --------------------------------------------------------------
 
@@ -346,8 +153,11 @@ class _Reader:
             if key not in TOP_LEVEL:
                 # A tuning search's plan, given to `vmtax run` or `vmtax plan`.
                 got = ('"tune" (a [tune] table is read by `vmtax tune PLAN`)'
-                       if key == "tune" else _unknown(key, TOP_LEVEL))
+                       if key == "tune" else unknown(key, TOP_LEVEL))
                 self.bad((), "one of " + ", ".join(TOP_LEVEL), got, at=(key,))
+        for key in OTHER_COMMANDS:
+            if key in data:
+                self.table((key,), data[key], f"a table of `vmtax {key}` settings")
         settings = {}
         for key, info in SETTINGS.items():
             if key in data:
@@ -370,10 +180,11 @@ class _Reader:
                      show(settings["baseline"]))
         if self.errors:
             return None
-        self.check_host_hugepages(target_specs)
+        check_host_hugepages(self, self.made, target_specs)
         if not self.errors:
-            self.check_hugetlb(target_specs, workload_specs, settings.get("time", DEFAULT_TIME))
-            self.check_refused(target_specs, workload_specs, settings.get("time", DEFAULT_TIME))
+            time = settings.get("time", DEFAULT_TIME)
+            check_hugetlb(self, self.made, target_specs, workload_specs, time)
+            check_refused(self, self.made, target_specs, workload_specs, time)
         if self.errors:
             return None
         return Plan(targets=target_specs, workloads=workload_specs, **settings)
@@ -397,7 +208,7 @@ class _Reader:
                 self._quick_params(merged, value)
             else:
                 self.bad(("quick",), "one of " + ", ".join(QUICK_KEYS),
-                         _unknown(key, QUICK_KEYS), at=at)
+                         unknown(key, QUICK_KEYS), at=at)
         return merged
 
     def _quick_targets(self, merged: dict[str, Any], value: Any) -> None:
@@ -412,7 +223,7 @@ class _Reader:
                          json.dumps(name))
             elif self.table(at, options, "a table of target options") is not None:
                 for option, v in options.items():
-                    _replace(plan_targets[name], option, v)
+                    replace(plan_targets[name], option, v)
                     self.alias(at + (option,), ("targets", name, option))
 
     def _quick_params(self, merged: dict[str, Any], value: Any) -> None:
@@ -431,7 +242,7 @@ class _Reader:
             for param, v in params.items():
                 if param in plugin.option_infos(workloads.get(name).Options):
                     used.add(param)
-                    _replace(entry["params"], param, v, entry)
+                    replace(entry["params"], param, v, entry)
                     self.alias(("quick", "params", param),
                                ("workloads", index, "params", param))
         names = sorted({e["name"] for e in entries if isinstance(e, dict)
@@ -441,54 +252,6 @@ class _Reader:
             if param not in used:
                 self.bad(("quick", "params"), "a param of a workload of the plan ("
                          + ", ".join(names) + ")", json.dumps(param), at=("quick", "params", param))
-
-    # -- what only the host or several values together can tell --------------------------
-
-    def check_host_hugepages(self, specs: list[TargetSpec]) -> None:
-        """The host huge pages all targets hold at once (every target is up for the whole
-        plan), against what the host can reserve."""
-        wanted: dict[str, int] = {}
-        users: list[TargetSpec] = []
-        for spec in specs:
-            cls = targets.get(spec.kind)
-            need = cls.host_hugepages(self.target_options[spec.name])
-            for size, pages in need.items():
-                wanted[size] = wanted.get(size, 0) + pages
-            users += [spec] if need else []
-        problem = hugepages.capacity_problem(wanted) if wanted else None
-        if problem:
-            origin = self.target_origin[users[0].name]
-            self.fail(origin.of("hugepages"), f"{self.dotted(origin.values + ('hugepages',))}: "
-                      f"{problem} (for {', '.join(s.name for s in users)}, up together)")
-
-    def check_hugetlb(self, specs: list[TargetSpec], configs: list[WorkloadSpec],
-                      time: int | None) -> None:
-        """The huge pages a workload allocates must fit in each target: the ones it
-        reserves for its workloads (a guest's), else the host's free ones."""
-        host_free = hugepages.host_free()
-        for config, origin in zip(configs, self.workload_origin):
-            need, what = config.make(time).hugepages_needed()
-            if not need:
-                continue
-            for spec in specs:
-                have = targets.get(spec.kind).workload_hugepages(
-                    self.target_options[spec.name])
-                where = (f"{spec.name} reserves {have} for its workloads" if have is not None
-                         else f"{spec.name} runs on the host, which has {host_free} free")
-                if need > (host_free if have is None else have):
-                    self.fail(origin.path, f"{self.dotted(origin.path)}: {what}, but {where}")
-
-    def check_refused(self, specs: list[TargetSpec], configs: list[WorkloadSpec],
-                      time: int | None) -> None:
-        """What a workload configuration needs that a target refuses (gVisor: real-time
-        scheduling), at the workload's table."""
-        refused = {spec.name: targets.get(spec.kind).refuses(self.target_options[spec.name])
-                   for spec in specs}
-        for config, origin in zip(configs, self.workload_origin):
-            workload = config.make(time)
-            for name, features in refused.items():
-                for problem in refusals(workload, name, features):
-                    self.fail(origin.path, f"{self.dotted(origin.path)}: {problem}")
 
     def targets(self, tables: Any) -> list[TargetSpec]:
         if tables is None or tables == {}:
@@ -529,15 +292,16 @@ class _Reader:
             if clash:
                 continue
             model = targets.get(kind).Options
-            for options_, swept in self.sweep(path, options, path + ("zip",), table.get("zip"),
-                                              self._check_of(kind, model)):
-                label = ",".join(f"{k}={_label(v)}" for k, v in swept.items())
-                origin = _Origin(path, path, options, table.get("zip"))
+            points = sweep(self, path, options, path + ("zip",), table.get("zip"),
+                           self.check_of(kind, model))
+            for options_, swept in points.expand() if points else []:
+                variant = ",".join(f"{k}={label(v)}" for k, v in swept.items())
+                origin = Origin(path, path, options, table.get("zip"))
                 set_at = {key: self.where_written(path, origin.of(key), f"{key} = {show(value)}")
                           if key not in by_name else self.where_written(
                               path, path, f"(its name sets {key} = {show(value)})")
                           for key, value in options_.items()}
-                spec = TargetSpec(f"{name}[{label}]" if swept else name, kind, options_,
+                spec = TargetSpec(f"{name}[{variant}]" if swept else name, kind, options_,
                                   set_at)
                 if any(s.name == spec.name for s in specs):
                     self.bad(path, "target names that are unique", show(spec.name))
@@ -545,40 +309,9 @@ class _Reader:
                                       "" if spec.name == name else f" (in {spec.name})")
                 if built is not None:
                     specs.append(spec)
-                    self.target_origin[spec.name] = origin
-                    self.target_options[spec.name] = built
+                    self.made.target_origin[spec.name] = origin
+                    self.made.target_options[spec.name] = built
         return specs
-
-    def where_written(self, table: KeyPath, at: KeyPath, value: str) -> str:
-        """Where a value of table was written (at: the table or a key in it), as an error at
-        run time names it: `FILE:LINE: [targets.vm] accel = "kvm"`; a [quick] value by
-        its own table."""
-        source = self.written_at(at)
-        table = source[:len(source) - (len(at) - len(table))]
-        return f"{self.source}:{self.where.line(at)}: [{dotted(table)}] {value}"
-
-    def together(self, origin: _Origin, model: type[plugin.Options], values: dict[str, Any],
-                 which: str, host: Callable[[plugin.Options], list[tuple[str, str]]] | None
-                 = None) -> plugin.Options | None:
-        """The options of one expanded configuration, checked against each other (and the
-        host); each problem is reported at its option's line."""
-        options = model.model_validate(values)
-        problems = options.problems() + (host(options) if host else [])
-        infos = plugin.option_infos(model)
-        for key, expected in problems:
-            self.fail(origin.of(key), f"{self.dotted(origin.values + (key,))}: expected "
-                      f"{expected}, got {show(getattr(options, infos[key].field))}{which}")
-        return None if problems else options
-
-    def _check_of(self, owner: str, model: type[plugin.Options]) -> CheckOf:
-        infos = plugin.option_infos(model)
-
-        def check_of(path: KeyPath, key: str) -> plugin.OptionInfo | None:
-            if key not in infos:
-                expected, hint = plugin.unknown_option(owner, model, key)
-                self.bad(path[:-1], expected, json.dumps(key) + hint, at=path)
-            return infos.get(key)
-        return check_of
 
     def workloads(self, entries: Any, time: int | None) -> list[WorkloadSpec]:
         if entries is None or entries == []:
@@ -594,7 +327,7 @@ class _Reader:
             for key in entry:
                 if key not in WORKLOAD_KEYS:
                     self.bad(path, "one of " + ", ".join(WORKLOAD_KEYS),
-                             _unknown(key, WORKLOAD_KEYS), at=path + (key,))
+                             unknown(key, WORKLOAD_KEYS), at=path + (key,))
             name = entry.get("name")
             if not isinstance(name, str) or name not in known:
                 self.bad(path + ("name",), "a workload (" + ", ".join(known) + ")",
@@ -605,14 +338,15 @@ class _Reader:
             if params is None:
                 continue
             cls = known[name]
-            origin = _Origin(path, path + ("params",), params, entry.get("zip"))
+            origin = Origin(path, path + ("params",), params, entry.get("zip"))
 
             def host_problems(options: plugin.Options,
                               cls: type[workloads.Workload] = cls) -> list[tuple[str, str]]:
                 return cls(options).host_problems()
 
-            for params_, _ in self.sweep(path + ("params",), params, path + ("zip",),
-                                         entry.get("zip"), self._check_of(name, cls.Options)):
+            points = sweep(self, path + ("params",), params, path + ("zip",),
+                           entry.get("zip"), self.check_of(name, cls.Options))
+            for params_, _ in points.expand() if points else []:
                 with_time = dict(params_)
                 if time is not None and cls.time_option and cls.time_option not in with_time:
                     # The plan's time must suit each workload it fills (iperf3: at most 1 h).
@@ -630,45 +364,8 @@ class _Reader:
                     self.bad(path, "workload configurations that are not already in the plan",
                              f"{name} {show(params_)} again")
                 specs.append(spec)
-                self.workload_origin.append(origin)
+                self.made.workload_origin.append(origin)
         return specs
-
-
-def _syntax_error(source: str, text: str, exc: tomllib.TOMLDecodeError) -> str:
-    message = str(exc)
-    m = re.search(r" \(at line (\d+), column (\d+)\)$", message)
-    if m:
-        return f"{source}:{m[1]}: invalid TOML: {message[:m.start()]} (column {m[2]})"
-    message = message.removesuffix(" (at end of document)")
-    return f"{source}:{max(1, len(text.splitlines()))}: invalid TOML: {message} (at the end)"
-
-
-# Tables and arrays nested deeper than this in a plan mean nothing to vmtax (a sweep of a
-# list option is five levels down); much deeper ones would recurse past Python's limit in
-# the parser or in what reads the values.
-MAX_DEPTH = 32
-
-
-def parse(text: str, source: str = "<plan>") -> dict[str, Any]:
-    """A plan file's TOML as data; a one-line PlanError for invalid TOML and for nesting
-    deeper than MAX_DEPTH (which, deep enough, the parser itself cannot follow)."""
-    too_deep = PlanError(source, [f"{source}: tables or arrays nested more than {MAX_DEPTH} "
-                                  "levels deep; expected a plan"])
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(source, [_syntax_error(source, text, exc)]) from None
-    except RecursionError:
-        raise too_deep from None
-    todo: list[tuple[Any, int]] = [(data, 1)]
-    while todo:   # no recursion: the check must not fail as the parser did
-        value, depth = todo.pop()
-        if depth > MAX_DEPTH:
-            raise too_deep
-        children = value.values() if isinstance(value, dict) else (
-            value if isinstance(value, list) else ())
-        todo += [(child, depth + 1) for child in children]
-    return data
 
 
 def loads(text: str, source: str = "<plan>", quick: bool = False) -> Plan:
@@ -709,11 +406,6 @@ def _other_command(data: dict[str, Any], source: str) -> str | None:
     return (f"{source}: a density plan ({', '.join(theirs[:3])} are `vmtax density` "
             f"settings and it has no [[workloads]]): run it with "
             f"`{hints.command('density', source)}`")
-
-
-def read_text(path: str | os.PathLike[str]) -> str:
-    """A plan file's text; one-line errors for what cannot be a plan file."""
-    return read_user_file(path, "the plan file", MAX_PLAN_BYTES)
 
 
 def load(path: str | os.PathLike[str], quick: bool = False) -> Plan:

@@ -190,13 +190,26 @@ class Runner:
     def _prepare_and_run(self, s: Session, made: list[Workload], done: set[tuple]) -> None:
         units = schedule(self.plan)
         self.reporter.start(len(self.plan.workloads) * len(units))
+        lost: dict[str, VmtaxError] = {}
         for spec in self.plan.targets:
             self.reporter.step(f"preparing {spec.name}")
             target = s.create(spec)
-            target.prepare()
-            target.pause()
+            try:
+                target.prepare()
+                target.pause()
+            except TargetError as exc:
+                # A guest that cannot be booted even after its retry (a nested KVM's faults
+                # in a lab, a busy host): its cells fail with the reason, the rest go on.
+                lost[spec.name] = exc
+                self.broken[spec.name] = f"could not be prepared: {exc}"
+                self.reporter.warn(f"{spec.name} {self.broken[spec.name]}; its runs are "
+                                   "skipped")
+                with contextlib.suppress(Exception):
+                    target.cleanup()
             for warning in target.warnings:
                 self.reporter.warn(f"{spec.name}: {warning}")
+        if len(lost) == len(self.plan.targets):   # nothing to measure: no run of failures
+            raise next(iter(lost.values()))
         # Stored only once every target is up: bad input leaves no empty run behind.
         if self.resume_id:
             s.reopen_run(self.resume_id)
@@ -295,6 +308,8 @@ class Runner:
             return
         port = workload.server_port or 0
         for name in active:
+            if name in self.broken:   # its repetitions fail with why (_run_job)
+                continue
             try:
                 with self._awake(name) as target:
                     endpoint = target.start_server(server, port)
@@ -329,7 +344,8 @@ class Runner:
             for _, collector in recording[name]:
                 collector.resume()
         else:
-            recording[name] = self._start_collectors(name, workload, done)
+            recording[name] = ([] if name in self.broken
+                               else self._start_collectors(name, workload, done))
         try:
             yield
         finally:
@@ -338,7 +354,7 @@ class Runner:
     def _subject(self, name: str) -> Subject:
         target = self.targets[name]
         endpoint = self.endpoints.get(name)
-        return Subject(kind=target.kind, name=name,
+        return Subject(kind=target.kind, name=name, vmm_process=target.vmm_process,
                        pids=[*target.host_pids(), *(endpoint.pids if endpoint else [])],
                        vcpu_threads=target.vcpu_threads() if target.alive() else [],
                        cgroup=target.cgroup(),

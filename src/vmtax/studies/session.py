@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from vmtax import __version__
-from vmtax.core import plugin
+from vmtax.core import paths, plugin
 from vmtax.core import target as target_registry
 from vmtax.core.errors import VmtaxError
 from vmtax.core.target import Target, TargetContext
@@ -100,6 +100,11 @@ class Session:
         except VmtaxError as exc:   # a target that never came up still has its kind
             found = {"kind": target.kind, "error": str(exc)}
         fingerprint = {**found, "bare_host": target.bare_host}
+        if host.lab():
+            # Every target in a lab is nested under TCG; its "bare host" is the lab's own
+            # system (a TCG guest), never hardware: the baseline still (lab_host).
+            fingerprint.update(lab=host.lab(), bare_host=False,
+                               **({"lab_host": True} if target.bare_host else {}))
         self.store.set_target(self.stored_run, name, target.kind, fingerprint)
         if self.on_stored is not None:
             self.on_stored("target", {"name": name, "kind": target.kind,
@@ -147,7 +152,7 @@ def session(store: Store, own: Journal, *, binaries: tuple[str, ...] = (),
     # Absolute: runtimes resolve paths from their own working directories, and a
     # relative one once made runc fail and the container fall back to unshare.
     # Journaled before it is made: a journal that cannot be written stops the study here.
-    work_dir, _ = own.make_dir(store.dir.resolve(), ".work-")
+    work_dir, _ = own.make_dir(paths.work_parent(store.dir).resolve(), ".work-")
     ctx = TargetContext(work_dir=work_dir, journal=own, binaries=binaries, trees=trees,
                         serves=serves, make_network=lambda: Network(own).create())
     current = Session(store, own, ctx, undo_first, on_stored=on_stored)

@@ -36,7 +36,7 @@ from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import composed
 from vmtax.host import hugepages
-from vmtax.studies import estimate, planfile
+from vmtax.studies import estimate, plan_toml, planfile
 from vmtax.studies.plan import Plan, TargetSpec
 from vmtax.studies.toml_lines import Locator, show
 
@@ -305,10 +305,10 @@ def load(path: str, knobs: list[str] | None = None, budget: str | None = None) -
     """A plan file with a [tune] table: baseline (a target name), knobs (a list like
     ["machine", "vcpus=4"]; default: every knob its kind declares), budget ("30m"),
     alpha, method ("holm" or "bh"). Flags given on the command line win."""
-    text = planfile.read_text(path)
+    text = plan_toml.read_text(path)
     try:
-        data = planfile.parse(text, path)
-    except planfile.PlanError:
+        data = plan_toml.parse(text, path)
+    except plan_toml.PlanError:
         data = {}   # planfile.loads says where
     table = data.get("tune", {})
     where = Locator(text) if "tune" in data else None

@@ -6,6 +6,7 @@ the calls they hand to it. Not a plugin: it sets no `name`."""
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 from typing import Any, ClassVar
 
 from vmtax.core.errors import TargetError
@@ -76,11 +77,20 @@ class GuestTarget(Target):
             self.guest.stop()
             self.guest = None
 
+    def guest_programs(self) -> dict[str, Path]:
+        """vmtax's own programs the guest needs under /vmtax beside the agent's scripts
+        (a vsock channel's end), by name."""
+        return {}
+
     def image(self) -> GuestImage:
-        """The shared image of this invocation, unless this target wants another kernel."""
+        """The shared image of this invocation, unless this target wants another kernel or
+        other programs of vmtax's."""
         image = self.ctx.image
-        if image is None or (image.kernel_arg or "debian") != self.opts.kernel:
-            image = GuestImage([*self.ctx.binaries, *self.opts.binaries], self.opts.kernel)
+        programs = self.guest_programs()
+        if image is None or (image.kernel_arg or "debian") != self.opts.kernel \
+                or image.programs != programs:
+            image = GuestImage([*self.ctx.binaries, *self.opts.binaries], self.opts.kernel,
+                               programs=programs)
             if self.ctx.image is None:
                 self.ctx.image = image
         return image

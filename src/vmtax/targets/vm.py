@@ -1,36 +1,23 @@
 """A QEMU guest as a target: the plan's jobs run in one guest (a
 vmtax.targets.vm_instance.VmInstance) booted from these options; the target chooses the
-guest's configuration, schedules jobs and servers on it, and describes it. The factory
-(vmtax.studies.factory) makes more guests of the same configuration through
-`make_instance`, each on a tap of a vmtax network.
+guest's QEMU configuration (machine, accelerator, CPU model, the scratch disk's cache, I/O
+and bus, TCG's knobs) on top of what every VMM-backed target shares
+(vmtax.targets.vmm_target: vCPUs, memory, kernel, huge pages, pinning, network), and
+describes it. The factory (vmtax.studies.factory) makes more guests of the same
+configuration through `make_instance`, each on a tap of a vmtax network.
 
-Huge pages, E5's two sides: `hugepages` backs guest RAM with host huge pages (a hugetlbfs
-file, reserved by vmtax.host.hugepages before QEMU starts), `guest_hugepages` has the guest kernel
-reserve 2 MiB pages at boot for the workload (sysbench --memory-hugetlb allocates them with
-shmget(SHM_HUGETLB), which needs no hugetlbfs mount in the guest). What was granted on
-each side is in the fingerprint.
+Host huge pages back guest RAM through a hugetlbfs file QEMU maps (memory-backend-file).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from vmtax.core import plugin
-from vmtax.core.errors import TargetError, VmtaxError
-from vmtax.core.option_types import (
-    GuestKernel,
-    HostCpus,
-    NonEmpty,
-    Program,
-    Programs,
-    Seconds,
-    Size,
-    cpulist,
-)
-from vmtax.core.target import SERVES, Feature, TargetContext
-from vmtax.core.types import Endpoint, Job
+from vmtax.core.errors import VmtaxError
+from vmtax.core.option_types import NonEmpty, Program, Size
+from vmtax.core.target import TargetContext
 from vmtax.guest.image import GuestImage
 from vmtax.guest.qemu import (
     VmConfig,
@@ -38,24 +25,16 @@ from vmtax.guest.qemu import (
     host_tsc_khz,
     io_uring_problem,
     kernel_cmdline,
-    parse_size,
     qemu_properties,
     resolve_accel,
 )
-from vmtax.host import hugepages, machine, trees
-from vmtax.targets.guest_target import GuestTarget
+from vmtax.host import machine, trees
 from vmtax.targets.vm_instance import VmInstance
+from vmtax.targets.vmm_target import VmmOptions, VmmTarget, bridge_possible
 
-# --- options that depend on each other ----------------------------------------------------
+# --- options ----------------------------------------------------------------------------
 
-# What a guest needs beside the huge pages it reserves: kernel, the initramfs rootfs (held
-# in RAM), sysbench's own buffers when it does not use huge pages.
-GUEST_MIN_FREE = 256 << 20
-# A pin for the default two vCPUs, the knob `vmtax tune` tries: the first two usable CPUs.
-PIN_CANDIDATE = cpulist(sorted(os.sched_getaffinity(0))[:2])
-
-
-class VmOptions(plugin.Options):
+class VmOptions(VmmOptions):
     qemu: Program = plugin.option(
         "qemu-system-x86_64", "QEMU binary (any build); --qemu LABEL=PATH, repeated, "
         "measures several builds side by side as vm@LABEL", cli=True)
@@ -63,41 +42,15 @@ class VmOptions(plugin.Options):
         "auto", "Acceleration; auto uses KVM only where it really runs a vCPU", cli=True)
     machine: Literal["microvm", "q35"] = plugin.option("microvm", "QEMU machine type", cli=True,
                                                       tune=("q35", "microvm"))
-    vcpus: int = plugin.option(2, "Virtual CPUs", unit="vCPUs", ge=1, cli=True, tune=(1, 2, 4))
-    memory: Size = plugin.option("1G", "Guest memory", unit="bytes", cli=True)
     cpu: NonEmpty | None = plugin.option(None, "QEMU CPU model; none: host under KVM, "
                                          "max under TCG", tune=("qemu64", "max"))
-    kernel: GuestKernel = plugin.option(
-        "debian", 'Guest kernel: "debian" (Debian\'s linux-image-amd64), "debian-rt" '
-        '(linux-image-rt-amd64, PREEMPT_RT), "minimal" (built from linux-source with '
-        "only what vmtax's guests use, all built in: the fastest boot) or a vmlinux/bzImage "
-        "path", cli=True)
     disk_size: Size = plugin.option("4G", "Scratch disk (ext4, on disk_bus) for "
                                     "workloads that write files", unit="bytes")
-    boot_timeout: Seconds = plugin.option(60.0, "Give up on a boot after this long",
-                                          unit="s")
-    binaries: Programs = plugin.option(
-        [], "Host programs to carry into the guest beside those the workloads need")
-    # TCG's -icount (e.g. "shift=0,sleep=off"): guest time then follows the instruction
-    # count, not the host clock — a deliberately skewed guest clock.
     icount: NonEmpty | None = plugin.option(None, "TCG only: QEMU -icount (guest time "
                                             "from the instruction count)")
-    hugepages: Literal["2M", "1G"] | None = plugin.option(
-        None, "Back guest RAM with host huge pages of this size (reserved for the run)",
-        tune=("2M",))
-    guest_hugepages: int = plugin.option(0, "2 MiB huge pages the guest kernel reserves at "
-                                         "boot", unit="pages", ge=0)
-    pin: HostCpus | None = plugin.option(None, "Host CPU of each vCPU's thread, in vCPU "
-                                         "order; none: the host scheduler decides",
-                                         tune=(PIN_CANDIDATE,))
-    # After vmtax's own, so one of them given again wins (e.g. "mitigations=off", or a
-    # wrong tsc_early_khz for a deliberately skewed clock).
-    kernel_args: NonEmpty | None = plugin.option(
-        None, "Extra guest kernel arguments, after vmtax's own", cli=True,
-        tune=("mitigations=off", "clocksource=tsc"),
-        safety={"mitigations=off": "removes the guest kernel's protections against CPU "
-                                   "side channels (Spectre, Meltdown, ...)"})
-    network: Literal["auto", "none", "bridge", "user"] = plugin.option(
+    # QEMU alone has a user-mode network: a wider choice than the base's, which pydantic
+    # checks per model (mypy holds a field's type invariant across subclasses).
+    network: Literal["auto", "none", "bridge", "user"] = plugin.option(  # type: ignore[assignment]
         "auto", "The guest's network for servers a host-side client reaches: bridge is a "
         "tap on a bridge in a namespace vmtax owns (needs root); user is QEMU's user-mode "
         "network (slirp: no root, but several times the CPU per byte, ~0.8 against "
@@ -129,28 +82,11 @@ class VmOptions(plugin.Options):
                                         tune=(64, 256))
 
     def problems(self) -> list[tuple[str, str]]:
-        problems = []
-        memory = parse_size(self.memory)
-        host_memory = hugepages.meminfo().get("MemTotal", 0) << 10
-        if host_memory and memory > host_memory:
-            problems.append(("memory", "at most the host's memory "
-                             f"({hugepages.human(host_memory)})"))
-        size = self.hugepages
-        if size is not None and memory % hugepages.SIZES[size]:
-            problems.append(("memory", f"a whole number of {hugepages.label(size)} huge pages "
-                                       f'(hugepages = "{size}")'))
-        most = max(0, (memory - GUEST_MIN_FREE) // hugepages.GUEST_PAGE)
-        if self.guest_hugepages > most:
-            problems.append(("guest_hugepages", f"at most {most} 2 MiB pages, which leaves the "
-                             f"guest {GUEST_MIN_FREE >> 20} MiB of its memory "
-                             f"({self.memory}); or more memory"))
-        problems += self._tuning_problems()
-        if self.pin is not None:
-            if len(self.pin) != self.vcpus:
-                problems.append(("pin", f"one host CPU per vCPU (vcpus = {self.vcpus})"))
-            elif self.icount and self.vcpus > 1:
-                problems.append(("pin", "no pinning of several vCPUs with icount (TCG then "
-                                        "runs them all in one thread)"))
+        problems = super().problems() + self._tuning_problems()
+        if self.pin is not None and len(self.pin) == self.vcpus and self.icount \
+                and self.vcpus > 1:
+            problems.append(("pin", "no pinning of several vCPUs with icount (TCG then "
+                                    "runs them all in one thread)"))
         return problems
 
     def _tuning_problems(self) -> list[tuple[str, str]]:
@@ -189,16 +125,7 @@ class VmOptions(plugin.Options):
 
 # --- the target ---------------------------------------------------------------------------
 
-def bridge_possible() -> str | None:
-    """Why this process cannot put a guest on a tap of its own network (None: it can)."""
-    if os.geteuid() != 0:
-        return "making network namespaces and tap devices needs root"
-    if not machine.has_device("/dev/net/tun"):
-        return "/dev/net/tun is missing"
-    return None
-
-
-class VmTarget(GuestTarget):
+class VmTarget(VmmTarget):
     kind = "vm"
     name = "vm"
     description = ("A QEMU guest (KVM or TCG, any QEMU build) booting Debian's kernel "
@@ -209,10 +136,8 @@ class VmTarget(GuestTarget):
     packages = ("qemu-system-x86", "qemu-utils", "e2fsprogs", "kmod", "cpio", "xz-utils")
     # Boot to agent ready under TCG, then calibration (measured: 2-5 s here).
     startup_seconds = 5.0
-    # QEMU marks guest RAM mergeable; the agent times each job by the guest's clock.
+    # QEMU marks guest RAM mergeable (MADV_MERGEABLE), so KSM can merge it.
     ksm_mergeable = True
-    guest_clock = True
-    vmm_process = True
     # E4's instance (density, boot): the smallest guest vmtax makes that serves nginx. The
     # minimal kernel (everything built in, the fastest boot); 56 MiB, where nginx runs with
     # 13 MiB to spare (at 48 MiB the kernel panics unpacking the initramfs); a 16 MiB TCG
@@ -236,22 +161,6 @@ class VmTarget(GuestTarget):
         from vmtax.host import kvm  # probing runs a tiny vCPU: only when asked
         status = kvm.probe()
         return {"kvm": None if status.usable else status.reason, "tcg": None, "auto": None}
-
-    @classmethod
-    def host_hugepages(cls, options: plugin.Options) -> dict[str, int]:
-        opts: VmOptions = options  # type: ignore[assignment]
-        if opts.hugepages is None:
-            return {}
-        return {opts.hugepages: hugepages.pages_needed(parse_size(opts.memory), opts.hugepages)}
-
-    @classmethod
-    def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
-        opts: VmOptions = options  # type: ignore[assignment]
-        return {SERVES: 'network = "none"'} if opts.network == "none" else {}
-
-    @classmethod
-    def workload_hugepages(cls, options: plugin.Options) -> int | None:
-        return options.guest_hugepages  # type: ignore[attr-defined, no-any-return]
 
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         super().__init__(name, options, ctx)
@@ -300,12 +209,10 @@ class VmTarget(GuestTarget):
                               tcg=accel == "tcg", params=kernel.params)
 
     def _network(self) -> str:
-        """The network of the plan's guest: one only where a server needs it."""
-        wanted = self.opts.network
-        if wanted != "auto":
-            return wanted
-        if not self.ctx.serves:
-            return "none"
+        """The network of the plan's guest: one only where a server needs it; without
+        root, QEMU's user-mode network, said once."""
+        if self.opts.network != "auto" or not self.ctx.serves:
+            return super()._network()
         why_not = bridge_possible()
         if why_not is None:
             return "bridge"
@@ -319,66 +226,23 @@ class VmTarget(GuestTarget):
         return VmInstance(name, self.opts, self.resolve, self.ctx.journal,
                           Path(self.ctx.work_dir), network, net)
 
-    # -- lifecycle --
-
-    def prepare(self) -> None:
-        self.cleanup()
-        self._boot()
-
-    # -- servers for host-side clients --
-
-    def start_server(self, job: Job, port: int) -> Endpoint:
-        guest = self._need_guest()
-        if guest.network == "none":
-            raise TargetError(f"{self.name}: the guest has no network (network = "
-                              f"\"{self.opts.network}\"); give it network = \"bridge\" "
-                              "or \"user\"")
-        guest_pid = guest.spawn(job)
-        address, host_port = guest.reach(port)
-        return self._listening(guest, job, port, Endpoint(
-            address, host_port, guest.host_pids(), handle=(guest_pid, host_port),
-            client_preexec=guest.client_preexec, listening=True))
-
-    def stop_server(self, endpoint: Endpoint) -> None:
-        guest_pid, host_port = cast("tuple[int, int]", endpoint.handle)
-        if self.guest is None or not self.guest.alive():
-            return
-        self.guest.signal_group(guest_pid)
-        self.guest.unreach(host_port)
-
     def qmp(self, command: str, arguments: dict | None = None) -> Any:
         """Run one QMP command on the plan's guest and return its result."""
         return self._need_guest().qmp(command, arguments)
 
     # -- identity --
 
-    def fingerprint(self) -> dict[str, Any]:
+    def vmm_fingerprint(self) -> dict[str, Any]:
         guest = self.guest
         cfg = guest.config if guest else None
-        image = self.image()
         accel = cfg.accel if cfg else resolve_accel(self.opts.accel)
-        size = self.opts.hugepages
-        host_pages: dict[str, Any] = {"size": None, "requested": 0, "granted": 0}
-        if size:
-            host_pages = {"size": size, "requested": hugepages.pages_needed(
-                parse_size(self.opts.memory), size),
-                "granted": guest.host_hugepages_granted if guest else None}
         return {
-            "kind": self.kind,
-            "kernel": self.opts.kernel,
             "qemu": find_qemu(self.opts.qemu),
             "qemu_version": self.qemu_version(),
             "accel": accel,
             "machine": self.opts.machine,
             "cpu": self.opts.cpu or ("host" if accel == "kvm" else "max"),
-            "vcpus": self.opts.vcpus,
-            "memory": self.opts.memory,
             "icount": cfg.icount if cfg else None,
-            "job_overhead_s": guest.job_overhead if guest else None,
-            # QEMU start to agent READY, as the host saw it, and the guest's uptime then.
-            "boot_seconds": guest.boot_seconds if guest else None,
-            "guest_boot_seconds": guest.guest_boot_seconds if guest else None,
-            "boots_seconds": list(self.boot_history),
             "disk_cache": cfg.disk_cache if cfg else None,
             "disk_aio": self.opts.disk_aio, "iothread": self.opts.iothread,
             "disk_bus": self.opts.disk_bus,
@@ -387,13 +251,5 @@ class VmTarget(GuestTarget):
             # Whether QEMU may back guest RAM with transparent huge pages (not under TCG:
             # vmtax.targets.vm_instance.qemu_preexec).
             "transparent_hugepages": accel != "tcg",
-            "append": cfg.append if cfg else self._cmdline(image, accel),
-            # Requested and granted on each side: E5's precondition, kept with the results.
-            "host_hugepages": host_pages,
-            "guest_hugepages": {"requested": self.opts.guest_hugepages,
-                                "granted": guest.guest_hugepages_granted if guest else None},
-            "pin": self.opts.pin,
-            "network": cfg.network if cfg else self._network(),
-            "vcpu_affinity": guest.vcpu_affinity if guest else None,
-            **image.fingerprint(),
+            "append": cfg.append if cfg else self._cmdline(self.image(), accel),
         }

@@ -1,0 +1,3 @@
+module vmtax.local/vsock
+
+go 1.19
