@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from vmtax import __version__
-from vmtax.cli import bounds, run_flags
+from vmtax.cli import run_flags
 from vmtax.cli.consoles import err, out
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
@@ -175,51 +175,6 @@ def cli(ctx: click.Context) -> None:
 
 
 @cli.command(cls=run_flags.RunCommand)
-@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
-@click.option("--targets", help="Comma-separated targets, KIND or KIND:VARIANT "
-              "(`vmtax list targets`). [default: those of plans/classic.toml]")
-@click.option("--workloads", help="Comma-separated workloads (`vmtax list workloads`). "
-              "[default: those of plans/classic.toml]")
-@click.option("--runs", show_default=True, metavar="N|auto",
-              help="Measured repetitions per target and workload; 'auto' repeats until the "
-                   "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
-@click.option("--min-runs", type=bounds.count(), default=5, show_default=True,
-              help="With --runs auto: runs before precision is judged.")
-@click.option("--max-runs", type=bounds.count(), default=20, show_default=True,
-              help="With --runs auto: give up (and flag it) after this many runs.")
-@click.option("--ci-target", type=click.FloatRange(0, 100, min_open=True, max_open=True),
-              default=2.0, show_default=True, metavar="PCT",
-              help="With --runs auto: wanted CI half-width, percent of the median.")
-@click.option("--warmup", type=bounds.count(0), default=1, show_default=True,
-              help="Warm-up repetitions run first and discarded.")
-@click.option("--time", "time_", type=bounds.seconds(whole=True), show_default=True,
-              help="Seconds each time-bounded workload runs (its declared time option).")
-@click.option("--collect", metavar="NAME,...",
-              help="Collectors recording on the host around each cell's measured "
-                   "repetitions, e.g. host-cpu,host-mem (`vmtax list collectors`).")
-@click.option("--no-interleave", is_flag=True,
-              help="Run all repetitions of one target before the next (default: A B B A order).")
-@click.option("--resume", metavar="RUN_ID",
-              help="Continue an interrupted run, skipping what it stored.")
-@click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
-@click.option("--name", metavar="NAME",
-              help="Name the run: NAME then works wherever a run id does (the latest run "
-                   "of that name), e.g. vmtax compare baseline NAME.")
-@click.option("--dry-run", is_flag=True,
-              help="Check the run and print what it would run and how long it should take; "
-                   "run nothing.")
-@click.option("--fleet", "fleet_address", metavar="HEAD_ADDRESS",
-              help="Run on the fleet at HEAD_ADDRESS (`vmtax fleet start`), not here.")
-@click.option("--hosts", "fleet_hosts", metavar="all|NAME,...",
-              help="With --fleet: the hosts to run on. [default: all]")
-@click.option("--spread", type=click.Choice(["hosts", "cells"]),
-              help="With --fleet: the whole plan on every host, or its cells spread over "
-                   "identical hosts. [default: hosts]")
-@results_option
-@click.option("--json", "as_json", is_flag=True,
-              help="Print machine-readable JSON instead of a table; with --fleet, one JSON "
-                   "document: each host's run, the spread across hosts and what failed.")
-@all_option
 @run_flags.parsed
 def run(request: "RunRequest", output: run_flags.RunOutput) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
