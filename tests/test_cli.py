@@ -9,7 +9,7 @@ import sys
 
 import click
 import pytest
-from conftest import vmtax
+from conftest import ROOT, vmtax
 
 from vmtax.core import target as targets
 from vmtax.host import kvm
@@ -241,3 +241,42 @@ def test_a_shared_flag_says_what_it_means_for_each_kind():
     cpus = helps[run_flags.TARGET_FLAG + "cpus"]
     assert "container: Host CPUs the container may run on (a cpuset)" in cpus
     assert "lxd: limits.cpu as a count" in cpus
+
+
+@pytest.mark.parametrize("args, said", [
+    (["run", "--targets", "native", "--workloads", "cpu", "--qemu", "/usr/bin/qemu"],
+     "--qemu: no target of this run takes it (it is an option of vm), so it would do nothing"),
+    (["run", "--resume", "20261201-000000-0000", "--targets", "native", "--time", "3"],
+     "--targets, --time would do nothing here: --resume goes on with the run as it was "
+     "planned and stored"),
+    (["run", "plans/hugepages.toml", "--quick", "--runs", "3", "--vcpus", "1"],
+     "--runs, --vcpus would do nothing here: PLAN.toml says what to run; set it there"),
+    (["run", "--targets", "native", "--workloads", "cpu,cpu"],
+     "workload names must be unique, got cpu, cpu"),
+])
+def test_a_flag_that_would_do_nothing_is_refused_in_one_line(tmp_path, args, said):
+    """Issue 48.13: --qemu with no VM target, --resume with other flags (and a plan file
+    with the classic plan's), --workloads cpu,cpu (which ran twice) did nothing silently."""
+    result = vmtax(*args, "--dry-run", "--results", str(tmp_path), cwd=ROOT)
+    assert result.returncode == 2 and result.stderr == f"vmtax: error: {said}\n", result.stderr
+
+
+def test_resuming_a_finished_run_says_so_and_starts_nothing(tmp_path):
+    from test_history import add_run
+
+    from vmtax.results.store import Store
+
+    run_id = add_run(Store(tmp_path), "nightly", {"vm:tcg": 100})
+    result = vmtax("run", "--resume", run_id, "--results", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"run {run_id} is finished: nothing to resume" in result.stderr
+    assert f"run {run_id} (nightly)" in result.stdout
+
+
+def test_dry_run_says_what_a_collector_cannot_record_here(tmp_path):
+    """Issue 48.13: --collect exits on a host without usable KVM: --dry-run accepted it."""
+    result = vmtax("run", "--targets", "native,vm:tcg", "--workloads", "cpu", "--collect",
+                   "exits", "--dry-run", "--results", str(tmp_path), check=True)
+    status = kvm.probe()
+    assert ("warning: --collect exits: cannot record VM exits: no usable KVM" in result.stdout
+            ) == (not status.usable), result.stdout

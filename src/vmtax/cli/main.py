@@ -185,6 +185,12 @@ def run(request: "RunRequest", output: run_flags.RunOutput) -> None:
     from vmtax.studies import comparison
 
     store = Store(output.results) if request.resume else None
+    if store is not None and request.resume and (
+            done := store.load_run(request.resume)).status == "done":
+        # Resuming a finished run would start its targets to run nothing: said, and shown.
+        err.print(escape(f"run {done.id} is finished: nothing to resume; as stored:"))
+        _show(store, done.id, output.as_json, output.show_all)
+        return
     the_plan = comparison.plan_of(request, store)
     from vmtax.cli import plan as cli_plan
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
@@ -18,7 +19,7 @@ from vmtax.cli import bounds
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.limits import MAX_COUNT
-from vmtax.studies.requests import FleetRequest, RunRequest, flag
+from vmtax.studies.requests import EVERY_FORM, FleetRequest, Form, RunRequest, flag
 
 if TYPE_CHECKING:
     from vmtax.core.options import OptionInfo
@@ -40,14 +41,15 @@ class RunOutput:
     """The flags of `vmtax run` that are the command line's, not the study's: whether it only
     shows the plan, where results are stored, whether it prints JSON or every metric."""
     dry_run: bool = flag(False, "Check the run and print what it would run and how long it "
-                         "should take; run nothing.", kind="on")
+                         "should take; run nothing.", kind="on", takes=EVERY_FORM)
     results: str = flag(hints.default_results(), "Results directory (one SQLite database in "
-                        "it).", metavar="DIRECTORY")
+                        "it).", metavar="DIRECTORY", takes=EVERY_FORM)
     as_json: bool = flag(False, "Print machine-readable JSON instead of a table; with --fleet, "
                          "one JSON document: each host's run, the spread across hosts and what "
-                         "failed.", kind="on", name="json")
+                         "failed.", kind="on", name="json", takes=EVERY_FORM)
     show_all: bool = flag(False, "Every metric with every flag spelt out, not only the summary "
-                          "of primary metrics.", kind="on", name="all", aliases=("--metrics",))
+                          "of primary metrics.", kind="on", name="all", aliases=("--metrics",),
+                          takes=EVERY_FORM)
 
 
 # The records run's flags fill, in the order --help lists them; the target flags go after
@@ -157,9 +159,11 @@ def _fields(record: type, flags: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def request(flags: dict[str, Any]) -> RunRequest:
+def request(flags: dict[str, Any], typed: AbstractSet[str] = frozenset()) -> RunRequest:
     """The RunRequest that `vmtax run`'s parsed flags make: lists split, --runs N or auto
-    checked, the run's name checked, the fleet's flags and the target flags gathered."""
+    checked, the run's name checked, the fleet's flags and the target flags gathered; a
+    flag typed (typed: the parsed names the command line gave) where it would do nothing
+    is refused."""
     from vmtax.results.store import check_run_name
 
     given = _fields(RunRequest, flags)
@@ -172,11 +176,50 @@ def request(flags: dict[str, Any]) -> RunRequest:
     if given["name"] is not None:
         check_run_name(given["name"])
     fleet = _fields(FleetRequest, flags)
-    return RunRequest(
+    made = RunRequest(
         **given, target_options={key.removeprefix(TARGET_FLAG): list(values)
                                  for key, values in flags.items()
                                  if key.startswith(TARGET_FLAG) and values},
         fleet=FleetRequest(**fleet) if any(v is not None for v in fleet.values()) else None)
+    _refuse_idle(made.form, typed)
+    return made
+
+
+# What a request of each form is, for the line refusing a flag that would do nothing in it.
+_FORM_SAYS = {"plan": "PLAN.toml says what to run; set it there",
+              "resume": "--resume goes on with the run as it was planned and stored"}
+
+
+def _refuse_idle(form: Form, typed: AbstractSet[str]) -> None:
+    """A VmtaxError naming the flags typed that a request of this form takes no notice
+    of (--time with a plan file, --targets with --resume)."""
+    idle = [_spelling(name) for name in sorted(typed) if form not in _takes(name)]
+    if idle:
+        raise VmtaxError(f"{', '.join(idle)} would do nothing here: {_FORM_SAYS[form]}")
+
+
+def _declared(name: str) -> tuple[dataclasses.Field[Any], dict[str, Any]] | None:
+    """The field a parsed flag sets and its declaration; None for a target flag."""
+    return next(((f, f.metadata["flag"]) for record in RECORDS for f in dataclasses.fields(record)
+                 if "flag" in f.metadata and _key(record, f.name) == name), None)
+
+
+def _takes(name: str) -> tuple[str, ...]:
+    """The forms of request a parsed flag does something in (a target flag: the classic
+    plan's)."""
+    found = _declared(name)
+    return tuple(found[1]["takes"]) if found else ("classic",)
+
+
+def _spelling(name: str) -> str:
+    """A parsed flag as it is typed: --no-interleave, --vcpus, PLAN.toml."""
+    found = _declared(name)
+    if found is None:
+        return "--" + name.removeprefix(TARGET_FLAG).replace("_", "-")
+    f, spec = found
+    if spec["kind"] == "argument":
+        return str(spec["metavar"]).strip("[]")
+    return f"--{spec['name'] or f.name.replace('_', '-')}"
 
 
 def parsed(command: Callable[[RunRequest, RunOutput], None]) -> Callable[..., None]:
@@ -185,7 +228,10 @@ def parsed(command: Callable[[RunRequest, RunOutput], None]) -> Callable[..., No
 
     @functools.wraps(command)
     def callback(**flags: Any) -> None:
-        command(request(flags), RunOutput(**_fields(RunOutput, flags)))
+        ctx = click.get_current_context()
+        typed = {name for name in flags if ctx.get_parameter_source(name) in (
+            click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)}
+        command(request(flags, typed), RunOutput(**_fields(RunOutput, flags)))
     return callback
 
 
