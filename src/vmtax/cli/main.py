@@ -132,6 +132,17 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
 
+    def invoke(self, ctx: click.Context) -> Any:
+        # A reader that took what it wanted and went (`vmtax list targets | head -1`) is
+        # no failure: click would exit 1 on EPIPE, and a pipefail script would stop.
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY and name not in self.commands:
             import importlib
@@ -275,7 +286,9 @@ def runs(results, as_json) -> None:
     """List the stored runs."""
     store = Store(results, readonly=True)
     names = store.run_names()
-    rows = [{**r, "name": names.get(r["id"])} for r in store.list_runs()]
+    rows = [{**r, "name": names.get(r["id"]),
+             **({"missing": store.missing(r["id"])} if r["status"] == "interrupted" else {})}
+            for r in store.list_runs()]
     if as_json:
         _print_json(rows)
     elif not rows:
@@ -284,6 +297,13 @@ def runs(results, as_json) -> None:
     else:
         from vmtax.report import runs_table
         runs_table.print_runs(out, rows, str(store.path))
+        for r in rows:
+            if lacking := r.get("missing"):
+                shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more"
+                                                  if len(lacking) > 4 else "")
+                out.print(escape(f"{r['id']} interrupted, missing {shown}; continue it: "
+                                 + hints.command("run", "--resume", r["id"],
+                                                 results=results)), soft_wrap=True)
 
 
 def _latest_comparable(store: Store) -> tuple[str, str]:
@@ -451,9 +471,8 @@ def doctor(as_json) -> None:
         checks = host_doctor.doctor()
         checks += [host_doctor.Check(name, *line) for name, found in own.items()
                    if (line := found.result()) is not None]
-    problems = quiet.problems(now)
-    checks.append(host_doctor.Check("host quiet", not problems,
-                                    "; ".join([quiet.describe(now), *problems])))
+    checks.append(host_doctor.Check("host quiet", not quiet.problems(now),
+                                    quiet.doctor_line(now)))
     if as_json:
         _print_json({"host": {**host.fingerprint(), "quiet": now},
                      "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
