@@ -74,9 +74,9 @@ def _flag_detail(kind: str, cell: Cell) -> str:
                 "suspicious; look for page-cache "
                 "effects, a guest clock that drifts, or work the target skips")
     if kind == analysis.TOO_SHORT and cell.duration is not None:
-        return (f"its repetitions last {parts.duration(cell.duration)} (median), under "
-                f"{parts.duration(analysis.MIN_DURATION)}: start-up and timer resolution "
-                "weigh as much as the work; run longer (the plan's time, or more work per run)")
+        return (f"its repetitions last {parts.duration(cell.duration)} (median), too short "
+                "to time: start-up and timer resolution weigh as much as the work; run "
+                "longer (the plan's time, or more work per run)")
     if kind == "clock skew":
         return (f"guest and host clocks disagreed by more than {analysis.CLOCK_TOLERANCE:.0%} "
                 "on a repetition: rates measured by the guest's clock are not to be trusted")

@@ -261,7 +261,7 @@ def flags_line(rows: list[Row], context: str = "") -> str:
     if not counts:
         return ""
     why = {"noisy": f"CV > {analysis.NOISY_CV:.0%}",
-           analysis.TOO_SHORT: f"repetitions under {analysis.MIN_DURATION:g} s",
+           analysis.TOO_SHORT: "repetitions too short to time",
            "faster than baseline": "suspicious", "clock skew": "guest clock disagreed"}
     parts = [f"{n} cell{'s' * (n != 1)} {flag}" + (f" ({why[flag]})" if flag in why
                                                     else "")
