@@ -252,6 +252,9 @@ def summarize_run(run: Run, baseline: str | None = None,
                                    .get("job_overhead_s") or 0.0)
                   for t, reps in by_target.items()}
         durations = {t: _duration(reps) for t, reps in by_target.items()}
+        manifest = workloads.manifest(workload)
+        shortest = (manifest.min_duration if manifest and manifest.min_duration is not None
+                    else min_duration)
         for metric_key, metric in metrics.items():
             hib = metric.higher_is_better
             spread = _is_spread(workload, metric.name)
@@ -306,7 +309,7 @@ def summarize_run(run: Run, baseline: str | None = None,
                                      f"no ratio: {baseline} failed" if base == [] else
                                      f"no ratio: not run on {baseline}" if base is None else
                                      "no ratio: a median of 0")
-                if cell.duration is not None and cell.duration < min_duration:
+                if cell.duration is not None and cell.duration < shortest:
                     cell.flags.append(TOO_SHORT)
                 if skewed[t]:
                     cell.flags.append("clock skew")

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from vmtax import __version__
+from vmtax.cli.consoles import out
 from vmtax.analysis import exits
 from vmtax.cli import bounds
 from vmtax.core.limits import MAX_SECONDS
@@ -32,7 +32,6 @@ from vmtax.core.text import read_user_file
 from vmtax.helpers import perf_kvm
 from vmtax.results.store import IMPORTED, Store, check_run_name
 
-out = Console(highlight=False)
 # What made an imported report's text; IMPORTED is its workload and target kind.
 IMPORT_ARGV = ["perf", "kvm", "stat", "report"]
 # A report lists a few dozen exit reasons per vCPU: kilobytes. Anything larger is not one.

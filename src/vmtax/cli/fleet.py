@@ -9,8 +9,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
-from rich.console import Console
 
+from vmtax.cli.consoles import err, out
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.results.store import Store
@@ -18,8 +18,6 @@ from vmtax.results.store import Store
 if TYPE_CHECKING:
     from vmtax.studies.plan import Plan
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 temp_dir_option = click.option(
     "--ray-temp-dir", type=click.Path(file_okay=False),

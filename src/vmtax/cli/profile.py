@@ -8,13 +8,12 @@ import os
 from dataclasses import asdict
 
 import click
-from rich.console import Console
 
 from vmtax.analysis import profile
 from vmtax.cli import bounds
+from vmtax.cli.consoles import out
 from vmtax.results.store import Store
 
-out = Console(highlight=False)
 
 results_option = click.option(
     "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),

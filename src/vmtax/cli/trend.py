@@ -216,22 +216,28 @@ def publish_command(names, results) -> None:
     if len(names) < 2:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
     *series_names, directory = names
-    from vmtax.analysis.model import analyse, compare
+    from vmtax.analysis.model import analyse
+    from vmtax.host import outputs
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
     trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
               for name in series_names]
-    # The site decides its pages; each run they show is analysed here, once, and rendered.
-    site = publish.plan(trends, directory)
+    # The site decides its pages; each run they show is analysed here, once, rendered,
+    # and written.
+    out = outputs.output_dir(directory)
+    for sub in publish.SUBDIRECTORIES:
+        (out / sub).mkdir(exist_ok=True)
+    site = publish.plan(trends, out)
     for path, trend in site.trends:
-        publish.trend_page(path, trend, history.levels(trend))
-    for path, before_id, after_id in site.changes:
-        before, after = store.load_run(before_id), store.load_run(after_id)
-        publish.compare_page(path, analyse(before), analyse(after),
-                             compare(before, after, store=store))
+        outputs.write_file(path, publish.trend_page(trend, history.levels(trend)))
+    for path, before_id, after_id, changes in site.changes:
+        outputs.write_file(path, publish.compare_page(analyse(store.load_run(before_id)),
+                                                      analyse(store.load_run(after_id)),
+                                                      changes))
     for path, run_id, figures in site.runs:
-        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures)
-    publish.index_page(site)
+        outputs.write_file(path, publish.run_page(run_id, analyse(store.load_run(run_id)),
+                                                  figures, results))
+    outputs.write_file(site.out / "index.html", site.index.encode())
     pages = len(site.trends) + len(site.changes) + len(site.runs)
-    click.echo(f"wrote {site.out / 'index.html'} and {pages} more pages")
+    click.echo(f"wrote {site.out / 'index.html'} and {pages} more page{'s' * (pages != 1)}")

@@ -399,6 +399,26 @@ class Store(PendingSideFile):
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
     @guarded
+    def missing(self, run_id: str) -> list[str]:
+        """What an unfinished run lacks: "TARGET · WORKLOAD (stored of planned)" for each
+        target and workload of its plan with fewer measured repetitions than the plan's
+        runs (a workload's several configurations each count), in the plan's order."""
+        row = self.db.execute("SELECT plan FROM runs WHERE id = ?", (run_id,)).fetchone()
+        plan = json.loads(row["plan"]) if row else {}
+        runs = plan.get("runs")
+        if not isinstance(runs, int):
+            return []
+        configs: dict[str, int] = {}
+        for w in plan.get("workloads", []):
+            configs[w.get("name")] = configs.get(w.get("name"), 0) + 1
+        stored = {(r["target"], r["workload"]): r["n"] for r in self.db.execute(
+            "SELECT target, workload, count(*) AS n FROM reps WHERE run_id = ? AND "
+            "phase = 'measure' GROUP BY target, workload", (run_id,))}
+        return [f"{t['name']} · {w} ({stored.get((t['name'], w), 0)} of {n * runs})"
+                for t in plan.get("targets", []) for w, n in configs.items()
+                if stored.get((t["name"], w), 0) < n * runs]
+
+    @guarded
     def run_names(self) -> dict[str, str]:
         """Run id -> the name it was given (`vmtax run --name`), for runs that have one."""
         return {row[0]: row[1] for row in self.db.execute(

@@ -39,9 +39,9 @@ def plan_of(request: RunRequest, store: Store | None = None) -> plan_mod.Plan:
             the_plan.__post_init__()
     else:
         classic_targets, classic_workloads = plan_mod.classic_names()
-        repetitions = (dict(runs=request.runs) if request.max_runs is None else
-                       dict(runs=request.runs, max_runs=request.max_runs,
-                            ci_target=request.ci_target))
+        repetitions = (dict(runs=request.min_runs, max_runs=request.max_runs,
+                            ci_target=request.ci_target / 100) if request.adaptive else
+                       dict(runs=request.runs))
         the_plan = plan_mod.from_names(
             request.targets or classic_targets, request.workloads or classic_workloads,
             request.target_options, warmup=request.warmup, time=request.time,
