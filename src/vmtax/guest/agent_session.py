@@ -141,7 +141,7 @@ def await_ready(listener: socket.socket, deadline: float,
             break
         check_running()
         if time.monotonic() >= deadline:
-            raise TimeoutError("QEMU did not connect to the agent socket")
+            raise TimeoutError("nothing connected to the agent's socket")
     channel = Channel(sock, check_running)
     try:
         while not (line := channel.readline(deadline)).startswith(b"READY"):
