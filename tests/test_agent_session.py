@@ -219,8 +219,9 @@ def test_a_slow_boot_blames_no_line_every_boot_prints_and_says_how_to_wait_longe
     assert agent_session.tail(console) == ""
     with open(console, "ab") as f:
         f.write(b"[   41.2] virtio_blk virtio1: [vda] 8388608 512-byte logical blocks\n")
+    # In words (a line's own whitespace, a tab of an RCU report, is one space).
     assert agent_session.tail(console) == (
-        "[   41.2] virtio_blk virtio1: [vda] 8388608 512-byte logical blocks")
+        "[ 41.2] virtio_blk virtio1: [vda] 8388608 512-byte logical blocks")
     said = Booting(lost=0)._not_ready(TimeoutError(), None, 60)
     assert said == ("no agent READY within 60 s; a guest this slow may only need more time: "
                     "boot_timeout = 120 in the target's options")
