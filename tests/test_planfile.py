@@ -58,7 +58,7 @@ def host_has_huge_pages(monkeypatch):
 
 
 @pytest.mark.parametrize("path", PLANS, ids=[p.name for p in PLANS])
-def test_every_shipped_plan_loads(path, host_has_huge_pages):
+def test_every_shipped_plan_loads(path, host_has_huge_pages, vmms_built):
     if path.name == "pinning.toml" and 1 not in CPUS:
         pytest.skip("pins a vCPU to host CPU 1")
     if path.name == "density.toml":   # read by `vmtax density`, not `vmtax run`
