@@ -5,7 +5,7 @@ VMTAX := $(VENV)/bin/vmtax
 # machine keeps them; `make builds` builds those found there, once.
 VENDOR ?= ../shared/vendor
 
-.PHONY: deps venv run test builds test-unit lint bench bench-stats torture torture-density clean
+.PHONY: deps venv run test builds test-unit lint bench bench-stats torture torture-density lab-census clean
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -55,6 +55,11 @@ torture: deps
 # tens of minutes, so in neither `make test` nor `make torture`).
 torture-density: deps
 	$(VENV)/bin/python scripts/torture_density.py --instances 200
+
+# The lab's nested faults counted per configuration, 20 labs each (issue #49; docs/lab.md
+# has the table): hours, so in neither `make test` nor `make bench`. CONFIGS=a,b picks.
+lab-census: deps
+	$(VENV)/bin/python scripts/lab_census.py $(if $(CONFIGS),--configs $(CONFIGS))
 
 clean:
 	rm -rf $(VENV) results test-artifacts

@@ -55,6 +55,15 @@ def warnings_reporter():
     return Warnings()
 
 
+@pytest.fixture
+def vmms_built(monkeypatch):
+    """As if `make builds` had built the microVM targets' VMMs (a unit test of a plan that
+    names them checks the plan, not the cache)."""
+    from vmtax.helpers import vmm_build
+
+    monkeypatch.setattr(vmm_build, "cached", lambda build: Path(f"/opt/built/{build.name}"))
+
+
 @pytest.fixture(autouse=True)
 def _private_runtime(tmp_path, monkeypatch):
     """Each test gets its own journal directory, so tests never undo each other's changes."""

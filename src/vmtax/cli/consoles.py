@@ -1,14 +1,34 @@
 """The consoles the commands print to: tables and JSON on stdout, progress, warnings and
-errors on stderr; and stdout guarded (`guard_stdout`), so a write that fails there (a full
-disk, a reader gone) is told apart from any other OSError and said in one line."""
+errors on stderr. A reader that went away (`vmtax list targets | head -1`) has taken what
+it wanted: that is no failure (rich would exit 1, and a pipefail script would stop).
+stdout is guarded (`guard_stdout`), so a write that fails there (a full disk) is told
+apart from any other OSError and said in one line."""
 
+import os
 import sys
 from typing import Any
 
 from rich.console import Console
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        reader_gone()
+
+
+def reader_gone() -> None:
+    """Exit 0 quietly, stdout silenced so that no flush at exit fails again."""
+    silence_stdout()
+    sys.exit(0)
+
+
+def silence_stdout() -> None:
+    """What is still buffered for stdout goes to /dev/null at exit, not to a failed one."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+out = _Console(highlight=False)
+err = _Console(stderr=True, highlight=False)
 
 
 class StdoutError(OSError):
@@ -16,7 +36,7 @@ class StdoutError(OSError):
 
 
 class _Guarded:
-    """A stream whose write and flush failures are StdoutError (its buffer too)."""
+    """A stream whose write and flush failures are StdoutError (its buffer's too)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream

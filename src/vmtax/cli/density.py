@@ -16,8 +16,8 @@ import time
 from typing import Any, Iterable, Iterator
 
 import click
-from rich.console import Console
 
+from vmtax.cli.consoles import err, out
 from vmtax.cli import bounds
 from vmtax.core import hints, plugin
 from vmtax.core import target as targets
@@ -33,8 +33,6 @@ from vmtax.studies import session as sessions
 from vmtax.studies.plan import TargetSpec
 from vmtax.studies.session import Session, check_target
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 results_option = click.option(
     "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
@@ -277,8 +275,8 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
         if (why := ksm.unavailable()) is not None:
             raise VmtaxError(f"density: ksm = true: {why}")
     with session(results) as s:
-        run_id = s.new_run(density.stored_plan(density.WORKLOAD, specs,
-                                               settings=settings.values()))
+        run_id = s.new_run(density.noted_plan(specs, platform.release(),
+                                              settings=settings.values()))
         err.print(f"density run {run_id} on network {s.network.name}")
         for name, spec in specs.items():
             target = s.create(spec)

@@ -13,7 +13,7 @@ import sys
 import click
 from rich.console import Console
 
-from vmtax.analysis import history
+from vmtax.analysis import drift, history
 from vmtax.cli import bounds
 from vmtax.cli.main import _csv, results_option
 from vmtax.core import hints
@@ -67,7 +67,7 @@ def _accept(results: str, name: str, spec: str) -> None:
         raise VmtaxError(f"--accept: run {run.id} is not a run of {name!r} "
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
-    host = history.host_of(run.host)
+    host = drift.host_of(run.host)
     # What the acceptance covers: the series of its host that regressed from it or before.
     covered = [s for s, _ in load_trend(results, name).regressions()
                if s.host == host and (r := s.regressed_from) is not None
@@ -220,24 +220,27 @@ def publish_command(names, results) -> None:
     # Each name once (a name given twice would list its series twice), each a run's name:
     # never a path of a page.
     series_names = [check_run_name(name, "publish NAME") for name in dict.fromkeys(given)]
-    from vmtax.analysis.model import analyse, compare
+    from vmtax.analysis.model import analyse
+    from vmtax.host.site_files import SiteFiles
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
     trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
               for name in series_names]
-    # The site decides its pages; each run they show is analysed here, once, and rendered.
-    site = publish.plan(trends, directory)
-    with site.files:
+    # The site decides its pages; each run they show is analysed here, once, rendered,
+    # and written into DIR (vmtax.host.site_files: only a DIR publish owns).
+    with SiteFiles(directory) as files:
+        site = publish.plan(trends, files.made_from)
         for page, trend in site.trends:
-            publish.trend_page(site, page, trend, history.levels(trend))
-        for page, before_id, after_id, made_from in site.changes:
-            before, after = store.load_run(before_id), store.load_run(after_id)
-            publish.compare_page(site, page, analyse(before), analyse(after),
-                                 compare(before, after, store=store), made_from)
+            files.write(page, publish.trend_page(trend, history.levels(trend)))
+        for page, before_id, after_id, changes, made_from in site.changes:
+            files.write(page, publish.compare_page(analyse(store.load_run(before_id)),
+                                                   analyse(store.load_run(after_id)),
+                                                   changes), made_from)
         for page, run_id, figures, made_from in site.runs:
-            publish.run_page(site, page, run_id, analyse(store.load_run(run_id)), figures,
-                             made_from)
-        index = publish.index_page(site)
+            files.write(page, publish.run_page(run_id, analyse(store.load_run(run_id)),
+                                               figures, results), made_from)
+        files.write("index.html", site.index.encode())
+        files.finish()
     pages = len(site.trends) + len(site.changes) + len(site.runs)
-    click.echo(f"wrote {index} and {pages} more pages")
+    click.echo(f"wrote {files.path / 'index.html'} and {pages} more page{'s' * (pages != 1)}")

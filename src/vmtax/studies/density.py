@@ -132,6 +132,18 @@ def stored_plan(kind: str, specs: dict[str, TargetSpec], **rest: Any) -> dict[st
             "workloads": [{"name": kind, "params": {}}], **rest}
 
 
+def noted_plan(specs: dict[str, TargetSpec], kernel: str, **rest: Any) -> dict[str, Any]:
+    """A density run's stored plan, with why KSM on leaves some of its targets' memory as
+    it is, on this host's kernel, where it measures with KSM on: the report's figure says
+    so from what the run stored (a renderer reads no host)."""
+    plan = stored_plan(WORKLOAD, specs, **rest)
+    if True in (rest.get("settings") or {}).get("ksm", [True]):
+        note = ksm.unmarked_note([spec.kind for spec in specs.values()], kernel)
+        if note:
+            plan[records.KSM_NOTE] = note
+    return plan
+
+
 # --- what the study is told --------------------------------------------------------------
 
 def _budget(value: str) -> str:

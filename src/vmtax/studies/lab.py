@@ -264,7 +264,7 @@ class _Lab:
     def fault(self, what: str, then: str) -> None:
         """A nested fault outlived: said with the kept console, and counted."""
         kept = _keep_console(self.share, self.results)
-        last = console_tail(self.share, 1) or "(its console is empty)"
+        last = " ".join(console_tail(self.share, 1).split()) or "(its console is empty)"
         self.outcome.faults.append(what)
         self.say(f"lab: {what} (its console's last line: {last}; all of it: {kept}); {then}")
 
