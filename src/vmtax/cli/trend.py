@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import datetime
-import getpass
 import json
 import os
+import pwd
 import re
 import sys
 
@@ -56,8 +56,13 @@ def _iso_time(store: Store, text: str) -> float | None:
 
 
 def _who() -> str:
-    """Who accepts: the user behind sudo, else this one."""
-    return os.environ.get("SUDO_USER") or getpass.getuser()
+    """Who accepts: the real user, by uid, and its name ("alice (uid 1000)"). No variable
+    of the environment (SUDO_USER, LOGNAME, USER), which anyone may set, says it."""
+    uid = os.getuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:   # a uid without a name (a container's)
+        return f"uid {uid}"
 
 
 def _accept(results: str, name: str, spec: str) -> None:
@@ -67,6 +72,9 @@ def _accept(results: str, name: str, spec: str) -> None:
         raise VmtaxError(f"--accept: run {run.id} is not a run of {name!r} "
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
+    if run.status == "running":
+        raise VmtaxError(f"--accept: run {run.id} is still running; accept it once it is "
+                         "done (its numbers are not complete)")
     host = drift.host_of(run.host)
     # What the acceptance covers: the series of its host that regressed from it or before.
     covered = [s for s, _ in load_trend(results, name).regressions()
@@ -76,14 +84,16 @@ def _accept(results: str, name: str, spec: str) -> None:
     store.accept(name, host, run.id, who)
     gate = hints.command('trend', name, '--fail-on', 'regression', results=results)
     if covered:
-        click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}): "
-                   f"{len(covered)} series that regressed ({printable(covered[0].label)}"
-                   + (f" and {len(covered) - 1} more" if len(covered) > 1 else "")
-                   + f"); `{gate}` no longer fails on changes up to it")
+        click.echo(printable(f"accepted {name} on {host} as it is from run {run.id} on (by "
+                             f"{who}): {len(covered)} series that regressed "
+                             f"({covered[0].label}"
+                             + (f" and {len(covered) - 1} more" if len(covered) > 1 else "")
+                             + f"); `{gate}` no longer fails on changes up to it"))
     else:
-        click.echo(f"accepted {name} on {host} as it is from run {run.id} on (by {who}); "
-                   "nothing of it had regressed up to that run, so this only makes it the "
-                   "baseline the runs after it are judged against")
+        click.echo(printable(f"accepted {name} on {host} as it is from run {run.id} on (by "
+                             f"{who}); nothing of it had regressed up to that run, so this "
+                             "only makes it the baseline the runs after it are judged "
+                             "against"))
 
 
 def load_trend(results: str, name: str, *, since: str | None = None,
