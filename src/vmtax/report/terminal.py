@@ -6,7 +6,7 @@ import io
 import os
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from rich import box
 from rich.console import Console
@@ -116,39 +116,45 @@ def print_headline(console: Console, model: RunModel,
     others = [t for t in summary.targets if t != summary.baseline]
     # The title on a line of its own: a table's title wraps at the table's width.
     console.print(Text(run_title(run), style="bold"))
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    # What tells rows apart (parameters, dimensions) goes with the workload; names wrap at
-    # their spaces, and a ratio's interval goes under it before a name is cut in pieces.
-    table.add_column("workload", overflow="fold", min_width=min(14, _longest_row_word(rows)))
-    table.add_column("metric", overflow="fold", min_width=8)
-    # A target's detail goes under its name, so long names cannot squeeze the row names
-    # out of an 80-column table.
-    for name in [summary.baseline, *others]:
-        table.add_column(shown_text(target_label(run, name)).replace(" (", "\n(", 1),
-                         justify="right", overflow="fold", no_wrap=True)
-    for row in rows:
-        tags = " ".join(f"{k}={v}" for k, v in {**row.params, **row.dimensions}.items())
-        unit = "" if row.unit == row.metric else f" ({row.unit})"
-        base = row.cells.get(summary.baseline)
-        table.add_row(shown_text(row.workload + (f" {tags}" if tags else "")),
-                      f"{'↑' if row.higher_is_better else '↓'} {shown_text(row.metric)}{unit}",
-                      styled(median_parts(base)),
-                      *[styled(ratio_parts(row.cells.get(t))) for t in others])
     classes = model.classes
-    if classes:
-        table.add_section()
-        for ci in classes:
-            table.add_row(Text("index", style="bold"),
-                          # a long name may wrap at its "/": threads / scheduling
-                          Text(ci.cls.replace("/", " / ") if len(ci.cls) > 12 else ci.cls,
-                               style="bold"),
-                          "1", *[styled(index_parts(ci.by_target.get(t))) for t in others])
-    # Names wrap at their spaces first; when the ratios on one line leave the names too
-    # little room even so, the intervals go under the ratios instead.
-    if not fits(console, table):
-        for column in table.columns[3:]:
-            column.no_wrap = False
-    console.print(table)
+
+    def table_of(shown: list[str]) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+        # What tells rows apart (parameters, dimensions) goes with the workload; names wrap
+        # at their spaces, and a ratio's interval goes under it before a name is cut.
+        table.add_column("workload", overflow="fold",
+                         min_width=min(14, _longest_row_word(rows)))
+        table.add_column("metric", overflow="fold", min_width=8)
+        # A target's detail goes under its name, so long names cannot squeeze the row
+        # names out of an 80-column table.
+        for name in [summary.baseline, *shown]:
+            table.add_column(shown_text(target_label(run, name)).replace(" (", "\n(", 1),
+                             justify="right", overflow="fold", no_wrap=True)
+        for row in rows:
+            tags = " ".join(f"{k}={v}" for k, v in {**row.params, **row.dimensions}.items())
+            unit = "" if row.unit == row.metric else f" ({row.unit})"
+            base = row.cells.get(summary.baseline)
+            table.add_row(shown_text(row.workload + (f" {tags}" if tags else "")),
+                          f"{'↑' if row.higher_is_better else '↓'} {shown_text(row.metric)}"
+                          f"{unit}", styled(median_parts(base)),
+                          *[styled(ratio_parts(row.cells.get(t))) for t in shown])
+        if classes:
+            table.add_section()
+            for ci in classes:
+                table.add_row(Text("index", style="bold"),
+                              # a long name may wrap at its "/": threads / scheduling
+                              Text(ci.cls.replace("/", " / ") if len(ci.cls) > 12
+                                   else ci.cls, style="bold"),
+                              "1", *[styled(index_parts(ci.by_target.get(t))) for t in shown])
+        # Names wrap at their spaces first; when the ratios on one line leave the names too
+        # little room even so, the intervals go under the ratios instead.
+        if not fits(console, table):
+            for column in table.columns[3:]:
+                column.no_wrap = False
+        return table
+
+    for shown in by_targets(console, table_of, others):
+        console.print(table_of(shown))
     console.print(f"[dim]{shown_text(summary.baseline)}: median of its runs; others: ratio to it "
                   + interval_legend(model.interval_kinds())
                   + ", below 1 = worse (↑ higher is better, ↓ lower)"
@@ -172,6 +178,18 @@ def print_headline(console: Console, model: RunModel,
         console.print(Text(f"{hidden} more metric rows: "
                            + hints.command("show", run.id, "--all", results=results),
                            style="dim"), soft_wrap=True)   # a command pastes whole
+
+
+def by_targets(console: Console, table_of: Callable[[list[str]], Table],
+               targets: list[str]) -> list[list[str]]:
+    """The targets in as few tables as show every name and number whole at the console's
+    width, each table_of its share (in order); too many for one 80-column table are two,
+    never a column cropped off or a number cut."""
+    for size in range(len(targets), 1, -1):
+        groups = [targets[i:i + size] for i in range(0, len(targets), size)]
+        if all(fits(console, table_of(group)) for group in groups):
+            return groups
+    return [[t] for t in targets] or [[]]
 
 
 def fits(console: Console, table: Table) -> bool:
@@ -252,6 +270,26 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     fixed = fixed_params(r for r in run.reps if r.phase == "measure")
     if fixed:
         caption += "; " + shown_text(fixed_note(fixed))
+    others = [t for t in summary.targets if t != summary.baseline]
+    groups = by_targets(console, lambda group: _summary_table(
+        console, run, summary, [summary.baseline, *group], title, caption, compact), others)
+    for number, shown in enumerate(groups, 1):   # the caption once, under the last table
+        console.print(_summary_table(console, run, summary, [summary.baseline, *shown],
+                                     title, caption if number == len(groups) else "",
+                                     compact))
+    _print_failures(console, summary)
+    parameters = workload_parameters(run.reps)
+    if parameters:
+        console.print(Text("workload parameters", style="bold"))
+        for workload, words in parameters.items():
+            _print_indented(console, 2, Text(printable(f"{workload}: {words}")),
+                            hanging=len(workload) + 2)
+    print_fingerprints(console, run, summary.targets)
+
+
+def _summary_table(console: Console, run: Run, summary: RunSummary, targets: list[str],
+                   title: str, caption: str, compact: bool) -> Table:
+    """`show --all`'s table of these targets."""
     table = (light_table(title=title, caption=caption) if compact
              else Table(title=title, caption=caption))
     # Compact, the workload heads its rows on a line of its own (its column's width goes to
@@ -264,11 +302,11 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
                            for row in summary.rows)),) if compact else (0, 0))
     for column, width in zip(("metric",) if compact else ("workload", "metric"), names):
         table.add_column(column, max_width=width if compact else None)
-    share = max(8, (console.width - sum(names) - len(summary.targets) - len(names) + 1)
-                // len(summary.targets))
-    rows = [[cell_text(row.cells.get(t), share if compact else None) for t in summary.targets]
+    share = max(8, (console.width - sum(names) - len(targets) - len(names) + 1)
+                // len(targets))
+    rows = [[cell_text(row.cells.get(t), share if compact else None) for t in targets]
             for row in summary.rows]
-    for number, name in enumerate(summary.targets):
+    for number, name in enumerate(targets):
         label = shown_text(target_label(run, name)) + (" = 1" if name == summary.baseline
                                                        else "")
         if compact:
@@ -296,15 +334,7 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
                 table.add_row(Text(shown.replace("\n", " "), style="bold"))
             table.add_row(metric, *cells)
         previous = group
-    console.print(table)
-    _print_failures(console, summary)
-    parameters = workload_parameters(run.reps)
-    if parameters:
-        console.print(Text("workload parameters", style="bold"))
-        for workload, words in parameters.items():
-            _print_indented(console, 2, Text(printable(f"{workload}: {words}")),
-                            hanging=len(workload) + 2)
-    print_fingerprints(console, run, summary.targets)
+    return table
 
 
 def print_fingerprints(console: Console, run: Run, order: Sequence[str] = ()) -> None:
