@@ -1,6 +1,7 @@
 """Guest image builder: cpio writer, kernel extraction, module selection, caching."""
 
 import gzip
+import hashlib
 import io
 import json
 import lzma
@@ -150,7 +151,8 @@ def test_a_kernel_vmtax_built_given_by_its_path_is_the_one_it_built(tmp_path):
     built.mkdir(parents=True)
     (built / "vmlinux").write_bytes(ELF)
     (built / "meta.json").write_text(json.dumps({
-        "path": "vmlinux", "version": "6.1.192", "sha256": "ab", "modules": {}, "hz": 1000,
+        "path": "vmlinux", "version": "6.1.192", "sha256": hashlib.sha256(ELF).hexdigest(),
+        "modules": {}, "hz": 1000,
         "params": ["lapic_timer_period"]}))
     kernel = user_kernel(built / "vmlinux", tmp_path / "cache")
     # Its HZ and boot parameters, as by name (a copy elsewhere is only a user's kernel).

@@ -40,6 +40,7 @@ CASES = [
     Case(("compare", "last:native", "last:other", "--junit", "{out}v.xml", "--results",
           "{up}r"), (("compare", "--junit"),), ("out",)),
     Case(("composite", "last", "--results", "{up}r"), (("composite", "--results"),)),
+    Case(("cleanup", "--results", "{up}r"), (("cleanup", "--results"),)),
     Case(("plan", "{up}p.toml"), (("plan", "plan_file"),)),
     Case(("tune", "{up}t.toml", "--dry-run"), (("tune", "plan_file"),)),
     Case(("tune", "--targets", "vm", "--workloads", "cpu", "--dry-run", "--results", "{up}r"),

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import click
 
+from vmtax.cli import bounds
 from vmtax.cli.density import err, results_option
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -158,7 +159,7 @@ def _commands(ctx: click.Context, command: str | None, args: list[str], session:
               help="TCG's translation cache for the lab. [default: QEMU's]")
 @click.option("--tcg-thread", type=click.Choice(["multi", "single"]), default="multi",
               show_default=True, help="TCG: one host thread per lab vCPU, or one for all.")
-@click.option("--hang-timeout", type=click.FloatRange(5, 3600), metavar="SECONDS",
+@click.option("--hang-timeout", type=bounds.seconds(5, high=3600), metavar="SECONDS",
               default=lab_watch.HANG_TIMEOUT, show_default=True,
               help="A lab without heartbeat and output this long has hung: a new one goes "
                    "on with the command.")

@@ -41,8 +41,10 @@ from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.host.proc import process_start_time, running
 from vmtax.results.connection import StoreError as StoreError  # the store's API
-from vmtax.results.connection import connect, guarded, problem
+from vmtax.results.connection import connect, guarded, problem, roll_back
 from vmtax.results.masking import masker
+from vmtax.results.names import RUN_NAME
+from vmtax.results.names import check_run_name as check_run_name  # the store's API
 from vmtax.results.pending import ELSEWHERE as ELSEWHERE
 from vmtax.results.pending import PENDING_NAME as PENDING_NAME
 from vmtax.results.pending import REP_COLUMNS, PendingSideFile
@@ -51,24 +53,12 @@ from vmtax.results.schema import PointKey, bring_up_to_date, schema_version
 
 DB_NAME = "vmtax.sqlite"
 
-# A run's name (`vmtax run --name`) and an imported report's label start with a letter, so
-# they never read as a run id (ids start with the date) or a prefix of one, and hold no ':'
-# (RUN:TARGET), '@' (RUN@HOST) or space.
-RUN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 # NAME~N or last~N: the Nth run before (run names and ids hold no '~').
 _BACK = re.compile(r"(.+)~(\d{1,9})")
 
 # A report recorded elsewhere and imported (`vmtax exits import`) is stored as a run whose
 # plan keeps the file it came from under this key, with one target named by its label.
 IMPORTED = "imported"
-
-
-def check_run_name(name: str, option: str = "--name") -> str:
-    if not RUN_NAME.fullmatch(name) or name == "last":
-        raise VmtaxError(f"{option}: expected a letter then letters, digits, '.', '_' or '-' "
-                         f"(at most 64, not 'last'), got {name!r}")
-    return name
-
 
 
 @dataclass
@@ -170,6 +160,9 @@ class Store(PendingSideFile):
                              "(or give --results DIR / VMTAX_RESULTS)")
         if not self.path.is_file():
             raise missing
+        # A kill -9 at a commit leaves a hot journal, which only a connection that may
+        # write rolls back: without that, every read would fail.
+        roll_back(self.path)
         uri = self.path.resolve().as_uri() + "?mode=ro"
         db = connect(self.path, uri)
         try:
@@ -385,17 +378,18 @@ class Store(PendingSideFile):
         recorded = "" if imported else f" WHERE json_extract(r.plan, '$.{IMPORTED}') IS NULL"
         rows = self.db.execute(
             "SELECT r.id, r.created, r.finished, r.status,"
-            " (SELECT group_concat(name, ',') FROM targets t WHERE t.run_id = r.id) AS targets,"
-            " (SELECT group_concat(DISTINCT workload) FROM reps p WHERE p.run_id = r.id)"
-            " AS workloads,"
+            # Names as JSON arrays: a target's name may hold a comma ("a,b" in a plan).
+            " (SELECT json_group_array(name) FROM targets t WHERE t.run_id = r.id) AS targets,"
+            " (SELECT json_group_array(workload) FROM (SELECT DISTINCT workload FROM reps p"
+            "  WHERE p.run_id = r.id)) AS workloads,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure') AS reps,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure'"
             "  AND p.status != 'ok') AS failed"
             f" FROM runs r{recorded} ORDER BY r.created").fetchall()
         return [{"id": r["id"], "created": r["created"], "finished": r["finished"],
                  "status": self._status(r),
-                 "targets": (r["targets"] or "").split(",") if r["targets"] else [],
-                 "workloads": sorted((r["workloads"] or "").split(",")) if r["workloads"] else [],
+                 "targets": json.loads(r["targets"]),
+                 "workloads": sorted(json.loads(r["workloads"])),
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
     @guarded
