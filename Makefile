@@ -1,6 +1,9 @@
 # The two commands of the README: `make run` and `make test`.
 VENV := .venv
 VMTAX := $(VENV)/bin/vmtax
+# Release sources of the microVM targets' VMMs (Firecracker, Cloud Hypervisor), where this
+# machine keeps them; `make builds` builds those found there, once.
+VENDOR ?= ../shared/vendor
 
 .PHONY: deps venv run test builds test-unit lint bench bench-stats torture torture-density lab-census clean
 
@@ -25,6 +28,8 @@ builds: deps
 	$(VENV)/bin/python -m vmtax.helpers.kernel_tree
 	$(VENV)/bin/python -m vmtax.helpers.serving_tools
 	$(VENV)/bin/python scripts/benchstat.py > /dev/null
+	$(VENV)/bin/python -m vmtax.helpers.vsock_relay
+	$(VENV)/bin/python -m vmtax.helpers.vmm_build $(wildcard $(VENDOR)/firecracker-*.tar.gz $(VENDOR)/cloud-hypervisor-*.tar.gz)
 
 # Live tests are reported as skipped, with the reason (tests/conftest.py).
 test-unit: venv

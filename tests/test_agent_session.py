@@ -208,3 +208,19 @@ def test_a_nested_kvm_guest_whose_setup_gets_no_answer_is_booted_once_more(
     assert "mounting failed (boot 1); booting it once more" in capsys.readouterr().err
     with pytest.raises(agent_session.JobUnanswered, match="boot 2"):
         Booting(lost=0, unanswered=2, kvm=kvm).start()   # once more only
+
+
+def test_a_slow_boot_blames_no_line_every_boot_prints_and_says_how_to_wait_longer(tmp_path):
+    """Issue 48.15: with tb_size = 1 a TCG guest failed "no agent READY within 60 s",
+    quoting `PCI: Fatal: No config space access function found`, the first line of every
+    microvm boot; it now quotes only what says something, and how to give more time."""
+    console = tmp_path / "console.log"
+    console.write_bytes(b"[    0.1] PCI: Fatal: No config space access function found\n")
+    assert agent_session.tail(console) == ""
+    with open(console, "ab") as f:
+        f.write(b"[   41.2] virtio_blk virtio1: [vda] 8388608 512-byte logical blocks\n")
+    assert agent_session.tail(console) == (
+        "[   41.2] virtio_blk virtio1: [vda] 8388608 512-byte logical blocks")
+    said = Booting(lost=0)._not_ready(TimeoutError(), None, 60)
+    assert said == ("no agent READY within 60 s; a guest this slow may only need more time: "
+                    "boot_timeout = 120 in the target's options")

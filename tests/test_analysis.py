@@ -159,7 +159,24 @@ def test_the_too_short_flag_shows_its_median_duration(tmp_path):
                           summary=stats.summarize([1.0, 1.0, 1.0]))
     assert "⚠ too short (47.2 ms)" in report.cell_text(short).plain
     detail = htmlreport._flag_detail("too short", short)
-    assert detail.startswith("its repetitions last 47.2 ms (median), under 1 s")
+    assert detail.startswith("its repetitions last 47.2 ms (median), too short to time")
+
+
+def test_a_workload_that_times_itself_says_how_short_a_run_may_be(tmp_path):
+    """Issue 48.17: the classic plan's mutex lasts 0.12-0.16 s, so every default run carried
+    a "too short" flag; sysbench times that run itself (no start-up, no VM round trip in
+    it), and mutex says from how long its time is good (50 ms)."""
+    store = Store(tmp_path)
+    total = [[Metric("total time", 0.14, "s", False)]] * 3
+    run = store_run(store, {"native": True}, {"native": total}, "native", workload="mutex",
+                    elapsed={"native": [0.12, 0.16, 0.15]})
+    assert cell(analysis.summarize_run(run), "native").flags == []
+    shorter = store_run(store, {"native": True}, {"native": total}, "native",
+                        workload="mutex", elapsed={"native": [0.03, 0.04, 0.03]})
+    assert cell(analysis.summarize_run(shorter), "native").flags == ["too short"]
+    memory = store_run(store, {"native": True}, {"native": total}, "native",
+                       workload="memory", elapsed={"native": [0.12, 0.16, 0.15]})
+    assert cell(analysis.summarize_run(memory), "native").flags == ["too short"]
 
 
 class Quantized(Workload):

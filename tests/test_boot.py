@@ -15,7 +15,7 @@ def boot(tmp_path, *args):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--target", "container", "--kernel", "minimal"], "names no libvirt or vm target"),
+    (["--target", "container", "--kernel", "minimal"], "names no guest target ("),
     (["--target", "vm:tcg", "--kernel", "bogus"], "vm:tcg@bogus: kernel: expected"),
 ])
 def test_kernel_mistakes_are_one_line_and_make_no_run(tmp_path, args, message):

@@ -117,3 +117,31 @@ def test_junit_without_a_gate_fails_on_worse(golden):
     failures = root.findall("testsuite/testcase/failure")
     assert failures and {f.get("message") for f in failures} == {
         "significantly worse (no --fail-on: failing on worse)"}
+
+
+def test_every_view_writes_one_interval_notation(tmp_path):
+    """Issue 48.9: with 2 runs a side an interval is the runs' range, yet `export
+    --markdown` printed it under a "[95% CI]" legend and `compare --junit` wrote it in CI
+    brackets; one interval was rounded three ways (terminal, HTML, Markdown)."""
+    targets = {"native": TARGETS["native"], "vm": TARGETS["vm"]}
+    a = store_classic(tmp_path, runs=2, targets=targets, workload_names=["cpu"])
+    b = store_classic(tmp_path, runs=2, targets=targets, workload_names=["cpu"],
+                      keeps={"native": 1.0, "vm": 0.5})
+    md = vmtax("export", b, "--format", "markdown", "--results", str(tmp_path),
+               check=True).stdout
+    assert "[95% CI]" not in md and "(a range: the runs' extremes" in md
+    shown = vmtax("show", b, "--results", str(tmp_path), env={"COLUMNS": "200"},
+                  check=True).stdout
+    [row] = [cells(line) for line in md.splitlines() if line.startswith("| cpu")]
+    ratio = row[-1]
+    assert re.fullmatch(r"0\.\d+ \(0\.\d+–0\.\d+\)", ratio), ratio
+    assert ratio in shown                                  # as the terminal rounds it
+    html = tmp_path / "r.html"
+    vmtax("report", b, "--html", str(html), "--results", str(tmp_path), check=True)
+    low_high = ratio.split(" ", 1)[1].strip("()")
+    assert f"({low_high})" in html.read_text()            # as the HTML report rounds it
+    _, root = junit(tmp_path, a, b)
+    for case in root.iter("testcase"):
+        detail = "".join(case.itertext()) + "".join(e.get("message", "") for e in case)
+        assert re.search(r"% \([-+]\d", detail) and "the runs' range" in detail, detail
+        assert not re.search(r"% \[", detail), detail

@@ -3,11 +3,13 @@
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 
+import click
 import pytest
-from conftest import vmtax
+from conftest import ROOT, vmtax
 
 from vmtax.core import target as targets
 from vmtax.host import kvm
@@ -195,5 +197,86 @@ def test_run_gets_one_request_and_how_to_show_it_not_its_flags(monkeypatch, tmp_
     assert done.exit_code == 0, done.output
     assert asked == [RunRequest(
         targets=["native", "vm"], workloads=["cpu"], target_options={"vcpus": ["2", "big=4"]},
-        runs=3, max_runs=7, ci_target=0.05, time=3, collect=["host-cpu"], interleave=False,
-        name="nightly", fleet=FleetRequest("head:6379", ["a", "b"], None))]
+        runs="auto", min_runs=3, max_runs=7, ci_target=5.0, time=3, collect=["host-cpu"],
+        interleave=False, name="nightly", fleet=FleetRequest("head:6379", ["a", "b"], None))]
+
+
+def _run_params():
+    """`vmtax run`'s parameters, its help option aside."""
+    from vmtax.cli import main
+
+    ctx = click.Context(main.run)
+    return [p for p in main.run.get_params(ctx) if p is not main.run.get_help_option(ctx)]
+
+
+def test_run_s_flags_are_made_from_the_declarations_alone():
+    """Issue 46.5: `vmtax run` declared 22 click options by hand beside the RunRequest it
+    fills. Now each is a field's declaration (RunRequest, FleetRequest, RunOutput), or a
+    target option a plugin marks cli=True; the command declares none of its own."""
+    import dataclasses
+
+    from vmtax.cli import main, run_flags
+    from vmtax.core import plugin
+    from vmtax.core import target as targets
+
+    assert main.run.params == _run_params()
+    declared = {run_flags._key(record, f.name) for record in run_flags.RECORDS
+                for f in dataclasses.fields(record) if "flag" in f.metadata}
+    marked = {run_flags.TARGET_FLAG + info.field for kind in targets.kinds().values()
+              for info in plugin.option_infos(kind.Options).values() if info.cli}
+    assert {p.name for p in _run_params()} == declared | marked
+    helps = {p.name: p.help for p in _run_params() if isinstance(p, click.Option)}
+    assert all(helps[name] for name in declared - {"runrequest__plan_file"})
+
+
+def test_a_shared_flag_says_what_it_means_for_each_kind():
+    """Issue 48.12: --machine had libvirt's default, q35, though vm's is microvm; --cpus
+    had LXD's meaning, a count, though a container's is a host CPU list."""
+    from vmtax.cli import run_flags
+
+    helps = {p.name: p.help for p in _run_params() if isinstance(p, click.Option)}
+    machine = helps[run_flags.TARGET_FLAG + "machine"]
+    assert re.search(r"libvirt: .*\[default: q35\]", machine), machine
+    assert re.search(r"vm: QEMU machine type \[default: microvm\]", machine), machine
+    cpus = helps[run_flags.TARGET_FLAG + "cpus"]
+    assert "container: Host CPUs the container may run on (a cpuset)" in cpus
+    assert "lxd: limits.cpu as a count" in cpus
+
+
+@pytest.mark.parametrize("args, said", [
+    (["run", "--targets", "native", "--workloads", "cpu", "--qemu", "/usr/bin/qemu"],
+     "--qemu: no target of this run takes it (it is an option of vm), so it would do nothing"),
+    (["run", "--resume", "20261201-000000-0000", "--targets", "native", "--time", "3"],
+     "--targets, --time would do nothing here: --resume goes on with the run as it was "
+     "planned and stored"),
+    (["run", "plans/hugepages.toml", "--quick", "--runs", "3", "--vcpus", "1"],
+     "--runs, --vcpus would do nothing here: PLAN.toml says what to run; set it there"),
+    (["run", "--targets", "native", "--workloads", "cpu,cpu"],
+     "workload names must be unique, got cpu, cpu"),
+])
+def test_a_flag_that_would_do_nothing_is_refused_in_one_line(tmp_path, args, said):
+    """Issue 48.13: --qemu with no VM target, --resume with other flags (and a plan file
+    with the classic plan's), --workloads cpu,cpu (which ran twice) did nothing silently."""
+    result = vmtax(*args, "--dry-run", "--results", str(tmp_path), cwd=ROOT)
+    assert result.returncode == 2 and result.stderr == f"vmtax: error: {said}\n", result.stderr
+
+
+def test_resuming_a_finished_run_says_so_and_starts_nothing(tmp_path):
+    from test_history import add_run
+
+    from vmtax.results.store import Store
+
+    run_id = add_run(Store(tmp_path), "nightly", {"vm:tcg": 100})
+    result = vmtax("run", "--resume", run_id, "--results", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"run {run_id} is finished: nothing to resume" in result.stderr
+    assert f"run {run_id} (nightly)" in result.stdout
+
+
+def test_dry_run_says_what_a_collector_cannot_record_here(tmp_path):
+    """Issue 48.13: --collect exits on a host without usable KVM: --dry-run accepted it."""
+    result = vmtax("run", "--targets", "native,vm:tcg", "--workloads", "cpu", "--collect",
+                   "exits", "--dry-run", "--results", str(tmp_path), check=True)
+    status = kvm.probe()
+    assert ("warning: --collect exits: cannot record VM exits: no usable KVM" in result.stdout
+            ) == (not status.usable), result.stdout

@@ -189,6 +189,8 @@ def test_the_shipped_plan_loads():
 
 
 class FakeInstance:
+    guest_memory = None   # a container's: no guest RAM (vmtax.core.instance.Instance)
+
     def __init__(self, name):
         self.name, self.address, self.boot_seconds = name, f"10.0.0.{name}", 0.5
         self.client_preexec = None
@@ -357,3 +359,72 @@ def test_cpu_ticks_count_a_process_own_cpu_time():
     # 0.3 s of CPU at USER_HZ (100 here): about 30 ticks; never fewer than half of that.
     assert proc.cpu_ticks(os.getpid()) - before >= 0.15 * os.sysconf("SC_CLK_TCK")
     assert proc.cpu_ticks(2 ** 22 + 1) == 0    # above pid_max: no such process
+
+
+def test_a_plan_of_workloads_holds_its_density_study(tmp_path):
+    """plans/microvms.toml: the serving plan's targets, its [density] table: those that
+    start instances are filled (native serves the workloads only)."""
+    path = write(tmp_path, '[targets.native]\n[targets.c]\nkind = "container"\n'
+                           '[[workloads]]\nname = "cpu"\n'
+                           '[density]\nmax = 8\n[density.quick]\nmax = 2\n')
+    values, specs = cli_density.load_plan(path)
+    assert values == {"max": 8} and set(specs) == {"c"}
+    assert cli_density.load_plan(path, quick=True)[0] == {"max": 2}
+    with pytest.raises(VmtaxError, match=r"without a \[density\] table: run it with"):
+        cli_density.load_plan(write(tmp_path, '[targets.native]\n[[workloads]]\nname = "cpu"\n'))
+
+
+def test_the_microvm_study_loads_for_each_of_its_commands():
+    from vmtax.cli import boot
+    values, specs = cli_density.load_plan("plans/microvms.toml")
+    assert set(specs) == {"runc", "lxd", "qemu-microvm", "firecracker", "cloud-hypervisor"}
+    assert values["ksm"] == [False, True]
+    boot_specs, settings = boot.plan_settings("plans/microvms.toml")
+    assert boot_specs == specs and settings == {"count": 10, "warmup": 1}
+
+
+def test_a_plans_boot_table_is_checked(tmp_path):
+    from vmtax.cli import boot
+    plan = '[targets.c]\nkind = "container"\n[[workloads]]\nname = "cpu"\n[boot]\n'
+    for table, message in (("cont = 3\n", r"boot.cont: expected one of count, warmup, "
+                                         "http_timeout, got 'cont'"),
+                           ("count = 0\n", "boot.count: ")):
+        with pytest.raises(VmtaxError, match=message) as err:
+            boot.plan_settings(write(tmp_path, plan + table))
+        assert "\n" not in str(err.value)
+
+
+def test_a_guests_pss_is_split_into_its_ram_and_its_vmms_own(tmp_path, monkeypatch):
+    """E4 with microVMs: how much of a guest's PSS is the VMM beyond the RAM it gives."""
+    from vmtax.host import proc
+    from vmtax.studies import density_results
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        "7f0000000000-7f0010000000 rw-p 00000000 00:00 0 \nSize:             262144 kB\n"
+        "Rss:              100000 kB\nPss:               90000 kB\n"
+        "55d000000000-55d000400000 r-xp 00000000 08:01 42 /usr/bin/firecracker\n"
+        "Size:               4096 kB\nPss:                2048 kB\n")
+    assert proc.large_mappings_pss(smaps, 131072) == 90000
+
+    class Guest(FakeInstance):
+        guest_memory = 256 << 20
+
+        def host_pids(self):
+            return [4242]
+    real = proc.large_mappings_pss
+    monkeypatch.setattr(proc, "large_mappings_pss",
+                        lambda path, at_least: real(smaps, at_least)
+                        if str(path) == "/proc/4242/smaps" else None)
+    assert density.guest_ram_pss([Guest("1"), Guest("2")]) == 180000
+    assert density.guest_ram_pss([FakeInstance("3")]) is None   # a container: no guest
+    step = density.Step(instances=2, added=2, start_seconds=1, used_delta=200,
+                        kernel_delta={}, pss=190.0, rss=200, answering=2, settled=True,
+                        settle_seconds=1, available=1000, guest_ram=175.8)
+    summary = density_results.summarize(density.Outcome("firecracker", False, [step], "max",
+                                                        0.0))
+    assert summary.guest_ram == 87.9
+    assert density_results.vmm_line(summary) == (
+        "firecracker (KSM off): PSS 95.0 MiB per instance = guest RAM 87.9 MiB + the VMM's "
+        "own process 7.1 MiB (its code, heap and devices)")
+    metrics = {m.name: m.value for m in density_results.summary_metrics(summary, None)}
+    assert metrics["vmm pss per instance beyond guest ram"] == 7.1

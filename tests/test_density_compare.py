@@ -27,8 +27,7 @@ def step(n, added, used, pss):
 def store_study(store, name, kind, per_instance, kernel="6.1.0-56-amd64"):
     """A finished density run of one target, KSM off and on, as run_density stores it."""
     specs = {name: TargetSpec(name, kind)}
-    run_id = store.new_run(density.stored_plan(density.WORKLOAD, specs),
-                           {"kernel": kernel}, "0")
+    run_id = store.new_run(density.noted_plan(specs, kernel), {"kernel": kernel}, "0")
     for with_ksm, cost in ((False, per_instance[0]), (True, per_instance[1])):
         steps = [step(1, 1, cost, cost), step(2, 1, 2 * cost, 2 * cost)]
         for i, s in enumerate(steps):

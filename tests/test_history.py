@@ -3,6 +3,7 @@ synthetic stores: a step is found at the run that made it, with what changed the
 newest run alone is judged as `compare` judges it; CI fails until the change is accepted."""
 
 import csv
+import re
 import io
 import json
 
@@ -482,3 +483,57 @@ def test_every_view_names_what_the_plans_changed_and_from_which_run(tmp_path):
     vm = next(s for s in shown["series"] if s["target"] == "vm:tcg")
     assert [(c["run"]["number"], c["what"]) for c in vm["plan_changes"]] == [
         (4, ["cpu cpu-max-prime: 2000 → 20000"]), (5, ["vm:tcg vcpus: 2 → 1"])]
+
+
+def test_a_change_page_compares_the_segments_as_the_trend_does(tmp_path):
+    """Issue 48.6: the change page compared run 13 with run 12 alone (-41.7%, run 12 being
+    the highest before the change) where the trend said -23.4%. It now shows the trend's
+    segments, their effect, and what changed; 48.16: and says so on the index."""
+    results = tmp_path / "results"
+    store = Store(results)
+    levels = [1000, 990, 1010, 1000, 995, 1005, 1300] + [770] * 6
+    ids = [add_run(store, "nightly", {"native": level}, seed=i,
+                   options={"native": {"note": "a" if i < 7 else "b"}})
+           for i, level in enumerate(levels)]
+    store.close()
+    trend = judged(results)
+    [change] = trend.series[0].changes
+    site = tmp_path / "site"
+    vmtax("publish", "nightly", str(site), "--results", str(results), check=True)
+    page = (site / "changes" / f"{ids[6]}--{ids[7]}.html").read_text()
+    said = f"{change.change.change:+.1%}"
+    assert f"worse {said}" in page and "runs 1–7" in page and "runs 8–13" in page
+    run_against_run = f"{770 / 1300 - 1:+.1%}"
+    assert run_against_run not in page
+    assert "What changed since run 7" in page and "native note: a → b" in page
+    index = (site / "index.html").read_text()
+    assert f"run 8 worse {said}, not accepted" in index
+
+
+def test_publish_and_trend_pages_read_as_a_published_site_should(tmp_path):
+    """Issue 48.16 and 48.11: the index labels host, target, workload and metric and dates
+    each run with its status; trend charts label their runs and values with the unit; no
+    "over 1 tests" or "1 more pages"; a run page's command carries --results."""
+    results = tmp_path / "results"
+    ids = series_of(results, runs=8, worse_from=8)
+    site = tmp_path / "site"
+    published = vmtax("publish", "nightly", str(site), "--results", str(results), check=True)
+    assert re.search(r"and \d+ more pages\n", published.stdout)
+    index = (site / "index.html").read_text()
+    for head in ("<th>host</th>", "<th>target</th>", "<th>workload</th>", "<th>metric</th>",
+                 "<th>started</th>", "<th>status</th>"):
+        assert head in index
+    assert "<td>done</td>" in index and "rack1 · " not in index
+    trend = (site / "trends" / "nightly.html").read_text()
+    assert trend.count('class="run-tick"') >= 2 * 8 and "events/s</text>" in trend
+    assert len(re.findall(r'text-anchor="end">[\d,.]+</text>', trend)) >= 2 * 3
+    assert "over 1 tests" not in trend
+    run_page = (site / "runs" / f"{ids[2]}.html").read_text()
+    assert f"vmtax report {ids[2]} --html report.html --results {results}" in run_page
+    one = tmp_path / "one"
+    for i in range(6):
+        add_run(Store(one), "solo", {"native": 1000}, seed=i)
+    vmtax("trend", "solo", "--results", str(one), "--html", str(tmp_path / "solo.html"),
+          check=True)
+    solo = (tmp_path / "solo.html").read_text()
+    assert "over 1 test," in solo and "over 1 tests" not in solo

@@ -130,7 +130,7 @@ def test_show_prints_the_index_recommendation_and_the_page_cache_explanation(dd_
     assert re.match(r"1\.3\d$", index.split()[4]), out
     text = " ".join(out.split())
     # the VM wins beyond noise, on its buffered copy alone: recommended, with the doubt
-    assert re.search(r"→ disk I/O: vm \(index 1\.3\d \[1\.3\d, 1\.\d+\]\), a suspicious "
+    assert re.search(r"→ disk I/O: vm \(index 1\.3\d \[1\.\d+–1\.\d+\]\), a suspicious "
                      "win: see its likely cause", text), out
     assert "⚠ suspicious win: vm · dd throughput mode=buffered: host page cache: the " \
            "buffered copy beats native but the oflag=direct copy does not (×0.6" in text, out
@@ -157,7 +157,7 @@ def test_html_report_has_the_composite_table_and_explains_the_win_in_its_card(dd
                      r'native but the oflag=direct copy does not', card[0])
     row = re.search(r'<tr data-class="disk I/O">.*?</tr>', html, re.DOTALL)
     assert row and 'data-target="vm"' in row[0] and re.search(r">1\.3\d+<", row[0]), html
-    assert re.search(r'\[1\.\d+, 1\.\d+\]', row[0]), row[0]
+    assert re.search(r'\[1\.\d+–1\.\d+\]', row[0]), row[0]
     # no other list repeats what the card says
     assert html.count("host page cache: the buffered copy") == 1
     summary = analysis.summarize_run(run)

@@ -16,7 +16,7 @@ from conftest import vmtax
 from vmtax.core.errors import VmtaxError
 from vmtax.guest import lab
 from vmtax.host import machine
-from vmtax.report import terminal
+from vmtax.report import parts
 from vmtax.results.store import Run, Store
 
 
@@ -162,13 +162,13 @@ def _run(host: dict) -> Run:
 
 def test_a_labs_kvm_is_labelled_nested_in_the_table_and_title():
     in_lab, on_host = _run({"lab": machine.LAB_LABEL}), _run({})
-    assert terminal.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
-    assert machine.LAB_LABEL in terminal._title(in_lab)
-    assert terminal.target_label(on_host, "vm:kvm") == "vm:kvm"
+    assert parts.target_label(in_lab, "vm:kvm") == "vm:kvm (nested KVM)"
+    assert machine.LAB_LABEL in parts.run_title(in_lab)
+    assert parts.target_label(on_host, "vm:kvm") == "vm:kvm"
     # Found by the lab: a libvirt domain of type kvm was not marked nested.
-    assert terminal.target_label(in_lab, "lv") == "lv (nested KVM)"
-    assert terminal.target_label(on_host, "lv") == "lv"
-    assert "lab" not in terminal._title(on_host)
+    assert parts.target_label(in_lab, "lv") == "lv (nested KVM)"
+    assert parts.target_label(on_host, "lv") == "lv"
+    assert "lab" not in parts.run_title(on_host)
 
 
 def test_in_a_lab_every_target_says_nested_and_native_is_no_bare_host(tmp_path, monkeypatch):
@@ -197,7 +197,7 @@ def test_in_a_lab_every_target_says_nested_and_native_is_no_bare_host(tmp_path, 
     native, kvm = run.targets["native"]["fingerprint"], run.targets["vm:kvm"]["fingerprint"]
     assert native["bare_host"] is False and native["lab_host"] is True
     assert native["lab"] == kvm["lab"] == machine.LAB_LABEL and "lab_host" not in kvm
-    assert terminal.target_label(run, "native") == "native (lab)"
+    assert parts.target_label(run, "native") == "native (lab)"
     [row] = summarize_run(run).rows
     assert "faster than baseline" in row.cells["vm:kvm"].flags
 

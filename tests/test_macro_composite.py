@@ -65,9 +65,11 @@ def test_a_workload_counts_once_whatever_its_dimensions():
 
 def test_recommendation_only_beyond_noise():
     wins = {"native": Index(1, 1, 1), "vm": Index(1.3, 1.1, 1.5), "c": Index(1.0, 0.9, 1.05)}
-    assert composite.recommend("CPU", wins, "native") == "CPU: vm (index 1.3 [1.1, 1.5])"
+    assert composite.recommend("CPU", wins, "native") == "CPU: vm (index 1.30 [1.1–1.5])"
     overlaps = {"native": Index(1, 1, 1), "vm": Index(1.3, 0.95, 1.5)}
-    assert composite.recommend("CPU", overlaps, "native") == "CPU: no significant difference"
+    # an interval this wide (±21%) cannot rule out a difference: it is no answer
+    assert composite.recommend("CPU", overlaps, "native") == (
+        "CPU: not told apart: too noisy to tell (±21%)")
     # the baseline itself wins when every other target is worse beyond noise
     loses = {"native": Index(1, 1, 1), "vm": Index(0.5, 0.4, 0.6)}
     assert composite.recommend("disk I/O", loses, "native") == \
@@ -85,12 +87,12 @@ def test_the_verdict_ends_with_the_biggest_fact():
     won = {"native": Index(1, 1, 1), "container": Index(1.3, 1.1, 1.5),
            "vm": Index(0.1, 0.09, 0.11)}
     assert composite.recommend("CPU", won, "native", {"container": ", suspicious"}) == \
-        "CPU: container (index 1.3 [1.1, 1.5]), suspicious; vm keeps 0.100 of native"
+        "CPU: container (index 1.30 [1.1–1.5]), suspicious; vm keeps 0.100 of native"
     # the baseline among the losers is only said to be worse: its index is 1 by definition
     above = {"native": Index(1, 1, 1), "container": Index(1.3, 1.2, 1.4),
              "vm": Index(1.2, 0.9, 1.5)}
     assert composite.recommend("CPU", above, "native") == \
-        "CPU: no significant difference between container and vm; native worse"
+        "CPU: not told apart between container and vm: too noisy to tell (±25%); native worse"
 
 
 def test_cells_without_a_ratio_are_left_out_and_said():
@@ -103,8 +105,8 @@ def test_cells_without_a_ratio_are_left_out_and_said():
     made = summary(rows)
     print_composite(console, made, composite.composite(made), composite.explanations(made))
     text = console.export_text()
-    assert "0.9 [0.8, 1]" in text and "not counted: throughput of dbench on vm" in text
-    assert "disk I/O: no significant difference" in text
+    assert "0.900 [0.8–1.0]" in text and "not counted: throughput of dbench on vm" in text
+    assert "disk I/O: not told apart: too noisy to tell (±11%)" in text
 
 
 def test_single_runs_give_no_verdict():
@@ -179,8 +181,8 @@ def test_a_class_won_against_the_bare_host_is_called_suspicious():
     on_host = summary(rows)
     on_host.baseline_bare_host = True
     assert composite.composite(on_host)[0].recommendation == \
-        "CPU: container (index 1.3 [1.1, 1.5]), faster than native: suspicious; " \
+        "CPU: container (index 1.30 [1.1–1.5]), faster than native: suspicious; " \
         "vm keeps 0.500 of native"
     # against another target (E5's huge pages) a win is the finding itself
     assert composite.composite(summary(rows))[0].recommendation == \
-        "CPU: container (index 1.3 [1.1, 1.5]); vm keeps 0.500 of native"
+        "CPU: container (index 1.30 [1.1–1.5]); vm keeps 0.500 of native"

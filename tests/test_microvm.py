@@ -104,7 +104,9 @@ def test_cloud_hypervisor_command_line(ctx, tmp_path):
         return argv[argv.index(flag) + 1]
     assert value("--cpus") == "boot=4"
     assert value("--memory") == "size=256M,mergeable=on"
-    assert value("--disk") == f"path={f.disk},direct=on,_disable_io_uring=on,_disable_aio=on"
+    # The type given: autodetected, sector 0 (ext4's superblock) would be read-only.
+    assert value("--disk") == (f"path={f.disk},image_type=raw,direct=on,_disable_io_uring=on,"
+                               "_disable_aio=on")
     assert value("--vsock") == f"cid=3,socket={f.run_dir / 'vsock.sock'}"
     assert value("--serial") == f"file={f.console_log}" and value("--console") == "off"
     assert value("--net") == "tap=vt0a1b2c,mac=52:54:00:12:34:56"

@@ -10,6 +10,7 @@ from test_ux import store_classic
 
 from vmtax.analysis.model import analyse
 from vmtax.analysis import summary as analysis
+from vmtax.report import parts
 from vmtax.report import terminal as report
 from vmtax.results.store import Store
 
@@ -20,16 +21,32 @@ def _number(text: str) -> float:
 
 def test_a_printed_ratio_lies_within_its_printed_interval():
     # 1.0057 [0.904, 1.027] was printed "1.01 [0.9–1.0]"
-    assert report.ratio_texts(1.0057, 0.904, 1.027) == ("1.01", "0.9", "1.03")
+    assert parts.ratio_texts(1.0057, 0.904, 1.027) == ("1.01", "0.9", "1.03")
     # where two digits already hold the ratio, the interval keeps them
-    assert report.ratio_texts(0.95, 0.94, 0.96) == ("0.950", "0.94", "0.96")
+    assert parts.ratio_texts(0.95, 0.94, 0.96) == ("0.950", "0.94", "0.96")
     rng = random.Random(30)
     for _ in range(20000):
         low = rng.uniform(0.01, 50)
         value = low * rng.uniform(1, 1.05)
         high = value * rng.uniform(1, 1.05)
-        shown, low_text, high_text = report.ratio_texts(value, low, high)
+        shown, low_text, high_text = parts.ratio_texts(value, low, high)
         assert _number(low_text) <= _number(shown) <= _number(high_text), (value, low, high)
+
+
+def test_a_shown_bound_is_on_the_side_of_1_the_true_one_is():
+    """Issue 48.9: a bound of 0.996 shown as 1.0, or of 1.003 or 1.017 as 1.0, told a
+    reader the interval reached 1."""
+    assert parts.ratio_texts(0.97, 0.9, 0.996) == ("0.970", "0.9", "0.996")
+    assert parts.ratio_texts(0.99, 0.9772, 1.003) == ("0.990", "0.98", "1.003")
+    assert parts.ratio_texts(1.03, 1.017, 1.044) == ("1.03", "1.02", "1.04")
+    rng = random.Random(48)
+    for _ in range(20000):
+        value = rng.uniform(0.5, 1.5)
+        low, high = value * rng.uniform(0.9, 1), value * rng.uniform(1, 1.1)
+        shown = parts.ratio_texts(value, low, high)
+        for true, text in ((low, shown[1]), (high, shown[2])):
+            assert (true < 1) == (_number(text) < 1) and (true > 1) == (_number(text) > 1), (
+                true, text)
 
 
 def test_the_headline_prints_every_ratio_within_its_interval(tmp_path):
@@ -63,7 +80,7 @@ def test_a_failed_baseline_leaves_no_raw_value_in_a_ratio_column(tmp_path, basel
     report.print_headline(console, analyse(run))
     text = console.export_text()
     assert f"no ratio: {why}" in text
-    assert report.fmt(cell.summary.median) not in text.split("no ratio")[0].splitlines()[-1]
+    assert parts.fmt(cell.summary.median) not in text.split("no ratio")[0].splitlines()[-1]
 
 
 def test_a_collector_that_could_not_record_is_not_a_failure(tmp_path):

@@ -4,6 +4,7 @@ registered plugins (marked plugin_lists) rerun with them present. Their names so
 the target declares every fact a test might count, so a list written into a test breaks."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,13 @@ def test_the_plugin_lists_in_tests_come_from_the_registry(site):
                           capture_output=True, text=True, env=_env(site), cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "deselected" in done.stdout
+
+
+def test_a_new_kind_s_command_line_option_is_a_run_flag_with_no_cli_edit(site):
+    """Issue 46.5: a target kind that marks an option cli=True gets its `vmtax run` flag,
+    with its doc, default and the kinds that take it, from its declaration alone."""
+    done = subprocess.run([sys.executable, "-m", "vmtax", "run", "--help"],
+                          capture_output=True, text=True, env={**_env(site), "COLUMNS": "200"},
+                          check=True)
+    assert re.search(r"--throwaway-level \[LABEL=\]VALUE\s+How thrown away\. "
+                     r"\[default: 1, for a-throwaway\]", done.stdout), done.stdout

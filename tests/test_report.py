@@ -11,6 +11,7 @@ from vmtax.analysis.model import analyse
 from vmtax.analysis import composite
 from vmtax.analysis import summary as analysis
 from vmtax.core.workload import Metric
+from vmtax.report import parts
 from vmtax.report import html as htmlreport
 from vmtax.report import plots
 from vmtax.report import terminal as report
@@ -93,7 +94,7 @@ def test_findings_name_the_best_target_per_class_and_every_flag(run):
     assert ("faster than baseline", "container", "fileio") in kinds
     # vm's noisy latency max is no primary metric: the terminal's count leaves it out too
     assert ("noisy", "vm", "cpu") not in kinds
-    assert len(f.flags) == sum(report.flag_counts(analysis.headline(summary.rows)).values())
+    assert len(f.flags) == sum(parts.flag_counts(analysis.headline(summary.rows)).values())
     assert f.failures == [{"target": "vm", "workload": "cpu", "phase": "measure",
                            "status": "failed", "error": "exit status 1", "count": 1}]
 
@@ -219,7 +220,7 @@ def test_table_labels_a_target_by_what_its_fingerprint_says(fingerprint, label):
     run = Run(id="r", created=0.0, finished=None, status="done", plan={}, host={},
               version="0", targets={"vm": {"kind": fingerprint["kind"],
                                            "fingerprint": fingerprint}}, reps=[])
-    assert report.target_label(run, "vm") == label
+    assert parts.target_label(run, "vm") == label
 
 
 def test_flags_line_counts_a_detailed_flag_by_its_kind():
@@ -229,7 +230,7 @@ def test_flags_line_counts_a_detailed_flag_by_its_kind():
         "b": ["capacity is a lower bound: ≥ 1/s, no step failed"],
         "c": ["p50 differs from curl's by > 10%: -57% (5.17 vs 12.1 ms at 10/s): noise"]}.items()}
     row = analysis.Row("serving", {}, "requests/s", {}, "requests/s", True, cells)
-    assert report.flags_line([row]) == ("⚠ primary metrics: 2 cells capacity is a lower "
+    assert parts.flags_line([row]) == ("⚠ primary metrics: 2 cells capacity is a lower "
                                         "bound, 1 cell noisy "
                                         "(CV > 5%), 1 cell p50 differs from curl's by > 10%")
 
@@ -252,3 +253,80 @@ def test_ratios_keep_their_line_unless_the_names_would_be_cut():
     console = Console(width=64, file=StringIO())
     assert report.fits(console, table("0.05 [0.01–0.07]"))
     assert not report.fits(console, table("0.0507 [0.003–0.07] " * 3))
+
+
+def test_a_card_claims_no_win_its_own_verdict_denies(tmp_path):
+    """Issue 48.7: a noisy 6-run cell whose interval [0.94, 1.41] holds 1 made a green
+    card, "118% of native's performance kept by container:runc", beside "no significant
+    difference". The card now shows the interval, claims neither win nor loss, and says
+    the two were not told apart."""
+    store = Store(tmp_path)
+    run_id = store.new_run({"targets": [{"name": t} for t in ("native", "container")],
+                            "baseline": "native", "runs": 6, "warmup": 0, "time": 1},
+                           {"cpu_model": "Synthetic CPU"}, "0.1.0")
+    for name in ("native", "container"):
+        store.set_target(run_id, name, TARGETS[name]["kind"], TARGETS[name])
+    container = [0.9, 1.45, 1.0, 1.35, 1.1, 1.3]
+    for idx in range(6):
+        for target, keep in (("native", 1 + 0.002 * idx), ("container", container[idx])):
+            store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                          idx=idx, status="ok", argv=["sysbench"], started=float(idx),
+                          host_elapsed=1.0, guest_elapsed=1.0,
+                          metrics=[Metric("events/s", 48000 * keep, "events/s", True)])
+    store.finish_run(run_id, "done")
+    model = analyse(store.load_run(run_id))
+    [top] = model.standings["CPU"]
+    assert top.keeps > 1.1 and top.index.ci_low < 1 < top.index.ci_high
+    assert "no significant difference" in model.classes[0].recommendation
+    html = htmlreport.render_html([htmlreport.build(model)])
+    card = html[html.index('data-class="CPU" data-best='):]
+    card = card[:card.index('class="rec"')]
+    big = re.search(r'<div class="big([^"]*)">([^<]*)<span class="ci">([^<]*)</span>', card)
+    assert big and big.group(1) == "" and big.group(2).startswith(htmlreport.pct(top.keeps))
+    assert re.fullmatch(r"\[\d+(\.\d+)?%–\d+(\.\d+)?%\]", big.group(3)), big.group(3)
+    assert "not told apart from native: its 95% CI holds 100%" in card
+
+
+def test_too_noisy_to_tell_is_not_called_no_difference():
+    """Issue 48.8: a ratio ranging from 0.31 to 1.5 (CV 40%, 3 runs) was called "no
+    significant difference": it cannot rule out a difference a user cares about. Only an
+    interval within ±5% (composite.WIDE) says there is none."""
+    native = composite.Index(1.0, 1.0, 1.0, interval="none")
+    noisy = {"native": native, "container": composite.Index(0.9, 0.31, 1.5, interval="range")}
+    assert composite.recommend("CPU", noisy, "native") == (
+        "CPU: not told apart: too noisy to tell (±66%)")
+    tight = {"native": native, "container": composite.Index(0.99, 0.98, 1.01)}
+    assert composite.recommend("CPU", tight, "native") == "CPU: no significant difference"
+    with_loser = {**noisy, "vm": composite.Index(0.1, 0.09, 0.11)}
+    assert composite.recommend("CPU", with_loser, "native") == (
+        "CPU: not told apart between native and container: too noisy to tell (±66%); "
+        "vm keeps 0.100 of native")
+
+
+def test_workload_parameters_are_shown_wherever_runs_are_set_side_by_side(tmp_path):
+    """Issue 48.10: cpu-max-prime, block sizes and threads appeared in no report; an A/B
+    report showed -77.6% with nothing saying a parameter had changed."""
+    results = tmp_path / "results"
+    store = Store(results)
+    ids = []
+    for prime, level in ((2000, 1.0), (20000, 0.224)):
+        run_id = store.new_run({"targets": [{"name": "native"}], "baseline": "native",
+                                "runs": 3, "warmup": 0, "time": 1},
+                               {"cpu_model": "Synthetic CPU"}, "0.1.0")
+        store.set_target(run_id, "native", "native", TARGETS["native"])
+        for idx in range(3):
+            store.add_rep(run_id, target="native", workload="cpu",
+                          params={"cpu-max-prime": prime, "threads": 1}, phase="measure",
+                          idx=idx, status="ok", argv=["sysbench"], started=float(idx),
+                          host_elapsed=1.0, metrics=[Metric("events/s", 48000 * level *
+                                                            (1 + idx / 100), "events/s", True)])
+        store.finish_run(run_id, "done")
+        ids.append(run_id)
+    store.close()
+    shown = vmtax("show", ids[0], "--all", "--results", str(results), check=True).stdout
+    assert "workload parameters" in shown and "cpu: cpu-max-prime=2000 threads=1" in shown
+    page = tmp_path / "ab.html"
+    vmtax("report", ids[0], ids[1], "--html", str(page), "--results", str(results), check=True)
+    html = page.read_text()
+    assert "B ran with other parameters than A: cpu: cpu-max-prime 2000 → 20000." in html
+    assert "<strong>cpu</strong> cpu-max-prime=20000 threads=1" in html

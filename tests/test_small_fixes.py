@@ -97,3 +97,58 @@ def test_the_run_warns_once_of_a_collector_no_target_can_feed(tmp_path):
                             "exits: unavailable — native is no VM")
     assert warnings.lines == [_tcg_notes()[0].replace(": ", " · ", 1),
                              "native · cyclictest · exits: unavailable — native is no VM"]
+
+
+def test_a_listing_cut_short_by_its_reader_is_no_failure(tmp_path):
+    """Issue 48.17: `vmtax list targets | head -1` exited 1, so pipefail scripts broke."""
+    import subprocess
+
+    from conftest import VMTAX
+
+    for what in ("targets", "collectors", "workloads"):
+        listing = subprocess.Popen([*VMTAX, "list", what], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        assert listing.stdout.readline()
+        listing.stdout.close()
+        assert listing.wait(timeout=60) == 0 and listing.stderr.read() == b"", what
+
+
+def test_list_collectors_says_what_each_needs(tmp_path):
+    """Issue 48.17: exits and profile said "needs: nothing"; they need perf."""
+    from conftest import vmtax
+
+    listing = vmtax("list", "collectors", check=True).stdout
+    for name in ("exits", "profile"):
+        block = listing[listing.index(f"{name} — "):]
+        assert block.splitlines()[2] == "  needs: the Debian package linux-perf", block[:300]
+
+
+def test_doctor_says_the_load_once():
+    from vmtax.host import quiet
+
+    snap = {"load": [6.3, 6.0, 5.0], "cpus": 2, "busiest": [], "governors": [],
+            "turbo": None, "smt": False}
+    line = quiet.doctor_line(snap)
+    assert line.count("6.3") == 1 and "load average 6.3 on 2 CPUs" in line
+
+
+def test_an_interrupted_run_s_listing_says_what_is_missing(tmp_path):
+    from conftest import vmtax
+
+    from vmtax.results.store import Store
+
+    store = Store(tmp_path)
+    plan = {"targets": [{"name": "native"}, {"name": "vm"}], "runs": 2,
+            "workloads": [{"name": "cpu", "params": {}}, {"name": "mutex", "params": {}}]}
+    run_id = store.new_run(plan, {"hostname": "h"}, "0")
+    for target in ("native", "vm"):
+        for idx in range(2 if target == "native" else 1):
+            store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                          idx=idx, status="ok", argv=[], started=0.0)
+    store.db.execute("UPDATE runs SET pid = 999999999 WHERE id = ?", (run_id,))
+    store.db.commit()
+    store.close()
+    listing = vmtax("runs", "--results", str(tmp_path), check=True).stdout
+    assert (f"{run_id} interrupted, missing native · mutex (0 of 2), vm · cpu (1 of 2), "
+            f"vm · mutex (0 of 2); continue it: vmtax run --resume {run_id}") in " ".join(
+                listing.split())

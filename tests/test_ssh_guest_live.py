@@ -17,7 +17,7 @@ from conftest import vmtax, wait_for
 from vmtax.core import target as targets
 from vmtax.core.target import Job, TargetContext
 from vmtax.host.journal import Journal
-from vmtax.report import terminal as report
+from vmtax.report import parts
 from vmtax.results.store import Store
 
 SSHD = "/usr/sbin/sshd"
@@ -139,7 +139,7 @@ def test_sshd_in_a_tcg_guest_is_an_ssh_target_whose_fingerprint_names_the_hyperv
         assert run.targets["guest"]["fingerprint"]["hypervisor"] == "qemu"
         assert [(r.target, r.status) for r in run.reps if r.phase == "measure"] == \
             [("guest", "ok")]
-        assert report.target_label(run, "guest") == "guest (tcg-guest, qemu)"
+        assert parts.target_label(run, "guest") == "guest (tcg-guest, qemu)"
         # Nothing of vmtax's is left in the guest: no files in its workdir, no processes.
         assert wait_for(lambda: not must(guest, ["ls", "-A", WORKDIR]).strip()
                         and not remote_jobs(guest), 20, 0.5), \

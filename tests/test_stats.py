@@ -15,7 +15,7 @@ from vmtax.analysis.significance import (
     min_p_value,
     min_runs_to_detect,
 )
-from vmtax.core.text import bracket
+from vmtax.core.notation import bracket
 from vmtax.analysis.stats import (
     RatioSummary,
     Summary,
@@ -480,8 +480,10 @@ def test_interval_kind_names_ranges_and_single_runs():
     assert compare([1.0, 1.1], [1.2, 1.3], True).interval == "range"
     assert compare([1.0, 1.1, 1.05, 1.02, 1.03], [1.2, 1.3, 1.25, 1.22, 1.21], True).interval \
         == "ci"
-    assert bracket("ci", "1", "2") == " [1, 2]" and bracket("range", "1", "2") == " (1 – 2)"
-    assert bracket("range", "1", "2", "–") == " (1–2)" and bracket("none", "1", "1") == ""
+    assert bracket("ci", "1", "2") == " [1–2]" and bracket("range", "1", "2") == " (1–2)"
+    assert bracket("range", "-1%", "+2%") == " (-1%, +2%)"
+    assert bracket("ci", "-1%", "+2%") == " [-1%, +2%]" and bracket("none", "1", "1") == ""
+    assert bracket("ci", "13,472", "18,272") == " [13,472 – 18,272]"
 
 
 # ---- interleave --------------------------------------------------------------------------

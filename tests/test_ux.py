@@ -23,6 +23,7 @@ from vmtax.core import workload as workloads
 from vmtax.core import paths
 from vmtax.core.types import Metric
 from vmtax.host import quiet
+from vmtax.report import parts
 from vmtax.report import export
 from vmtax.report import terminal as report
 from vmtax.results.store import Store, check_run_name
@@ -150,7 +151,7 @@ def test_secondary_metrics_are_never_noisy_and_flags_fit_one_line(tmp_path):
     assert flag_lines == ["⚠ primary metrics: 5 cells noisy (CV > 5%)"], text
     assert text.count("⚠") == 6
     summary = analysis.summarize_run(noisy)
-    assert report.flags_line(analysis.headline(summary.rows), "host load 1.9 on 2 CPUs") == (
+    assert parts.flags_line(analysis.headline(summary.rows), "host load 1.9 on 2 CPUs") == (
         "⚠ primary metrics: 5 cells noisy (CV > 5%): host load 1.9 on 2 CPUs")
 
 

@@ -11,8 +11,10 @@ Intervals are combined in log space, where a geometric mean is an arithmetic one
 mean of n independent log-ratios, each side of the interval is sqrt(sum of that side's
 squared half-widths) / n. The recommendation names the best target of a class only when
 its interval lies wholly above every other target's (the baseline's is exactly 1);
-otherwise it says there is no significant difference (and with fewer than 3 runs per
-target, that there are too few runs for a verdict). Either way it ends with the biggest
+otherwise it says there is no significant difference where the intervals are narrow
+enough to rule out a 5% one (WIDE), else that they were not told apart, too noisy to tell
+(±X%, the widest half-width); with fewer than 3 runs per target, that there are too few
+runs for a verdict. Either way it ends with the biggest
 fact: how much of the baseline each target that loses beyond noise keeps, the worst first
 ("CPU: no significant difference between native and container; vm keeps 0.109 of
 native")
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 from vmtax.analysis import summary as analysis
@@ -39,9 +42,13 @@ from vmtax.analysis.intervals import IntervalKind
 from vmtax.analysis.stats import SUSPICIOUS_MARGIN
 from vmtax.analysis.summary import Cell, Row, RunSummary
 from vmtax.core import workload as workloads
-from vmtax.core.text import bracket
+from vmtax.core.notation import bracket, ratio_texts, sig3
 
 OVERALL = "overall"
+# An index's interval wider than this on either side of it (relative half-width) cannot rule
+# out a 5% difference, the size vmtax's default 5 runs are set to tell from noise: a tie
+# of such intervals is "too noisy to tell", never "no significant difference".
+WIDE = 0.05
 # No verdict from fewer runs per side than E3's method keeps: one run gives an interval of
 # zero width, and at 2 against 2 a bootstrap interval clears 1 by chance 1 time in 6.
 MIN_RUNS = 3
@@ -198,31 +205,29 @@ def recommend(cls: str, by_target: dict[str, Index], baseline: str,
         if best_name == baseline:
             return f"{cls}: {best_name} (the others lose beyond noise; {losses})"
         doubt = (doubts or {}).get(best_name, "")
-        shown = bracket(best.interval, f"{best.ci_low:.3g}", f"{best.ci_high:.3g}")
-        return (f"{cls}: {best_name} (index {best.value:.3g}{shown}){doubt}"
+        value, low, high = ratio_texts(best.value, best.ci_low, best.ci_high)
+        return (f"{cls}: {best_name} (index {value}{bracket(best.interval, low, high)}){doubt}"
                 + (f"; {losses}" if losses else ""))
     # No winner, but those below the best beyond noise are worth a word.
     losers = {name: i for name, i in by_target.items() if i.ci_high < best.ci_low}
-    if not losers:
-        return f"{cls}: no significant difference"
     tied = [name for name in by_target if name not in losers]
-    return (f"{cls}: no significant difference between {', '.join(tied[:-1])} and "
-            f"{tied[-1]}; {_losses(losers, baseline)}")
+    # Too wide to rule out a difference worth knowing: that is no answer, only a question.
+    widest = max(((i.ci_high - i.ci_low) / 2 / i.value for name, i in by_target.items()
+                  if name in tied and i.interval != "none"), default=0.0)
+    between = f" between {', '.join(tied[:-1])} and {tied[-1]}" if losers else ""
+    said = (f"not told apart{between}: too noisy to tell (±{widest:.0%})" if widest > WIDE
+            else f"no significant difference{between}")
+    return f"{cls}: {said}" + (f"; {_losses(losers, baseline)}" if losers else "")
 
 
 def _losses(losers: dict[str, Index], baseline: str) -> str:
     """"vm keeps 0.109 of native, container 0.950": the worst first; the baseline, being
     1 by definition, is only said to be worse."""
     ranked = sorted((i.value, name) for name, i in losers.items() if name != baseline)
-    parts = [f"{name} {_share(value)}" if n else
-             f"{name} keeps {_share(value)} of {baseline}"
+    parts = [f"{name} {sig3(value)}" if n else
+             f"{name} keeps {sig3(value)} of {baseline}"
              for n, (value, name) in enumerate(ranked)]
     return ", ".join(parts + [f"{baseline} worse"] * (baseline in losers))
-
-
-def _share(value: float) -> str:
-    """An index as the headline table prints a ratio: three significant digits, 0.100."""
-    return f"{value:#.3g}".rstrip(".")
 
 
 @dataclass
@@ -233,6 +238,17 @@ class Standing:
     keeps: float                          # the class's composite index
     parts: tuple[str, ...]                # the workloads it averages
     ratios: list[tuple[Row, Cell]]        # each headline metric counted, with its cell
+    index: Index | None = None            # the index with its interval
+
+    @property
+    def told_apart(self) -> str | None:
+        """"better" or "worse" than the baseline where the index's 95% CI lies wholly above
+        or below 1; None where it holds 1, or there were too few runs for a CI: a card's
+        figure then claims neither a win nor a loss."""
+        i = self.index
+        if i is None or i.interval != "ci" or i.ci_low <= 1 <= i.ci_high:
+            return None
+        return "better" if i.ci_low > 1 else "worse"
 
     @property
     def flags(self) -> list[str]:
@@ -265,12 +281,13 @@ def standings(summary: RunSummary) -> dict[str, list[Standing]]:
         for target, cell in row.cells.items():
             if target != summary.baseline and _usable(cell, row.cells[summary.baseline]):
                 counted.setdefault((spec.group, target), []).append((row, cell))
-    return {ci.cls: [Standing(target, index.value, index.parts, counted[(ci.cls, target)])
+    return {ci.cls: [Standing(target, index.value, index.parts, counted[(ci.cls, target)],
+                              index)
                      for target, index in ci.by_target.items() if target != summary.baseline]
             for ci in composite(summary) if ci.cls != OVERALL}
 
 
-def json_of(baseline: str, classes: list[ClassIndex], lines: list[str]) -> dict:
+def json_of(baseline: str, classes: list[ClassIndex], lines: list[str]) -> dict[str, Any]:
     """What `show --json` and `composite --json` carry of what composite() and
     explanations() gave: per class each target's index with its interval and the
     recommendation, then the suspicious wins explained."""

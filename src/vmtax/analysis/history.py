@@ -51,6 +51,7 @@ class SeriesRun:
     plan: dict[str, Any]
     host_facts: dict[str, Any]
     targets: dict[str, dict[str, Any]]   # name -> {"kind", "fingerprint"}
+    status: str = "done"
 
 
 @dataclass
@@ -171,8 +172,16 @@ class Series:
             return (f"{_percent(recent.comparison.change)} "
                     + (f"from run {first.number} ({first.id}) on" if recent.held else
                        f"at run {first.number} ({first.id})")
-                    + f" against {runs_text(recent.against)} (not yet a change point)", first)
+                    + f" against runs {recent.against[0].run.number}–"
+                    f"{recent.against[-1].run.number} (not yet a change point)", first)
         return None
+
+    def sides(self, found: FoundChange) -> tuple[list[Point], list[Point]]:
+        """The segments on either side of one of the series' changes: what it compares."""
+        bounds = [0, *(c.change.index for c in self.changes), len(self.points)]
+        at = bounds.index(found.change.index)
+        return (self.points[bounds[at - 1]:found.change.index],
+                self.points[found.change.index:bounds[at + 1]])
 
     @property
     def segment_start(self) -> int:
@@ -184,12 +193,6 @@ class Series:
         """The first point the newest runs are judged among: the newest segment's, or the
         run accepted after it."""
         return max(self.segment_start, self.accepted_from)
-
-
-def runs_text(points: Sequence[Point]) -> str:
-    """"run 5", or "runs 1–4" (by their numbers among the host's runs of the name)."""
-    first, last = points[0].run.number, points[-1].run.number
-    return f"run {first}" if first == last else f"runs {first}–{last}"
 
 
 @dataclass
@@ -265,7 +268,8 @@ def _runs(store: Store, name: str, since: float | None,
                                                             and r["created"] > until):
             continue
         per_host[host].append(SeriesRun(r["id"], numbers[host], r["created"], host,
-                                        r["version"], r["plan"], r["host"], r["targets"]))
+                                        r["version"], r["plan"], r["host"], r["targets"],
+                                        r["status"]))
     if not per_host:
         raise VmtaxError(f"no run of {name!r} between the times given; its runs are "
                          f"{found[0]['id']} … {found[-1]['id']}")
@@ -292,7 +296,7 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     for run_id, target, workload, params, metric_name, *_ in values:
         configs[(run_id, target, workload)].add(params)
         firsts.setdefault((run_id, target, workload, params), metric_name)
-    found: dict[tuple, Series] = {}
+    found: dict[tuple[str, str, str, str, str], Series] = {}
     headline = functools.cache(analysis.is_headline)
     # The same few parameter strings and metrics recur in every run: decoded once each
     # (each point still gets a dict of its own).

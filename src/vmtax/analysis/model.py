@@ -17,6 +17,7 @@ from vmtax.analysis.composite import ClassIndex, Standing
 from vmtax.analysis.profile import CellProfile
 from vmtax.analysis.summary import Cell, CompareRow, Row, RunSummary
 from vmtax.core.errors import VmtaxError
+from vmtax.host import quiet
 from vmtax.results import study_records as records
 from vmtax.results.study_records import BootStart, DensityPoint, KsmReading
 from vmtax.results.store import Run, Store
@@ -64,10 +65,21 @@ class RunModel:
     measured: str                        # how many measured runs each cell had (measured_runs)
     # A `vmtax tune` stage's verdicts (its forest plot); None: not a tune run.
     tune: tuning.TuneSummary | None = None
+    # The host's load during the run, from its stored facts, when it was busy ("": quiet).
+    load_note: str = ""
 
     @property
     def explanations(self) -> list[str]:
         return [line for _, line in self.explained]
+
+    def interval_kinds(self) -> set[str]:
+        """What the headline's ratios and indices of targets but the baseline are: CIs,
+        ranges, none (each view's legend says which)."""
+        others = [t for t in self.summary.targets if t != self.summary.baseline]
+        kinds = {c.ratio.interval for row in self.headline for t in others
+                 if (c := row.cells.get(t)) is not None and c.ratio is not None}
+        return kinds | {i.interval for ci in self.classes for t, i in ci.by_target.items()
+                        if t in others}
 
     def to_json(self) -> dict[str, Any]:
         """What `vmtax show RUN --json` prints: the run, its summary and its composite
@@ -93,7 +105,8 @@ def analyse(run: Run, summary: RunSummary | None = None) -> RunModel:
                     standings=_contenders(run, composite.standings(summary)),
                     hypotheses=profile.top_hypotheses(profiled), worst=_worst(summary),
                     profiles=profiled, records=study_records(run), measured=measured_runs(run),
-                    tune=tuning.summarize_stage(run) if tuning.is_tune_run(run) else None)
+                    tune=tuning.summarize_stage(run) if tuning.is_tune_run(run) else None,
+                    load_note=quiet.during(run.host))
 
 
 @dataclass
@@ -155,7 +168,7 @@ def measured_runs(run: Run) -> str:
     """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
     (--runs auto, tune's racing) added some, the range stored."""
     planned = run.plan.get("runs", "?")
-    attempts: dict[tuple, int] = {}
+    attempts: dict[tuple[str, str, str], int] = {}
     for r in run.reps:
         if r.phase == "measure":
             key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))

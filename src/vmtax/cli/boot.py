@@ -3,6 +3,7 @@
     vmtax boot --target vm:tcg --count 20
     vmtax boot --target container,vm:tcg --count 10
     vmtax boot --target vm:tcg --count 10 --kernel minimal
+    vmtax boot plans/microvms.toml             the plan's targets, its [boot] settings
 
 Each start is stored as a repetition of the workload "boot" with the metrics "ready" and
 "first http" (seconds), and for a guest "guest ready" (its uptime at READY), so `vmtax
@@ -14,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.density import err, out, results_option, session
+from vmtax.cli.density import err, load_plan, out, results_option, session
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
@@ -44,7 +46,8 @@ def with_kernel(specs: dict[str, TargetSpec], kernel: str,
              if KERNEL in plugin.option_infos(cls.Options)]
     if not any(spec.kind in kinds for spec in specs.values()):
         raise VmtaxError(f"boot: --kernel {kernel} is a guest's kernel, and --target "
-                         f"{target_names} names no {' or '.join(kinds)} target")
+                         f"{target_names} names no guest target ({', '.join(kinds[:-1])} "
+                         f"or {kinds[-1]})")
     label = os.path.basename(kernel.rstrip("/")) or kernel
     renamed = {}
     for spec in specs.values():
@@ -55,23 +58,68 @@ def with_kernel(specs: dict[str, TargetSpec], kernel: str,
     return renamed
 
 
+# What --count, --warmup and --http-timeout default to (a plan's [boot] table may say).
+DEFAULTS = {"count": 20, "warmup": 1, "http_timeout": 60.0}
+
+
+def plan_settings(path: str) -> tuple[dict[str, TargetSpec], dict[str, Any]]:
+    """The targets that start instances and the [boot] table of a plan file."""
+    values, specs = load_plan(path, command="boot")
+    unknown = sorted(set(values) - set(DEFAULTS))
+    if unknown:
+        raise VmtaxError(f"{path}: boot.{unknown[0]}: expected one of "
+                         f"{', '.join(DEFAULTS)}, got {unknown[0]!r}")
+    checks = {"count": bounds.count(), "warmup": bounds.count(0),
+              "http_timeout": bounds.seconds()}
+    settings = {}
+    for key, value in values.items():
+        try:
+            settings[key] = checks[key].convert(value, None, None)
+        except VmtaxError as exc:   # "a value: expected ..."
+            raise VmtaxError(f"{path}: boot.{key}: "
+                             + str(exc).removeprefix("a value: ")) from None
+    return specs, settings
+
+
 @click.command("boot")
-@click.option("--target", "target_names", required=True, metavar="NAME[,NAME...]",
-              help="Target(s) to start, e.g. vm:tcg or container,vm:tcg.")
-@click.option("--count", type=bounds.count(), default=20, show_default=True,
-              help="Measured cold starts per target.")
-@click.option("--warmup", type=bounds.count(0), default=1, show_default=True,
-              help="Unrecorded starts first (builds the image and rootfs caches).")
-@click.option("--http-timeout", type=bounds.seconds(), default=60.0, show_default=True,
-              help="Seconds an instance may take to answer HTTP.")
+@click.argument("plan_file", metavar="[PLAN.toml]", required=False)
+@click.option("--target", "target_names", metavar="NAME[,NAME...]",
+              help="Target(s) to start, e.g. vm:tcg or container,vm:tcg. [default: the "
+                   "plan's that start instances]")
+@click.option("--count", type=bounds.count(),
+              help=f"Measured cold starts per target. [default: the plan's [boot] count, "
+                   f"else {DEFAULTS['count']}]")
+@click.option("--warmup", type=bounds.count(0),
+              help="Unrecorded starts first (builds the image and rootfs caches). "
+                   f"[default: {DEFAULTS['warmup']}]")
+@click.option("--http-timeout", type=bounds.seconds(),
+              help="Seconds an instance may take to answer HTTP. "
+                   f"[default: {DEFAULTS['http_timeout']:g}]")
 @click.option("--kernel", metavar="KERNEL", help='Guest kernel of the vm targets: "debian", '
               '"debian-rt", "minimal" or a path. [default: the target\'s, "debian"]')
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def boot_command(target_names, count, warmup, http_timeout, kernel, results, as_json) -> None:
+def boot_command(plan_file: str | None, target_names: str | None, count: int | None,
+                 warmup: int | None, http_timeout: float | None, kernel: str | None,
+                 results: str, as_json: bool) -> None:
     """Cold-start each target COUNT times, one at a time: time to ready and to the first
-    HTTP answer, p50/p90/p99/max."""
-    specs = instance_specs([n.strip() for n in target_names.split(",") if n.strip()])
+    HTTP answer, p50/p90/p99/max. With PLAN.toml (a plan with a [boot] table, as
+    plans/microvms.toml has), the plan's targets that start instances, as it configures
+    them."""
+    settings: dict[str, Any] = dict(DEFAULTS)
+    if plan_file is not None:
+        specs, planned = plan_settings(plan_file)
+        settings.update(planned)
+    if target_names:
+        specs = instance_specs([n.strip() for n in target_names.split(",") if n.strip()])
+    elif plan_file is None:
+        raise VmtaxError("boot: name the targets to start (--target NAME[,NAME...]) or give "
+                         "a plan file")
+    given = {"count": count, "warmup": warmup, "http_timeout": http_timeout}
+    settings.update({k: v for k, v in given.items() if v is not None})
+    count, warmup, http_timeout = (settings["count"], settings["warmup"],
+                                   settings["http_timeout"])
+    target_names = target_names or ",".join(specs)
     if kernel is not None:
         specs = with_kernel(specs, kernel, target_names)
     for spec in specs.values():   # a bad option says so before a run is made

@@ -14,7 +14,7 @@ from vmtax.core.limits import MAX_COUNT, MAX_SECONDS
 from vmtax.core.text import printable
 
 
-class Bounded(click.ParamType):
+class Bounded(click.ParamType[float]):
     """A whole number or a number from low to high (above low when low_open)."""
 
     def __init__(self, kind: type[int] | type[float], low: float, high: float,
@@ -30,7 +30,7 @@ class Bounded(click.ParamType):
         return "N" if self.kind is int else "S"
 
     def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> Any:
+                ctx: click.Context | None) -> float:
         flag = param.opts[0] if param is not None and param.opts else "a value"
         try:
             number = self.kind(value)

@@ -16,8 +16,8 @@ import time
 from typing import Any, Iterable, Iterator
 
 import click
-from rich.console import Console
 
+from vmtax.cli.consoles import err, out
 from vmtax.cli import bounds
 from vmtax.core import hints, plugin
 from vmtax.core import target as targets
@@ -33,8 +33,6 @@ from vmtax.studies import session as sessions
 from vmtax.studies.plan import TargetSpec
 from vmtax.studies.session import Session, check_target
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 results_option = click.option(
     "--results", "results", default=os.environ.get("VMTAX_RESULTS", "results"),
@@ -57,15 +55,26 @@ def session(results: str) -> Iterator[Session]:
 
 # --- the plan file -----------------------------------------------------------------------
 
-def load_plan(path: str, quick: bool = False, results: str | None = None
-              ) -> tuple[dict[str, Any], dict[str, TargetSpec]]:
-    """(settings values, targets) of a density plan file; errors name the file and key (and
-    a plan of workloads the `vmtax run` of it, into results)."""
+def load_plan(path: str, quick: bool = False, results: str | None = None,
+              command: str = "density") -> tuple[dict[str, Any], dict[str, TargetSpec]]:
+    """(settings values, targets) of command's plan file: a density plan, or a plan of
+    workloads with a [density] or [boot] table of the command's settings (a whole study of
+    its targets: those that start instances are taken). Errors name the file and key (and,
+    for a plan of workloads alone, the `vmtax run` of it, into results)."""
     data = plan_toml.parse(plan_toml.read_text(path), path)
+    tables = data.get("targets")
     if "workloads" in data:
-        raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]), not a density plan: "
-                         f"run it with `{hints.command('run', path, results=results)}`")
-    tables = data.pop("targets", None)
+        if command not in data:
+            raise VmtaxError(f"{path}: a plan of workloads ([[workloads]]) without a "
+                             f"[{command}] table: run it with "
+                             f"`{hints.command('run', path, results=results)}`")
+        data = data[command]
+        if not isinstance(data, dict):
+            raise VmtaxError(f"{path}: {command}: expected a table of its settings, got "
+                             f"{data!r}")
+        data, whole_study = dict(data), True
+    else:
+        data, whole_study = {k: v for k, v in data.items() if k != "targets"}, False
     quick_values = data.pop("quick", None)
     if not isinstance(tables, dict) or not tables:
         raise VmtaxError(f"{path}: targets: expected [targets.NAME] tables, got "
@@ -77,6 +86,8 @@ def load_plan(path: str, quick: bool = False, results: str | None = None
     specs = {}
     # A name is shown and stored: printable, composed (NFC), one of its kind.
     for name, table in zip(unique_names(list(tables), f"{path}: targets"), tables.values()):
+        if whole_study and isinstance(table, dict) and "kind" not in table:
+            table = {**table, "kind": name}   # a run plan's [targets.native]
         if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
             kinds = " or ".join(f'"{kind}"' for kind in density.instance_kinds())
             raise VmtaxError(f"{path}: targets.{name}: expected a table with kind = "
@@ -84,10 +95,13 @@ def load_plan(path: str, quick: bool = False, results: str | None = None
         if table["kind"] not in targets.kinds():
             raise VmtaxError(f"{path}: targets.{name}.kind: expected one of "
                              f"{', '.join(sorted(targets.kinds()))}, got {table['kind']!r}")
+        if whole_study and not targets.get(table["kind"]).makes_instances():
+            continue   # native serves the plan's workloads; it has no instances to start
         specs[name] = TargetSpec(name, table["kind"],
                                  {k: v for k, v in table.items() if k != "kind"})
         check_target(specs[name], f"{path}: targets.{name}")
-    plugin.build(density.Settings, data, path, strict=False, kind="density")
+    if command == "density":
+        plugin.build(density.Settings, data, path, strict=False, kind="density")
     return data, specs
 
 
@@ -119,6 +133,7 @@ def print_summaries(summaries: list[density_results.Summary], notes: Iterable[st
     """The table of memory per instance; runs: the run of each summary (across runs)."""
     from vmtax.report import density_tables
 
+    notes = [*filter(None, map(density_results.vmm_line, summaries)), *notes]
     density_tables.print_summaries(out, summaries, density_results.ratios(summaries),
                                    density_results.ratio_lines(summaries), notes, runs,
                                    [density_results.http_line(s) for s in summaries])
@@ -260,8 +275,8 @@ def run_density(settings: density.Settings, specs: dict[str, TargetSpec],
         if (why := ksm.unavailable()) is not None:
             raise VmtaxError(f"density: ksm = true: {why}")
     with session(results) as s:
-        run_id = s.new_run(density.stored_plan(density.WORKLOAD, specs,
-                                               settings=settings.values()))
+        run_id = s.new_run(density.noted_plan(specs, platform.release(),
+                                              settings=settings.values()))
         err.print(f"density run {run_id} on network {s.network.name}")
         for name, spec in specs.items():
             target = s.create(spec)

@@ -20,6 +20,8 @@ import io
 import os
 import shlex
 import sys
+from collections.abc import Callable
+from typing import BinaryIO
 from pathlib import Path
 
 import click
@@ -200,7 +202,7 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, disk: str, qemu: st
     elif "COLUMNS" in os.environ:   # piped: the width asked for, as vmtax itself takes it
         env["COLUMNS"] = os.environ["COLUMNS"]
 
-    def echo(stream):
+    def echo(stream: BinaryIO) -> Callable[[bytes], None]:
         def write(data: bytes) -> None:
             stream.write(data)
             stream.flush()

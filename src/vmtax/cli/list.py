@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 
-out = Console(highlight=False)
+from vmtax.cli.consoles import out
 
 
 @click.command()

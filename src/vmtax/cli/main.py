@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from vmtax import __version__
-from vmtax.cli import bounds, run_flags
+from vmtax.cli import run_flags
 from vmtax.cli.consoles import err, out
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
@@ -132,6 +132,17 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
 
+    def invoke(self, ctx: click.Context) -> Any:
+        # A reader that took what it wanted and went (`vmtax list targets | head -1`) is
+        # no failure: click would exit 1 on EPIPE, and a pipefail script would stop.
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY and name not in self.commands:
             import importlib
@@ -175,51 +186,6 @@ def cli(ctx: click.Context) -> None:
 
 
 @cli.command(cls=run_flags.RunCommand)
-@click.argument("plan_file", metavar="[PLAN.toml]", required=False, type=click.Path())
-@click.option("--targets", help="Comma-separated targets, KIND or KIND:VARIANT "
-              "(`vmtax list targets`). [default: those of plans/classic.toml]")
-@click.option("--workloads", help="Comma-separated workloads (`vmtax list workloads`). "
-              "[default: those of plans/classic.toml]")
-@click.option("--runs", show_default=True, metavar="N|auto",
-              help="Measured repetitions per target and workload; 'auto' repeats until the "
-                   "median's 95% CI is within --ci-target (between --min-runs and --max-runs).")
-@click.option("--min-runs", type=bounds.count(), default=5, show_default=True,
-              help="With --runs auto: runs before precision is judged.")
-@click.option("--max-runs", type=bounds.count(), default=20, show_default=True,
-              help="With --runs auto: give up (and flag it) after this many runs.")
-@click.option("--ci-target", type=click.FloatRange(0, 100, min_open=True, max_open=True),
-              default=2.0, show_default=True, metavar="PCT",
-              help="With --runs auto: wanted CI half-width, percent of the median.")
-@click.option("--warmup", type=bounds.count(0), default=1, show_default=True,
-              help="Warm-up repetitions run first and discarded.")
-@click.option("--time", "time_", type=bounds.seconds(whole=True), show_default=True,
-              help="Seconds each time-bounded workload runs (its declared time option).")
-@click.option("--collect", metavar="NAME,...",
-              help="Collectors recording on the host around each cell's measured "
-                   "repetitions, e.g. host-cpu,host-mem (`vmtax list collectors`).")
-@click.option("--no-interleave", is_flag=True,
-              help="Run all repetitions of one target before the next (default: A B B A order).")
-@click.option("--resume", metavar="RUN_ID",
-              help="Continue an interrupted run, skipping what it stored.")
-@click.option("--quick", is_flag=True, help="With PLAN.toml: run its short [quick] form.")
-@click.option("--name", metavar="NAME",
-              help="Name the run: NAME then works wherever a run id does (the latest run "
-                   "of that name), e.g. vmtax compare baseline NAME.")
-@click.option("--dry-run", is_flag=True,
-              help="Check the run and print what it would run and how long it should take; "
-                   "run nothing.")
-@click.option("--fleet", "fleet_address", metavar="HEAD_ADDRESS",
-              help="Run on the fleet at HEAD_ADDRESS (`vmtax fleet start`), not here.")
-@click.option("--hosts", "fleet_hosts", metavar="all|NAME,...",
-              help="With --fleet: the hosts to run on. [default: all]")
-@click.option("--spread", type=click.Choice(["hosts", "cells"]),
-              help="With --fleet: the whole plan on every host, or its cells spread over "
-                   "identical hosts. [default: hosts]")
-@results_option
-@click.option("--json", "as_json", is_flag=True,
-              help="Print machine-readable JSON instead of a table; with --fleet, one JSON "
-                   "document: each host's run, the spread across hosts and what failed.")
-@all_option
 @run_flags.parsed
 def run(request: "RunRequest", output: run_flags.RunOutput) -> None:
     """Run a comparison and print the table (results are stored as each run finishes).
@@ -230,6 +196,12 @@ def run(request: "RunRequest", output: run_flags.RunOutput) -> None:
     from vmtax.studies import comparison
 
     store = Store(output.results) if request.resume else None
+    if store is not None and request.resume and (
+            done := store.load_run(request.resume)).status == "done":
+        # Resuming a finished run would start its targets to run nothing: said, and shown.
+        err.print(escape(f"run {done.id} is finished: nothing to resume; as stored:"))
+        _show(store, done.id, output.as_json, output.show_all)
+        return
     the_plan = comparison.plan_of(request, store)
     from vmtax.cli import plan as cli_plan
 
@@ -293,10 +265,7 @@ def _render(model: "RunModel", as_json: bool, show_all: bool,
     if show_all:
         tables.print_summary(out, model.run, model.summary)
     else:
-        from vmtax.host import quiet
-
-        tables.print_headline(out, model, quiet.during(model.run.host),
-                              results=results)
+        tables.print_headline(out, model, results=results)
 
 
 @cli.command()
@@ -317,7 +286,9 @@ def runs(results, as_json) -> None:
     """List the stored runs."""
     store = Store(results, readonly=True)
     names = store.run_names()
-    rows = [{**r, "name": names.get(r["id"])} for r in store.list_runs()]
+    rows = [{**r, "name": names.get(r["id"]),
+             **({"missing": store.missing(r["id"])} if r["status"] == "interrupted" else {})}
+            for r in store.list_runs()]
     if as_json:
         _print_json(rows)
     elif not rows:
@@ -326,6 +297,13 @@ def runs(results, as_json) -> None:
     else:
         from vmtax.report import runs_table
         runs_table.print_runs(out, rows, str(store.path))
+        for r in rows:
+            if lacking := r.get("missing"):
+                shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more"
+                                                  if len(lacking) > 4 else "")
+                out.print(escape(f"{r['id']} interrupted, missing {shown}; continue it: "
+                                 + hints.command("run", "--resume", r["id"],
+                                                 results=results)), soft_wrap=True)
 
 
 def _latest_comparable(store: Store) -> tuple[str, str]:
@@ -493,9 +471,8 @@ def doctor(as_json) -> None:
         checks = host_doctor.doctor()
         checks += [host_doctor.Check(name, *line) for name, found in own.items()
                    if (line := found.result()) is not None]
-    problems = quiet.problems(now)
-    checks.append(host_doctor.Check("host quiet", not problems,
-                                    "; ".join([quiet.describe(now), *problems])))
+    checks.append(host_doctor.Check("host quiet", not quiet.problems(now),
+                                    quiet.doctor_line(now)))
     if as_json:
         _print_json({"host": {**host.fingerprint(), "quiet": now},
                      "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})

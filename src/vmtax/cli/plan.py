@@ -115,12 +115,20 @@ def plan_command(plan_file: str, dry_run: bool, as_json: bool, quick: bool) -> N
 
 def warnings(plan: Plan) -> list[str]:
     """What in a valid plan will not measure what it seems to: more vCPUs than this host
-    has CPUs (they then take turns, and the result is contention)."""
+    has CPUs (they then take turns, and the result is contention); a collector that cannot
+    record on this host at all (its doctor line says why)."""
+    from vmtax.core import collector as collectors
+
     usable = len(os.sched_getaffinity(0))
-    return [f"{t.name}: vcpus = {t.options['vcpus']} is more than the {usable} CPUs this "
-            "host lets vmtax use: the vCPUs take turns on them"
-            for t in plan.targets
-            if isinstance(t.options.get("vcpus"), int) and t.options["vcpus"] > usable]
+    found = [f"{t.name}: vcpus = {t.options['vcpus']} is more than the {usable} CPUs this "
+             "host lets vmtax use: the vCPUs take turns on them"
+             for t in plan.targets
+             if isinstance(t.options.get("vcpus"), int) and t.options["vcpus"] > usable]
+    for name in plan.collect:
+        line = collectors.get(name).doctor()
+        if line is not None and not line[0]:
+            found.append(f"--collect {name}: {line[1]}; it would record nothing here")
+    return found
 
 
 def describe(source: str, plan: Plan, matrix: bool) -> str:

@@ -13,7 +13,7 @@ import sys
 import click
 from rich.console import Console
 
-from vmtax.analysis import history
+from vmtax.analysis import drift, history
 from vmtax.cli.main import _csv, results_option
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
@@ -66,7 +66,7 @@ def _accept(results: str, name: str, spec: str) -> None:
         raise VmtaxError(f"--accept: run {run.id} is not a run of {name!r} "
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
-    host = history.host_of(run.host)
+    host = drift.host_of(run.host)
     # What the acceptance covers: the series of its host that regressed from it or before.
     covered = [s for s, _ in load_trend(results, name).regressions()
                if s.host == host and (r := s.regressed_from) is not None
@@ -216,22 +216,28 @@ def publish_command(names, results) -> None:
     if len(names) < 2:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
     *series_names, directory = names
-    from vmtax.analysis.model import analyse, compare
+    from vmtax.analysis.model import analyse
+    from vmtax.host import outputs
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
     trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
               for name in series_names]
-    # The site decides its pages; each run they show is analysed here, once, and rendered.
-    site = publish.plan(trends, directory)
+    # The site decides its pages; each run they show is analysed here, once, rendered,
+    # and written.
+    out = outputs.output_dir(directory)
+    for sub in publish.SUBDIRECTORIES:
+        (out / sub).mkdir(exist_ok=True)
+    site = publish.plan(trends, out)
     for path, trend in site.trends:
-        publish.trend_page(path, trend, history.levels(trend))
-    for path, before_id, after_id in site.changes:
-        before, after = store.load_run(before_id), store.load_run(after_id)
-        publish.compare_page(path, analyse(before), analyse(after),
-                             compare(before, after, store=store))
+        outputs.write_file(path, publish.trend_page(trend, history.levels(trend)))
+    for path, before_id, after_id, changes in site.changes:
+        outputs.write_file(path, publish.compare_page(analyse(store.load_run(before_id)),
+                                                      analyse(store.load_run(after_id)),
+                                                      changes))
     for path, run_id, figures in site.runs:
-        publish.run_page(path, run_id, analyse(store.load_run(run_id)), figures)
-    publish.index_page(site)
+        outputs.write_file(path, publish.run_page(run_id, analyse(store.load_run(run_id)),
+                                                  figures, results))
+    outputs.write_file(site.out / "index.html", site.index.encode())
     pages = len(site.trends) + len(site.changes) + len(site.runs)
-    click.echo(f"wrote {site.out / 'index.html'} and {pages} more pages")
+    click.echo(f"wrote {site.out / 'index.html'} and {pages} more page{'s' * (pages != 1)}")

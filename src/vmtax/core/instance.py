@@ -32,6 +32,8 @@ class Instance(abc.ABC):
         # A guest's own uptime at ready (its kernel and /init: boot_seconds without QEMU's
         # start); None for an instance without a kernel of its own, or until started.
         self.guest_boot_seconds: float | None = None
+        # Bytes of guest RAM its first host process maps (a VMM's guest); None: no guest.
+        self.guest_memory: int | None = None
 
     def start(self) -> None:
         """Start it (`_start`) and wait until it is ready; what a previous start or a

@@ -85,15 +85,3 @@ def read_user_file(path: str | os.PathLike[str], what: str, limit: int,
     except UnicodeDecodeError as exc:
         raise VmtaxError(f"{path}: cannot read {what} (not UTF-8 text: {exc.reason} at "
                          f"byte {exc.start})") from None
-
-
-def bracket(kind: str, low: str, high: str, sep: str = ", ") -> str:
-    """An interval as every view writes it (analysis.intervals.interval_kind): a real CI in
-    brackets; with too few runs for one, the runs' range in parentheses; from one run,
-    nothing."""
-    if kind == "none":
-        return ""
-    if kind == "ci":
-        return f" [{low}{sep}{high}]"
-    # spaced where the CI's bounds are: a narrow column wraps there
-    return f" ({low}{'–' if sep == '–' else ' – '}{high})"

@@ -120,14 +120,19 @@ class Manifest:
     # The analysis' hooks (Workload.cell_flags, explain_win) the plugin defines itself: only
     # to call one is the plugin imported.
     hooks: frozenset[str] = frozenset()
+    # The shortest repetition its results can be timed from (Workload.min_duration); None:
+    # the analysis' own rule.
+    min_duration: float | None = None
 
     def metric_spec(self, name: str) -> MetricSpec | None:
         return next((spec for spec in self.metrics if spec.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"metrics": [asdict(spec) for spec in self.metrics], "hooks": sorted(self.hooks)}
+        return {"metrics": [asdict(spec) for spec in self.metrics], "hooks": sorted(self.hooks),
+                "min_duration": self.min_duration}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         return cls(tuple(MetricSpec(**{**spec, "dimensions": tuple(spec["dimensions"])})
-                         for spec in data["metrics"]), frozenset(data["hooks"]))
+                         for spec in data["metrics"]), frozenset(data["hooks"]),
+                   data.get("min_duration"))

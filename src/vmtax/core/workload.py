@@ -51,6 +51,10 @@ class Workload(plugin.Plugin, abc.ABC):
     # The option that bounds a repetition's duration, set from the plan's `time`
     # (None: the workload runs to completion).
     time_option: ClassVar[str | None] = None
+    # The shortest repetition whose results can be timed, where the workload knows better
+    # than the analysis' rule (analysis.summary.MIN_DURATION, for results that the job's
+    # start-up or a VM's round trip weigh on): shorter ones are flagged "too short".
+    min_duration: ClassVar[float | None] = None
     # The stream the measured command and the prepare jobs print the report on that parse
     # and parse_prepare read (stress-ng writes its report to stderr). Both streams are
     # stored with each repetition whichever is read.
@@ -98,7 +102,7 @@ class Workload(plugin.Plugin, abc.ABC):
         """Its metrics, and which of the analysis' hooks it defines itself."""
         own = frozenset(hook for hook in HOOKS
                         if getattr(cls, hook).__func__ is not getattr(Workload, hook).__func__)
-        return Manifest(cls.metrics, own).to_json()
+        return Manifest(cls.metrics, own, cls.min_duration).to_json()
 
     @classmethod
     def primary_metric(cls) -> str:

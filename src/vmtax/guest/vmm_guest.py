@@ -92,6 +92,7 @@ class VmmGuest(AgentGuest):
                  network: str = "none", net: Network | None = None):
         super().__init__(name)
         self.opts = opts
+        self.guest_memory = parse_size(opts.memory)
         self.journal = journal
         self.work_dir = Path(work_dir)
         self.network = network          # "none" | "bridge" (then on `net`) | "user"

@@ -117,10 +117,21 @@ def problems(snap: dict[str, Any]) -> list[str]:
 
 def describe(snap: dict[str, Any]) -> str:
     """The snapshot in one line: load, governor, turbo, SMT."""
+    return f"load {snap['load'][0]:.1f} on {snap['cpus']} CPUs; {_clock(snap)}"
+
+
+def doctor_line(snap: dict[str, Any]) -> str:
+    """`vmtax doctor`'s line: the snapshot's facts, each said once (a busy load by its
+    problem, with what to do)."""
+    found = problems(snap)
+    busy = any(p.startswith("load average") for p in found)
+    return "; ".join([describe(snap) if not busy else _clock(snap), *found])
+
+
+def _clock(snap: dict[str, Any]) -> str:
     def onoff(value: bool | None) -> str:
         return "unknown" if value is None else "on" if value else "off"
-    return (f"load {snap['load'][0]:.1f} on {snap['cpus']} CPUs; governor "
-            f"{'/'.join(snap['governors']) or 'none (no cpufreq)'}; turbo "
+    return (f"governor {'/'.join(snap['governors']) or 'none (no cpufreq)'}; turbo "
             f"{onoff(snap['turbo'])}; SMT {onoff(snap['smt'])}")
 
 

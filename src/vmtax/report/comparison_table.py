@@ -8,10 +8,10 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from vmtax.core.text import bracket, printable
-from vmtax.report.terminal import (is_compact, light_table, longest_word, percent, fixed_note,
-                                   fixed_params, fmt, ranged, ratio_texts, shown_text, sig3,
-                                   varying)
+from vmtax.core.text import printable
+from vmtax.report.parts import (bracket, fixed_note, fixed_params, fmt, percent, ranged,
+                                ratio_texts, sig3, varying)
+from vmtax.report.terminal import is_compact, light_table, longest_word, shown_text
 
 
 VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
@@ -20,14 +20,11 @@ VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "~": "dim",
 
 def _change_text(c, compact: bool) -> str:
     """A comparison's change with its interval, "+1.2% [-0.5%, +3.0%]"; compact, the
-    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]",
-    and a range unspaced, as the headline writes it: "-10.0% (-11.8–-8.2)"."""
+    bounds without their "%" (the caption says they are percentages): "+1.2% [-0.5, +3.0]"."""
     if c.verdict == "below resolution":   # compact: the verdict, on one line, in its place
         return c.verdict if compact else "–"
     bound = (lambda v: percent(v).rstrip("%")) if compact else percent
-    return percent(c.change) + bracket(c.interval, bound(c.change_ci[0]),
-                                        bound(c.change_ci[1]),
-                                        "–" if compact and c.interval == "range" else ", ")
+    return percent(c.change) + bracket(c.interval, bound(c.change_ci[0]), bound(c.change_ci[1]))
 
 
 def _verdict(c, compact: bool) -> str:

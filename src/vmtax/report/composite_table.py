@@ -9,7 +9,7 @@ from rich.table import Table
 from vmtax.analysis import composite
 from vmtax.analysis.composite import ClassIndex
 from vmtax.analysis.summary import RunSummary
-from vmtax.report import terminal as report
+from vmtax.report.parts import index_parts, interval_legend, plain
 
 
 def print_composite(console: Console, summary: RunSummary, classes: list[ClassIndex],
@@ -22,7 +22,7 @@ def print_composite(console: Console, summary: RunSummary, classes: list[ClassIn
     kinds = {i.interval for ci in classes for t, i in ci.by_target.items()
              if t != summary.baseline}
     table = Table(title=f"composite index: ratio to {summary.baseline}, geometric mean "
-                  f"{report.interval_legend(kinds)}; below 1 = worse")
+                  f"{interval_legend(kinds)}; below 1 = worse")
     table.add_column("class")
     table.add_column("workloads", justify="right")
     for target in summary.targets:
@@ -32,9 +32,8 @@ def print_composite(console: Console, summary: RunSummary, classes: list[ClassIn
         cells = []
         for target in summary.targets:
             index = ci.by_target.get(target)
-            cells.append("" if index is None else "1" if target == summary.baseline else
-                         f"{index.value:.3g}" + report.bracket(
-                             index.interval, f"{index.ci_low:.3g}", f"{index.ci_high:.3g}"))
+            cells.append("1" if index is not None and target == summary.baseline
+                         else plain(index_parts(index)))
         table.add_row(ci.cls, str(counted), *cells)
     console.print(table)
     for ci in classes:

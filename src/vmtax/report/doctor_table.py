@@ -3,14 +3,22 @@ own), ok or not, with what to do."""
 
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
 from rich.console import Console
 from rich.table import Table
 
 from vmtax.core.text import markup as escape  # control characters too
-from vmtax.host.doctor import Check
 
 
-def print_checks(out: Console, checks: list[Check]) -> None:
+class Check(Protocol):
+    """A check as vmtax.host.doctor makes it (a renderer imports nothing of the host)."""
+    name: str
+    ok: bool
+    detail: str
+
+
+def print_checks(out: Console, checks: Sequence[Check]) -> None:
     table = Table(title="vmtax doctor", show_lines=False)
     table.add_column("check")
     table.add_column("", justify="center")

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from vmtax.analysis.exits import Cell, Change
 from vmtax.core.text import printable
-from vmtax.report.terminal import fmt, grouped_notes
+from vmtax.report.parts import fmt
+from vmtax.report.terminal import grouped_notes
 
 
 def _shown(text: str) -> str:

@@ -25,9 +25,7 @@ from vmtax.analysis.composite import Standing
 from vmtax.analysis.model import RunComparison, RunModel
 from vmtax.analysis.profile import CellProfile
 from vmtax.analysis.summary import Cell, Row, RunSummary
-from vmtax.core.text import bracket
-from vmtax.report import flamegraph, plots
-from vmtax.report import terminal as report
+from vmtax.report import flamegraph, parts, plots
 from vmtax.report.export import flatten
 from vmtax.results.store import Run
 
@@ -72,14 +70,13 @@ def _flag_detail(kind: str, cell: Cell) -> str:
         few = ("" if r.interval == "ci" else
                f" (too few runs to test it, n={cell.n}: flagged as it clears 1 by more than "
                f"{stats.SUSPICIOUS_MARGIN:.0%} over the runs' whole range)")
-        return (f"×{report.fmt(r.value)}"
-                f"{bracket(r.interval, report.fmt(r.ci_low), report.fmt(r.ci_high))}{few}: "
+        return (f"×{parts.sig3(r.value)}{parts.ratio_interval(r)}{few}: "
                 "suspicious; look for page-cache "
                 "effects, a guest clock that drifts, or work the target skips")
     if kind == analysis.TOO_SHORT and cell.duration is not None:
-        return (f"its repetitions last {report.duration(cell.duration)} (median), under "
-                f"{report.duration(analysis.MIN_DURATION)}: start-up and timer resolution "
-                "weigh as much as the work; run longer (the plan's time, or more work per run)")
+        return (f"its repetitions last {parts.duration(cell.duration)} (median), too short "
+                "to time: start-up and timer resolution weigh as much as the work; run "
+                "longer (the plan's time, or more work per run)")
     if kind == "clock skew":
         return (f"guest and host clocks disagreed by more than {analysis.CLOCK_TOLERANCE:.0%} "
                 "on a repetition: rates measured by the guest's clock are not to be trusted")
@@ -107,15 +104,15 @@ class RunReport:
     hypotheses: dict[str, str] = field(default_factory=dict)
     profiles: list[CellProfile] = field(default_factory=list)   # the flame graphs' cells
     measured: str = ""                    # "3 measured runs" per cell (RunModel.measured)
+    # Per workload, the parameters it ran with (parts.workload_parameters).
+    parameters: dict[str, str] = field(default_factory=dict)
 
 
 def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunReport:
     """charts=False: the report without its figures, which cost most of its time (publish's
     pages of runs that no change point or newest run singles out)."""
-    from vmtax.host import quiet
-
     run, summary = model.run, model.summary
-    labels = {t: report.target_label(run, t) for t in summary.targets}
+    labels = {t: parts.target_label(run, t) for t in summary.targets}
     explained: dict[str | None, list[str]] = {}
     for cls, line in model.explained:
         explained.setdefault(cls, []).append(line)
@@ -129,11 +126,11 @@ def build(model: RunModel, host: str | None = None, charts: bool = True) -> RunR
                      measured=model.measured,
                      findings=findings(model),
                      workloads=list(dict.fromkeys(r.workload for r in summary.rows)),
-                     flags_line=report.flags_line(model.headline, quiet.during(run.host)),
+                     flags_line=parts.flags_line(model.headline, model.load_note),
                      host=host,
                      composite=model.classes if len(summary.targets) > 1 else [],
                      explained=explained, hypotheses=model.hypotheses,
-                     profiles=model.profiles)
+                     profiles=model.profiles, parameters=parts.workload_parameters(run.reps))
 
 
 def _paired(charts: list[plots.Chart]) -> list[plots.Chart]:
@@ -174,7 +171,7 @@ def when(timestamp: float | None) -> str:
 def fingerprint_items(data: dict[str, Any]) -> list[tuple[str, str]]:
     """A fingerprint's KEY VALUE pairs as `show --all` writes them (no `None`, no
     `{'pid': …}`, no float's every digit)."""
-    return [(k, report.fingerprint_value(v)) for k, v in flatten(data).items()]
+    return [(k, parts.fingerprint_value(v)) for k, v in flatten(data).items()]
 
 
 def change(value: float) -> str:
@@ -184,12 +181,14 @@ def change(value: float) -> str:
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("vmtax.report", "templates"), autoescape=True,
                           undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-_ENV.filters.update(fmt=report.fmt, interval=report.interval, pct=pct, ratio_class=ratio_class,
-                    flag_text=report.flag_text,
-                    params=params_text, when=when, fingerprint=fingerprint_items, repr=repr)
-_ENV.filters["change"] = change
-_ENV.filters["bracket"] = bracket
-_ENV.filters["bounds"] = lambda i: bracket(i.interval, report.fmt(i.ci_low), report.fmt(i.ci_high))
+_ENV.filters.update(fmt=parts.fmt, interval=parts.interval, pct=pct, ratio_class=ratio_class,
+                    flag_text=parts.flag_text, params=params_text, when=when,
+                    fingerprint=fingerprint_items, repr=repr, change=change,
+                    change_interval=lambda c: parts.change_interval(c.interval, *c.change_ci),
+                    bounds=parts.ratio_interval, ratio=parts.sig3,
+                    param_changes=parts.param_changes,
+                    keeps_interval=lambda i: parts.bracket(i.interval, pct(i.ci_low),
+                                                           pct(i.ci_high)))
 _ENV.tests["finite"] = math.isfinite
 
 

@@ -4,7 +4,8 @@
 A test suite per pair of sides compared (B against A), a test case per metric the gate
 judges (the primary ones): a failure where `--fail-on` fails it (`worse` when no --fail-on
 is given), skipped where there were too few runs for a verdict and the gate lets that pass,
-passed otherwise. Each case says its change with its CI, the medians, p and the runs behind
+passed otherwise. Each case says its change with its interval (a CI in brackets, the runs'
+range in parentheses, as every view writes them), the medians, p and the runs behind
 it, as the terminal table does.
 """
 
@@ -14,7 +15,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from vmtax.core.text import printable
-from vmtax.report.terminal import percent, fmt
+from vmtax.report.parts import change_interval, fmt, percent
 
 SAID = {"better": "significantly better", "worse": "significantly worse",
         "~": "no significant change", "too few runs": "too few runs for a verdict",
@@ -29,7 +30,9 @@ def _text(value: str) -> str:
 def _detail(row: Any) -> str:
     c = row.comparison
     change = ("" if c.verdict == "below resolution" else
-              f"{percent(c.change)} [{percent(c.change_ci[0])}, {percent(c.change_ci[1])}], ")
+              f"{percent(c.change)}{change_interval(c.interval, *c.change_ci)}"
+              + (" (the runs' range: too few runs for a CI)" if c.interval == "range" else "")
+              + ", ")
     note = f"; {c.note}" if c.note else ""
     failed = (f"; {row.failed_a}+{row.failed_b} failed runs excluded"
               if row.failed_a + row.failed_b else "")

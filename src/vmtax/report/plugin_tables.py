@@ -50,10 +50,20 @@ def print_targets(out: Console, described: list[dict[str, Any]]) -> None:
         out.print()
 
 
+def needs(plugin: dict[str, Any]) -> str:
+    """What a workload or collector needs on the host: its programs, else its Debian
+    packages (a collector names those: exits and profile need perf), else nothing."""
+    binaries, packages = plugin.get("binaries", []), plugin.get("packages", [])
+    if binaries:
+        return ", ".join(binaries)
+    return f"the Debian package{'s' * (len(packages) != 1)} {', '.join(packages)}" if packages \
+        else "nothing"
+
+
 def print_workloads(out: Console, described: list[dict[str, Any]]) -> None:
     for w in described:
         out.print(f"[bold]{escape(w['name'])}[/bold] — {escape(w['description'])}")
-        out.print(f"  needs: {escape(', '.join(w.get('binaries', [])) or 'nothing')}"
+        out.print(f"  needs: {escape(needs(w))}"
                   + (f"; time option: {w['time_option']}" if w.get("time_option") else ""))
         metrics = Table(show_header=True, box=None, padding=(0, 1), pad_edge=False)
         for column in ("metric", "unit", "better", "group"):

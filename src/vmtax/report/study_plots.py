@@ -11,7 +11,6 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from vmtax.analysis import tune as tuning
-from vmtax.host.ksm import unmarked_note
 from vmtax.report.figure import (BASELINE_COLOR, DPI, LOG_SPAN, PALETTE, STYLE, SWEEP_SIZE,
                                  Chart, finite)
 from vmtax.results import study_records as records
@@ -71,9 +70,9 @@ def density_memory(run: Any, labels: dict[str, str],
         return []
     pss = {key: [(n, v / n) for n, v in points if n > 0]
            for key, points in _density_lines(steps.get(records.PSS_TOTAL, [])).items()}
-    # Containers measured with KSM on: why their lines do not move.
-    note = unmarked_note([run.targets.get(t, {}).get("kind", "") for t, on in used
-                          if on == "on"], str(run.host.get("kernel", "")))
+    # Containers measured with KSM on: why their lines do not move (the study stores the
+    # note with the run, from the host it ran on).
+    note = run.plan.get(records.KSM_NOTE) if any(on == "on" for _, on in used) else None
     with matplotlib.rc_context(STYLE):
         return [
             Chart("density-memory-used", "density: host memory used vs instances",

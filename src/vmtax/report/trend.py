@@ -8,12 +8,11 @@ import time
 
 from rich.console import Console
 
-from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend, runs_text
-from vmtax.analysis.stats import Comparison
-from vmtax.core.text import bracket
+from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
 from vmtax.report.export import iso_time
-from vmtax.report.parts import method_note, recent_status, series_status
-from vmtax.report.terminal import fmt, shown_text
+from vmtax.report.parts import (change_interval, fmt, method_note, recent_status,
+                                runs_text, series_status)
+from vmtax.report.terminal import shown_text
 
 SPARKS = "▁▂▃▄▅▆▇█"
 # Points a sparkline shows (the newest), so that a line fits 80 columns.
@@ -39,21 +38,12 @@ def _day(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
 
 
-def _interval(low: float, high: float) -> str:
-    return f"[{low:+.1%}, {high:+.1%}]"
-
-
-def _change_interval(c: Comparison) -> str:
-    """A comparison's interval: a CI, or with too few runs the runs' range, or none."""
-    return bracket(c.interval, f"{c.change_ci[0]:+.1%}", f"{c.change_ci[1]:+.1%}")
-
-
 def _print_change(console: Console, c: FoundChange) -> None:
     ch = c.change
     style = "red" if c.verdict == "worse" else "green"
     console.print(f"  [{style}]▶ run {c.after.number}[/{style}] ({shown_text(c.after.id)}) "
-                  f"[{style}]{c.verdict}[/{style}]: {ch.change:+.1%} "
-                  f"{_interval(ch.ci[0] - 1, ch.ci[1] - 1)}", soft_wrap=True)
+                  f"[{style}]{c.verdict}[/{style}]: {ch.change:+.1%}"
+                  f"{change_interval('ci', ch.ci[0] - 1, ch.ci[1] - 1)}", soft_wrap=True)
     p = ch.p_adjusted if ch.p_adjusted is not None else ch.p_value
     console.print(f"    median {fmt(ch.before)} → {fmt(ch.after)}, p={p:.2g} (adjusted)",
                   soft_wrap=True)
@@ -88,7 +78,8 @@ def _print_series(console: Console, s: Series) -> None:
     if recent is None or recent.verdict not in ("better", "worse", "no verdict"):
         return
     judged = recent.comparison
-    against = (f"{judged.change:+.1%}{_change_interval(judged)} against "
+    against = (f"{judged.change:+.1%}"
+               f"{change_interval(judged.interval, *judged.change_ci)} against "
                f"{runs_text(recent.against)}")
     head = (f"runs {recent.judged[0].run.number}–{latest.run.number}" if recent.held
             else f"newest run {latest.run.number}")

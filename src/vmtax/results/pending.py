@@ -17,7 +17,7 @@ import os
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from vmtax.results.connection import StoreError
 from vmtax.results.schema import add_point_value
@@ -25,6 +25,8 @@ from vmtax.results.schema import add_point_value
 PENDING_NAME = "vmtax.pending.jsonl"
 # A line of PENDING_NAME that names the runtime side file a run's later records went to.
 ELSEWHERE = "elsewhere"
+# What one write of the database gives back (a repetition's id, say).
+Written = TypeVar("Written")
 _RUNTIME_SIDE_FILE = re.compile(r"pending-[0-9a-f]{16}\.jsonl")
 
 REP_COLUMNS = ("run_id", "target", "workload", "params", "phase", "idx", "status", "error",
@@ -61,7 +63,8 @@ class PendingSideFile:
             return None
         return st.st_dev, st.st_ino
 
-    def _write(self, run_id: str, record: dict[str, Any], write: Callable[[], Any]) -> Any:
+    def _write(self, run_id: str, record: dict[str, Any],
+               write: Callable[[], Written]) -> Written | None:
         """Do one write of run_id's, or once the database cannot take it, append record to
         the side file; returns write's result, or None when the record went aside."""
         if self.diverted is None:

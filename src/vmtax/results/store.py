@@ -47,7 +47,7 @@ from vmtax.results.pending import ELSEWHERE as ELSEWHERE
 from vmtax.results.pending import PENDING_NAME as PENDING_NAME
 from vmtax.results.pending import REP_COLUMNS, PendingSideFile
 from vmtax.results.schema import LATEST as LATEST
-from vmtax.results.schema import bring_up_to_date, schema_version
+from vmtax.results.schema import PointKey, bring_up_to_date, schema_version
 
 DB_NAME = "vmtax.sqlite"
 
@@ -114,7 +114,7 @@ class Store(PendingSideFile):
     a brief read-write connection, as every later reader would need it to be.
     """
 
-    def __init__(self, results_dir: str | os.PathLike, *, readonly: bool = False):
+    def __init__(self, results_dir: str | os.PathLike[str], *, readonly: bool = False):
         self.dir = Path(results_dir)
         self.path = self.dir / DB_NAME
         self.pending = self.dir / PENDING_NAME
@@ -276,7 +276,7 @@ class Store(PendingSideFile):
                              "status": status}, write)
 
     @guarded
-    def import_runs(self, other_dir: str | os.PathLike, only: str | None = None) -> list[str]:
+    def import_runs(self, other_dir: str | os.PathLike[str], only: str | None = None) -> list[str]:
         """Copy in the runs of another results directory (a lab's, made in a guest; only
         the run `only`, when given), as ordinary runs: their targets, repetitions, metrics
         and flags. A run held here unfinished (a lab's, resumed in another) gets what it
@@ -326,7 +326,8 @@ class Store(PendingSideFile):
         return True
 
     @guarded
-    def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:
+    def set_flags(self, run_id: str,
+                  flags: Iterable[tuple[str, str, dict[str, Any], str, str]]) -> None:
         """Replace the run's stored sanity flags: (target, workload, params, metric, flag)."""
         if self.diverted is not None:
             raise self._aside_error(run_id)
@@ -346,7 +347,7 @@ class Store(PendingSideFile):
                                               run_id))
 
     @guarded
-    def flags(self, run_id: str) -> list[tuple[str, str, dict, str, str]]:
+    def flags(self, run_id: str) -> list[tuple[str, str, dict[str, Any], str, str]]:
         return [(r["target"], r["workload"], json.loads(r["params"]), r["metric"], r["flag"])
                 for r in self.db.execute("SELECT * FROM flags WHERE run_id = ?", (run_id,))]
 
@@ -398,6 +399,26 @@ class Store(PendingSideFile):
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
     @guarded
+    def missing(self, run_id: str) -> list[str]:
+        """What an unfinished run lacks: "TARGET · WORKLOAD (stored of planned)" for each
+        target and workload of its plan with fewer measured repetitions than the plan's
+        runs (a workload's several configurations each count), in the plan's order."""
+        row = self.db.execute("SELECT plan FROM runs WHERE id = ?", (run_id,)).fetchone()
+        plan = json.loads(row["plan"]) if row else {}
+        runs = plan.get("runs")
+        if not isinstance(runs, int):
+            return []
+        configs: dict[str, int] = {}
+        for w in plan.get("workloads", []):
+            configs[w.get("name")] = configs.get(w.get("name"), 0) + 1
+        stored = {(r["target"], r["workload"]): r["n"] for r in self.db.execute(
+            "SELECT target, workload, count(*) AS n FROM reps WHERE run_id = ? AND "
+            "phase = 'measure' GROUP BY target, workload", (run_id,))}
+        return [f"{t['name']} · {w} ({stored.get((t['name'], w), 0)} of {n * runs})"
+                for t in plan.get("targets", []) for w, n in configs.items()
+                if stored.get((t["name"], w), 0) < n * runs]
+
+    @guarded
     def run_names(self) -> dict[str, str]:
         """Run id -> the name it was given (`vmtax run --name`), for runs that have one."""
         return {row[0]: row[1] for row in self.db.execute(
@@ -437,9 +458,9 @@ class Store(PendingSideFile):
             if others:
                 raise VmtaxError(f"{spec!r} is both the name of run {named['id']} and a "
                                  f"prefix of run id {others[0]}; give the whole run id")
-            return named["id"]
+            return str(named["id"])
         if len(prefixed) == 1:
-            return prefixed[0]
+            return str(prefixed[0])
         if not prefixed:
             raise VmtaxError(f"unknown run id {spec!r} in {self.path}: no run's id, name or "
                              "imported report's label matches it; "
@@ -471,7 +492,7 @@ class Store(PendingSideFile):
         row = self.db.execute(f"SELECT id FROM runs{recorded} ORDER BY created DESC"
                               " LIMIT 1").fetchone()
         if row is not None:
-            return row["id"]
+            return str(row["id"])
         if self.db.execute("SELECT 1 FROM runs").fetchone():
             raise VmtaxError(f"no runs recorded in {self.path}, only imported perf kvm stat "
                              "reports, which `last` leaves out: "
@@ -557,7 +578,7 @@ class Store(PendingSideFile):
     @guarded
     def named_values(self, name: str, metrics: Collection[str] | None = None,
                      pairs: Collection[tuple[str, str]] | None = None,
-                     runs: Collection[str] | None = None) -> dict[tuple, list[float]]:
+                     runs: Collection[str] | None = None) -> dict[PointKey, list[float]]:
         """The metrics (those named, or those of these (workload, metric) pairs, or all) of
         the successful measured repetitions of one name's runs (those of `runs` only, when
         given: read through the points' index by run), per point: (run_id, target,

@@ -21,6 +21,9 @@ PSS_TOTAL = "pss total"         # MiB: summed PSS of every instance's host proce
 # study (one target, KSM on) started.
 KSM_SAVED = "ksm saved"
 SECONDS = "seconds"
+# The plan's key for why KSM on leaves some targets' memory as it is (host.ksm.unmarked_note
+# of the host the study ran on), stored when the study starts.
+KSM_NOTE = "ksm_note"
 
 # A boot study's records: one per cold start (phase "measure"), a metric per milestone.
 BOOT = "boot"

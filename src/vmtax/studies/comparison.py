@@ -5,7 +5,7 @@ renders. The CLI parses the request, calls this and renders the model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, ContextManager, NoReturn
+from typing import Any, Callable, ContextManager, NoReturn
 
 from vmtax.analysis.model import RunModel, analyse
 from vmtax.core import hints
@@ -39,9 +39,9 @@ def plan_of(request: RunRequest, store: Store | None = None) -> plan_mod.Plan:
             the_plan.__post_init__()
     else:
         classic_targets, classic_workloads = plan_mod.classic_names()
-        repetitions = (dict(runs=request.runs) if request.max_runs is None else
-                       dict(runs=request.runs, max_runs=request.max_runs,
-                            ci_target=request.ci_target))
+        repetitions = (dict(runs=request.min_runs, max_runs=request.max_runs,
+                            ci_target=request.ci_target / 100) if request.adaptive else
+                       dict(runs=request.runs))
         the_plan = plan_mod.from_names(
             request.targets or classic_targets, request.workloads or classic_workloads,
             request.target_options, warmup=request.warmup, time=request.time,
@@ -51,7 +51,7 @@ def plan_of(request: RunRequest, store: Store | None = None) -> plan_mod.Plan:
     return the_plan
 
 
-def _resumable_here(run_id: str, host: dict, results: Path) -> None:
+def _resumable_here(run_id: str, host: dict[str, Any], results: Path) -> None:
     """A run is resumed where it was made: a lab's in a lab, a host's on a host, so that no
     run mixes nested numbers with a host's."""
     from vmtax.host import machine

@@ -132,6 +132,18 @@ def stored_plan(kind: str, specs: dict[str, TargetSpec], **rest: Any) -> dict[st
             "workloads": [{"name": kind, "params": {}}], **rest}
 
 
+def noted_plan(specs: dict[str, TargetSpec], kernel: str, **rest: Any) -> dict[str, Any]:
+    """A density run's stored plan, with why KSM on leaves some of its targets' memory as
+    it is, on this host's kernel, where it measures with KSM on: the report's figure says
+    so from what the run stored (a renderer reads no host)."""
+    plan = stored_plan(WORKLOAD, specs, **rest)
+    if True in (rest.get("settings") or {}).get("ksm", [True]):
+        note = ksm.unmarked_note([spec.kind for spec in specs.values()], kernel)
+        if note:
+            plan[records.KSM_NOTE] = note
+    return plan
+
+
 # --- what the study is told --------------------------------------------------------------
 
 def _budget(value: str) -> str:
@@ -246,6 +258,17 @@ def memory_of(pids: Sequence[int]) -> tuple[int, int]:
     return rss, pss
 
 
+def guest_ram_pss(instances: Sequence[Instance]) -> int | None:
+    """KiB of PSS in the guests' RAM, summed: the mappings of each VMM (an instance's first
+    process) at least half its guest's memory large; None when no instance is a guest.
+    RAM on hugetlbfs counts nothing here (huge pages are not in PSS)."""
+    guests = [i for i in instances if i.guest_memory and i.host_pids()]
+    if not guests:
+        return None
+    return sum(proc.large_mappings_pss(Path(f"/proc/{i.host_pids()[0]}/smaps"),
+                                       (i.guest_memory or 0) >> 11) or 0 for i in guests)
+
+
 # Run in the network's namespace by the interpreter running vmtax: GET / of every address
 # at once until each answers with the site or the deadline; prints address -> when it
 # answered (CLOCK_MONOTONIC, the same in every process; null: it did not). A request may
@@ -314,6 +337,9 @@ class Step:
     # other processes included) and the instances' own CPU (cores' worth, summed).
     host_busy: float | None = None
     instances_cpu: float | None = None
+    # MiB of that PSS in the guests' RAM, as their VMMs map it (None: no guests): the rest
+    # is each VMM's own process, its code, heap and device state.
+    guest_ram: float | None = None
     # The HTTP check: every instance asked until it answered or http_wait seconds, scaled
     # from http_timeout by load (runnable tasks per CPU, 1-minute average, at the check);
     # the slowest answer, in seconds from the check's start.
@@ -446,6 +472,7 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
     if not with_ksm:
         counters = ksm.counters()
     rss, pss = memory_of(pids)
+    guest_ram = guest_ram_pss(instances)
     merged_mib = sum(map(merging_pages, pids)) * PAGE_MIB
     cpus = os.cpu_count() or 1
     load = os.getloadavg()[0] / cpus
@@ -457,7 +484,7 @@ def _measure(instances: list[Instance], added: list[Instance], before: dict[str,
         instances=len(instances), added=len(added), start_seconds=round(start_seconds, 3),
         used_delta=_mib(used_kib(info) - used_kib(before)),
         kernel_delta={k: _mib(info.get(k, 0) - before.get(k, 0)) for k in KERNEL_LINES},
-        pss=_mib(pss), rss=_mib(rss),
+        pss=_mib(pss), rss=_mib(rss), guest_ram=None if guest_ram is None else _mib(guest_ram),
         answering=sum(1 for v in answers.values() if v is not None), settled=settled,
         settle_seconds=round(waited, 2), available=_mib(info["MemAvailable"]),
         ksm=counters, ksm_settled=ksm_settled,

@@ -42,6 +42,9 @@ class Summary:
     # What the budget or the host's memory that ended it came to (Outcome.detail).
     detail: str = ""
     warning: str | None = None    # a figure the host made less than it seems
+    # MiB per instance of its PSS in guest RAM (None: no guest), so pss - guest_ram is
+    # what its VMM's own process costs beyond the RAM it gives the guest.
+    guest_ram: float | None = None
 
 
 def summarize(outcome: Outcome) -> Summary:
@@ -76,7 +79,19 @@ def summarize(outcome: Outcome) -> Summary:
         round(last.pss / n, 2), kept["marginal"],
         all(s.answering == s.instances for s in steps), last.settled, note,
         last.answering, last.http_slowest, last.http_wait, last.host_busy,
-        last.instances_cpu, last.cpus, outcome.detail, warning)
+        last.instances_cpu, last.cpus, outcome.detail, warning,
+        None if last.guest_ram is None else round(last.guest_ram / n, 2))
+
+
+def vmm_line(summary: Summary) -> str | None:
+    """What a guest's PSS is made of: its RAM, and its VMM's own process beyond it (None:
+    no guest)."""
+    if summary.guest_ram is None or summary.pss is None or not summary.instances:
+        return None
+    own = summary.pss - summary.guest_ram
+    return (f"{summary.target} (KSM {'on' if summary.ksm else 'off'}): PSS "
+            f"{summary.pss:.1f} MiB per instance = guest RAM {summary.guest_ram:.1f} MiB "
+            f"+ the VMM's own process {own:.1f} MiB (its code, heap and devices)")
 
 
 def http_line(summary: Summary) -> str | None:
@@ -195,7 +210,11 @@ def summary_metrics(summary: Summary, ratio: float | None) -> list[Metric]:
     for name, value in (("memory per instance", summary.raw),
                         ("memory per instance adjusted", summary.adjusted),
                         ("pss per instance", summary.pss),
-                        ("marginal per instance", summary.marginal)):
+                        ("marginal per instance", summary.marginal),
+                        ("guest ram pss per instance", summary.guest_ram),
+                        ("vmm pss per instance beyond guest ram",
+                         None if summary.guest_ram is None or summary.pss is None
+                         else round(summary.pss - summary.guest_ram, 2))):
         if value is not None:
             metrics.append(_mb(name, value))
     metrics.append(Metric("instances", float(summary.instances), "instances", True))
@@ -251,7 +270,7 @@ class StoredStudy:
     curves: list[str] = field(default_factory=list)   # ksm_curve_line of each KSM-on study
 
 
-def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredStudy:
+def stored_study(run: Any, results: str | os.PathLike[str] | None = None) -> StoredStudy:
     """The summaries of a stored density run (vmtax.results.store.Run, loaded with its output,
     from the results directory results); VmtaxError in one line when it is not one or
     measured nothing."""

@@ -171,10 +171,11 @@ def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetS
     if len(set(labels)) != len(labels):
         raise VmtaxError(f"{flag} labels must be unique, got "
                          f"{', '.join(labels)}")
-    out = []
+    out, taken = [], False
     for s in specs:
         infos = plugin.option_infos(targets.get(s.kind).Options)
         option = next((k for k, info in infos.items() if info.field == key), None)
+        taken = taken or option is not None
         if option is None:
             out.append(s)
         elif len(values) == 1:   # a single value is taken whole: kernel_args = "a=b"
@@ -184,6 +185,11 @@ def _apply(specs: list[TargetSpec], key: str, values: list[str]) -> list[TargetS
             out.extend(TargetSpec(f"{s.name}@{label}", s.kind, {**s.options, option: value},
                                   {**s.written, option: f"{flag} {raw}"})
                        for (label, value), raw in zip(labeled, values))
+    if not taken:   # a flag that would do nothing is said so
+        kinds = [name for name, cls in sorted(targets.kinds().items())
+                 if any(i.field == key for i in plugin.option_infos(cls.Options).values())]
+        raise VmtaxError(f"{flag}: no target of this run takes it (it is an option of "
+                         f"{', '.join(kinds)}), so it would do nothing")
     return out
 
 
@@ -196,7 +202,10 @@ def from_names(target_names: list[str], workload_names: list[str],
                options: dict[str, list[str]] | None = None, **settings: Any) -> Plan:
     """A plan from the command line: targets and workloads by name, with their defaults;
     what the host lacks for a workload (Workload.host_problems) is refused as a plan file's
-    check refuses it, before anything runs."""
+    check refuses it, before anything runs. A workload named twice would run twice the
+    same (targets are refused so too)."""
+    if len(set(workload_names)) != len(workload_names):
+        raise VmtaxError(f"workload names must be unique, got {', '.join(workload_names)}")
     plan = Plan(targets=target_specs(target_names, options or {}),
                 workloads=[WorkloadSpec(w) for w in workload_names], **settings)
     for spec in plan.workloads:

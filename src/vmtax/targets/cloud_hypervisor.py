@@ -76,9 +76,14 @@ class CloudHypervisorGuest(MicroVmGuest):
             memory += f",hugepages=on,hugepage_size={opts.hugepages}"
         if opts.mergeable:
             memory += ",mergeable=on"
-        disks = [f"path={files.disk}" + (",direct=on" if opts.direct else "")
+        # image_type=raw: with the type autodetected, Cloud Hypervisor refuses the guest's
+        # writes to sector 0 (lest a guest write a qcow2 header into a raw image), and mkfs
+        # and ext4's superblock are there (its device_manager.rs; seen: "I/O error, dev vda,
+        # sector 0 op 0x1:(WRITE)", then the mount failed).
+        disks = [f"path={files.disk},image_type=raw" + (",direct=on" if opts.direct else "")
                  + ENGINES[opts.io_engine]]
-        disks += [f"path={tree_image},readonly=on,serial={target.tree_serial(i, tree_image)}"
+        disks += [f"path={tree_image},image_type=raw,readonly=on,"
+                  f"serial={target.tree_serial(i, tree_image)}"
                   for i, (_, tree_image) in enumerate(target.tree_images())]
         argv = ["--api-socket", f"path={self.api_socket(files)}",
                 "--cpus", f"boot={opts.vcpus}", "--memory", memory,
