@@ -62,6 +62,10 @@ name = "iperf3"
 """
 SESSION = {
     "run": ["run", "plan.toml", "--name", "microvms"],
+    # A profile of Firecracker's process (its vCPU threads told apart by their names).
+    "profile": ["run", "--targets", "firecracker", "--workloads", "cpu", "--collect",
+                "profile", "--kernel", "minimal", "--runs", "1", "--warmup", "0", "--time",
+                "1", "--name", "fcprofile"],
     "boot": ["boot", "--target", ",".join(MICROVMS), "--count", "1", "--warmup", "0",
              "--kernel", "minimal", "--json"],
     "density": ["density", "--targets", ",".join(MICROVMS), "--max", "2", "--singles", "2",
@@ -156,6 +160,15 @@ def test_exits_are_recorded_on_each_vmms_process(session):
         assert json.loads(shown.stdout), target
 
 
+def test_a_profile_of_the_vmms_process_by_thread_class(session):
+    _done(session, "profile")
+    shown = vmtax("profile", "show", "fcprofile:firecracker", "--results",
+                  str(session[0] / "results"), "--json")
+    assert shown.returncode == 0, shown.stderr
+    print(shown.stdout[:2000])
+    assert "vcpu" in shown.stdout.lower()
+
+
 def test_cold_boots_of_each_vmm_with_the_guests_share(session):
     started = json.loads(_done(session, "boot"))["targets"]
     for target in MICROVMS:
@@ -164,6 +177,7 @@ def test_cold_boots_of_each_vmm_with_the_guests_share(session):
         # The guest's own uptime at READY is part of the VMM's start to READY.
         assert 0 < times["guest ready"]["p50"] < times["ready"]["p50"] <= times[
             "first http"]["p50"]
+        assert 0 < times["vmm before the guest"]["p50"] < times["ready"]["p50"]
 
 
 def test_density_splits_a_guests_memory_into_its_ram_and_the_vmms_own(session):
