@@ -27,7 +27,8 @@ from pathlib import Path
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.density import err, results_option
+from vmtax.cli.consoles import err
+from vmtax.cli.density import results_option
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.guest import lab
