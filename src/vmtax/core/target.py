@@ -147,6 +147,12 @@ class Target(plugin.Plugin, abc.ABC):
         return {str(c): None for c in info.choices}
 
     @classmethod
+    def packages_for(cls, options: plugin.Options) -> tuple[str, ...]:
+        """The Debian packages a target of these options needs, those it builds with
+        included: installed on its first use. Default: the kind's `packages`."""
+        return cls.packages
+
+    @classmethod
     def slowdown(cls, options: plugin.Options) -> float:
         """How many times longer fixed work takes in a target of these options than on
         the bare host (a TCG guest's ~10), for estimates: a time-bounded repetition lasts
