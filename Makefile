@@ -14,7 +14,9 @@ deps:
 venv:
 	@bash scripts/bootstrap.sh --venv
 
-run: deps
+# Only what the default plan needs: a plan's other plugins install theirs on first use.
+run:
+	@bash scripts/bootstrap.sh --run
 	$(VMTAX) run
 
 test: deps lint builds

@@ -5,7 +5,9 @@
 # packages need no edit here. Idempotent and quiet when everything is already there.
 # It builds nothing: what vmtax builds from source (the minimal guest kernel, the compile
 # workload's kernel tree, the serving tools, gVisor) is built when a plan first needs it.
-#   bootstrap.sh          everything (root: installs Debian packages)
+#   bootstrap.sh          everything (root: installs Debian packages): make test
+#   bootstrap.sh --run    what the default plan needs, vmtax without its test tools: make
+#                         run (a plan's other plugins get their packages on first use)
 #   bootstrap.sh --venv   only .venv, no root, no apt (make test-unit, make lint)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,11 +33,13 @@ apt_install() {
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-venv_only=false
+venv_only=false run_only=false
 [ "${1:-}" = "--venv" ] && venv_only=true
+[ "${1:-}" = "--run" ] && run_only=true
 
-# What vmtax's core needs (the report's headless browser among them).
-$venv_only || apt_install python3 python3-venv python3-pip procps linux-perf chromium fonts-dejavu-core
+# What vmtax's core needs; the tests also check reports in a headless browser.
+$venv_only || apt_install python3 python3-venv python3-pip procps
+$venv_only || $run_only || apt_install linux-perf chromium fonts-dejavu-core
 # Run a command ("$@") with no service started by what it installs (policy-rc.d): vmtax
 # starts the programs it needs itself, while a plan uses them (dockerd, lxd, libvirtd).
 without_services() {
@@ -56,7 +60,7 @@ install_without_service() {   # PACKAGE SERVICE
   without_services apt_install "$1" || return 1
   if command -v systemctl > /dev/null; then systemctl disable "$2" > /dev/null 2>&1 || true; fi
 }
-if ! $venv_only; then
+if ! $venv_only && ! $run_only; then
   install_without_service openssh-server ssh.service
   install_without_service nginx nginx.service
   install_without_service qemu-guest-agent qemu-guest-agent.service
@@ -76,12 +80,24 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv"
   "$PY" -m venv .venv
 fi
-if ! cmp -s pyproject.toml .venv/.pyproject.installed; then
-  echo "bootstrap: installing vmtax and its pinned dependencies into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+# vmtax alone for `make run`; with its test tools (pytest, mypy, Ray for the fleet's tests)
+# otherwise. The stamp says which: one with the test tools serves a `make run` too.
+extras="[test]"
+$run_only && extras=""
+if ! cmp -s pyproject.toml .venv/.pyproject.installed \
+    || { [ -n "$extras" ] && [ "$(cat .venv/.extras.installed 2>/dev/null)" != "$extras" ]; }; then
+  echo "bootstrap: installing vmtax${extras:+ and its test tools} (pinned) into .venv"
+  # --no-compile: Python compiles what it imports when it first does (measured on a fresh
+  # venv here: 2 min 23 s with every module compiled, 1 min 29 s without)
+  .venv/bin/pip install -q --disable-pip-version-check --no-compile -e ".$extras"
   cp pyproject.toml .venv/.pyproject.installed
+  echo "$extras" > .venv/.extras.installed
 fi
 
 $venv_only && exit 0
-mapfile -t plugin_packages < <(without_linux_source_if_installed $(.venv/bin/vmtax list packages))
+if $run_only; then
+  mapfile -t plugin_packages < <(.venv/bin/vmtax list packages --plan default)
+else
+  mapfile -t plugin_packages < <(without_linux_source_if_installed $(.venv/bin/vmtax list packages))
+fi
 without_services apt_install "${plugin_packages[@]}"

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# The lab the live tests of the nested KVM share, booted once whoever asks first.
+pytest_plugins = ["lab_session"]
+
 ROOT = Path(__file__).resolve().parent.parent
 VMTAX = [sys.executable, "-m", "vmtax"]
 UNIT_ONLY_REASON = ("make test-unit runs unit tests only: live tests need root and the host's "

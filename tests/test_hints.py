@@ -272,7 +272,7 @@ def test_kvm_asked_for_by_a_plan_file_names_its_line_not_a_flag(tmp_path, table,
     (tmp_path / "plans").mkdir()
     (tmp_path / "plans" / "x.toml").write_text(
         '[targets.native]\n' + table + '\n[[workloads]]\nname = "cpu"\n')
-    res = vmtax("run", "plans/x.toml", *args, "--runs", "1", "--time", "1",
+    res = vmtax("run", "plans/x.toml", *args,
                 "--results", "results", cwd=tmp_path)
     assert res.stderr == f'vmtax: error: {asked}: {status.reason}; use "tcg" or "auto"\n'
 

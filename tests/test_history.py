@@ -541,3 +541,18 @@ def test_publish_and_trend_pages_read_as_a_published_site_should(tmp_path):
           check=True)
     solo = (tmp_path / "solo.html").read_text()
     assert "over 1 test," in solo and "over 1 tests" not in solo
+
+
+def test_what_changed_names_a_rebuilt_program_at_the_same_path_and_version(tmp_path):
+    """Issue 48.4: E1's part two rebuilds QEMU over the stock one, same path and version;
+    so can a kernel or a workload binary be. What changed names what differs by content."""
+    store = Store(tmp_path)
+    for sha, qemu in (("aaaa", "1111"), ("bbbb", "2222")):
+        add_run(store, "nightly", {"vm:tcg": 200},
+                options={"vm:tcg": {"qemu": "/usr/bin/qemu-system-x86_64",
+                                    "qemu_version": "QEMU emulator version 7.2.19",
+                                    "qemu_sha256": qemu, "kernel_sha256": "k1",
+                                    "programs": {"sysbench": sha}}})
+    [s] = history.load(Store(tmp_path), "nightly").series
+    assert history.what_changed(s.points[0], s.points[1], "vm:tcg", "cpu") == [
+        "vm:tcg qemu_sha256: 1111 → 2222", "vm:tcg programs.sysbench: aaaa → bbbb"]

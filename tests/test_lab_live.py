@@ -5,11 +5,9 @@ carrying iperf3's traffic, libvirt with domain type kvm, `boot --target vm:kvm`)
 that stops is noticed and its run resumed in a new one, and a kill -9 of vmtax loses no
 finished repetition and leaves nothing.
 
-The lab is slow (TCG under TCG): one lab, `lab_session`, runs every command of SESSION in
-turn (vmtax lab --session), and the tests read what each command printed and stored. To
-add a test to it: a command in SESSION (or a target in PLAN, which `run` measures), and a
-test that takes `lab_session` and reads `lab_session.command(NAME)` (its exit status,
-stdout and stderr) or the runs `lab_session.results` holds."""
+The lab is slow (TCG under TCG): the tests of the shared lab read what `lab_session`
+(tests/lab_session.py, where adding a target or a command to it is said) printed and
+stored; the stopped and killed lab is a lab of its own."""
 
 import json
 import os
@@ -17,148 +15,24 @@ import signal
 import sqlite3
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from conftest import processes, start_vmtax, vmtax, wait_for
-from vmtax.host import guardian, kvm
-from vmtax.host.journal import Journal
+from lab_session import LAB_TIMEOUT, cells, stored
+from vmtax.host import kvm
 from vmtax.host.machine import LAB_LABEL
-from vmtax.studies import lab as lab_study
-from vmtax.studies.lab import CommandOutcome
 
 pytestmark = [pytest.mark.live,
               pytest.mark.skipif(os.geteuid() != 0, reason="the lab's KVM paths need root"),
               pytest.mark.skipif(kvm.probe().usable,
                                  reason="this host's KVM runs guests itself: no lab needed")]
 
-# kvm: the baseline guest; kvm-tuned: its RAM on the lab's 2 MiB pages, its two vCPUs pinned
-# to the lab's two CPUs, another QEMU binary (E1's A/B of QEMU builds: Debian's KVM-only
-# microvm build, which no guest on a host without a working KVM could ever use) and
-# vhost-net behind its NIC; libvirt-kvm: a domain of type kvm from a libvirtd in the lab.
-# Minimal kernel: an L2 boots in seconds, not a minute. iperf3 (client on the lab's side)
-# puts traffic through each guest's NIC: vhost-net's data path really runs. exits records
-# every guest whose first process is a VMM holding a KVM VM: the vm targets' QEMU and
-# libvirt's.
-PLAN = """
-runs = 1
-warmup = 0
-time = 1
-collect = ["exits"]
-baseline = "native"
-
-[targets.native]
-kind = "native"
-
-[targets.kvm]
-kind = "vm"
-accel = "kvm"
-kernel = "minimal"
-memory = "256M"
-
-[targets.kvm-tuned]
-kind = "vm"
-accel = "kvm"
-kernel = "minimal"
-memory = "256M"
-hugepages = "2M"
-pin = [0, 1]
-qemu = "qemu-system-x86_64-microvm"
-vhost = true
-
-[targets.libvirt-kvm]
-kind = "libvirt"
-accel = "kvm"
-kernel = "minimal"
-memory = "256M"
-vcpus = 1
-
-[[workloads]]
-name = "cpu"
-
-[[workloads]]
-name = "iperf3"
-"""
-# Each command of the shared lab, by name: a vmtax command, without "vmtax".
-SESSION = {
-    "run": ["run", "plan.toml"],
-    "boot": ["boot", "--target", "vm:kvm", "--count", "1", "--warmup", "0", "--kernel",
-             "minimal", "--json"],
-}
-# The whole session takes 6-9 min here (plan, boot); a lab that stops is given up on by
-# vmtax itself (its hang timeout).
-LAB_TIMEOUT = 1800
-
-
-@dataclass
-class LabSession:
-    work: Path
-    outcome: lab_study.LabOutcome
-
-    @property
-    def results(self) -> Path:
-        return self.work / "results"
-
-    def command(self, name: str) -> CommandOutcome:
-        """What SESSION's command name printed, and its exit status (0 asserted)."""
-        done = self.outcome.commands[list(SESSION).index(name)]
-        assert done.exit_code == 0, (done.stdout[-3000:], done.stderr[-3000:])
-        return done
-
-
-@pytest.fixture(scope="module")
-def lab_session(tmp_path_factory):
-    """One lab for every command of SESSION, in turn, as `vmtax lab --session` runs them."""
-    work = tmp_path_factory.mktemp("lab")
-    (work / "plan.toml").write_text(PLAN)
-    journal = Journal()
-    said: list[str] = []
-    started = time.monotonic()
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        with guardian.guard(journal.path):
-            outcome = lab_study.run(list(SESSION.values()), lab_study.LabConfig(),
-                                    results=work / "results", journal=journal,
-                                    echo=(lambda data: None, lambda data: None),
-                                    say=said.append, env={"COLUMNS": "200"})
-    finally:
-        os.chdir(cwd)
-    print(f"lab session: {time.monotonic() - started:.0f} s, {outcome.seconds}; "
-          f"{said}; faults {outcome.faults}")
-    for name, done in zip(SESSION, outcome.commands):
-        print(f"--- {name}: exit {done.exit_code}\n{done.stdout.decode()[-3000:]}\n"
-              f"{done.stderr.decode()[-3000:]}")
-    return LabSession(work, outcome)
-
-
-def _stored(results: Path) -> tuple[dict, dict]:
-    db = sqlite3.connect(results / "vmtax.sqlite")
-    host, run_id = db.execute("SELECT host, id FROM runs WHERE plan NOT LIKE '%boot%' "
-                              "ORDER BY created").fetchone()
-    targets = {name: json.loads(fp) for name, fp in db.execute(
-        "SELECT name, fingerprint FROM targets WHERE run_id = ?", (run_id,))}
-    return json.loads(host), targets
-
-
-def _cells(results: Path) -> dict[tuple[str, str], list[dict]]:
-    """Each (target, workload)'s measured repetitions: their status and metrics."""
-    db = sqlite3.connect(results / "vmtax.sqlite")
-    db.row_factory = sqlite3.Row
-    cells: dict[tuple[str, str], list[dict]] = {}
-    for rep in db.execute("SELECT * FROM reps WHERE phase = 'measure'"):
-        metrics = {m["name"]: m["value"] for m in db.execute(
-            "SELECT name, value FROM metrics WHERE rep_id = ?", (rep["id"],))}
-        cells.setdefault((rep["target"], rep["workload"]), []).append(
-            {"status": rep["status"], "metrics": metrics})
-    return cells
-
 
 def test_the_labs_run_is_in_the_hosts_store_labelled_nested(lab_session):
     done = lab_session.command("run")
-    host, targets = _stored(lab_session.results)
+    host, targets = stored(lab_session.results)
     assert host["lab"] == LAB_LABEL
     assert "vm:kvm" not in targets and targets["kvm"]["accel"] == "kvm"
     assert targets["kvm"]["cpu"] == "host" and targets["kvm"]["lab"] == LAB_LABEL
@@ -171,14 +45,14 @@ def test_the_labs_run_is_in_the_hosts_store_labelled_nested(lab_session):
 
 
 def test_another_qemu_binary_under_kvm(lab_session):
-    _, targets = _stored(lab_session.results)
+    _, targets = stored(lab_session.results)
     other = targets["kvm-tuned"]
     assert other["qemu"] == "/usr/bin/qemu-system-x86_64-microvm" and other["accel"] == "kvm"
     assert other["qemu"] != targets["kvm"]["qemu"]
 
 
 def test_huge_pages_and_pinning_under_kvm(lab_session):
-    _, targets = _stored(lab_session.results)
+    _, targets = stored(lab_session.results)
     tuned = targets["kvm-tuned"]
     assert tuned["host_hugepages"]["granted"] == 128   # 256 MiB of 2 MiB pages
     assert tuned["vcpu_affinity"] == [[0], [1]]
@@ -214,22 +88,22 @@ def test_a_libvirt_domains_exits_are_recorded_as_a_vm_targets(lab_session):
 
 
 def test_vhost_net_carries_a_kvm_guests_traffic(lab_session):
-    _, targets = _stored(lab_session.results)
+    _, targets = stored(lab_session.results)
     assert targets["kvm-tuned"]["vhost"] is True and targets["kvm-tuned"]["network"] == "bridge"
     assert targets["kvm"]["vhost"] is False
-    reps = _cells(lab_session.results)[("kvm-tuned", "iperf3")]
+    reps = cells(lab_session.results)[("kvm-tuned", "iperf3")]
     print(reps)
     assert reps and all(r["status"] == "ok" for r in reps)
     assert all(max(r["metrics"].values()) > 0 for r in reps)
 
 
 def test_libvirt_runs_a_kvm_domain(lab_session):
-    _, targets = _stored(lab_session.results)
+    _, targets = stored(lab_session.results)
     domain = targets["libvirt-kvm"]
     assert domain["domain_type"] == "kvm" and domain["cpu"] == "host-passthrough"
     assert "<domain type='kvm'" in domain["domain_xml"] or 'type="kvm"' in domain["domain_xml"]
     for workload in ("cpu", "iperf3"):
-        reps = _cells(lab_session.results)[("libvirt-kvm", workload)]
+        reps = cells(lab_session.results)[("libvirt-kvm", workload)]
         assert reps and all(r["status"] == "ok" for r in reps), reps
 
 

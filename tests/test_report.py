@@ -277,7 +277,7 @@ def test_a_card_claims_no_win_its_own_verdict_denies(tmp_path):
     model = analyse(store.load_run(run_id))
     [top] = model.standings["CPU"]
     assert top.keeps > 1.1 and top.index.ci_low < 1 < top.index.ci_high
-    assert "no significant difference" in model.classes[0].recommendation
+    assert "not told apart: too noisy to tell" in model.classes[0].recommendation
     html = htmlreport.render_html([htmlreport.build(model)])
     card = html[html.index('data-class="CPU" data-best='):]
     card = card[:card.index('class="rec"')]

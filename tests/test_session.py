@@ -114,3 +114,19 @@ def test_density_and_boot_read_kinds_through_their_facts():
     assert density.stored_plan("boot", specs, runs=3)["targets"][0] == {
         "name": "vm:tcg", "kind": "vm", "options": specs["vm:tcg"].options, "written": {}}
 
+
+
+def test_every_target_s_fingerprint_says_what_its_workload_programs_are(tmp_path, own):
+    """Issue 48.4: a rebuilt workload binary at the same path, with the same version
+    string, is another program: each target's fingerprint keeps its sha256."""
+    import shutil
+
+    from vmtax.host import binary
+
+    store = Store(tmp_path / "results")
+    with session.session(store, own, binaries=("sysbench",)) as s:
+        s.create(TargetSpec("native", "native")).prepare()
+        run_id = s.new_run({"kind": "test"})
+        s.store_fingerprints()
+    programs = store.load_run(run_id).targets["native"]["fingerprint"]["programs"]
+    assert programs == {"sysbench": binary.short_id(shutil.which("sysbench"))}

@@ -24,6 +24,7 @@ from vmtax.guest.agent import Channel, encode_job, read_result
 from vmtax.guest.image import GuestImage, guest_file
 from vmtax.guest.qemu import VmConfig, kernel_cmdline, parse_size, qemu_argv, resolve_accel
 from vmtax.host import kvm
+from vmtax.host import binary
 from vmtax.host.journal import Journal
 from vmtax.targets import vm
 
@@ -520,6 +521,9 @@ def test_fingerprint_without_boot(ctx, tmp_path, monkeypatch):
     assert (fp["accel"], fp["machine"], fp["cpu"], fp["vcpus"], fp["memory"]) == (
         "tcg", "microvm", "max", 2, "1G")
     assert fp["kernel_version"] == "6.6.6-fake"
+    # What QEMU and the kernel are, not only where (issue 48.4): a rebuild is told apart.
+    assert fp["qemu_sha256"] == binary.short_id(t.opts.qemu) and len(fp["qemu_sha256"]) == 16
+    assert len(fp["kernel_sha256"]) == 16
     assert "tsc_early_khz=2000000" in fp["append"] and "noreplace-smp" in fp["append"]
     assert fp["initramfs"] and fp["binaries"] == []
     assert fp["transparent_hugepages"] is False   # under TCG: vm_instance.qemu_preexec

@@ -20,7 +20,8 @@ from typing import Any
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.density import err, load_plan, out, results_option, session
+from vmtax.cli.consoles import err, out
+from vmtax.cli.density import load_plan, results_option, session
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError

@@ -27,7 +27,8 @@ from pathlib import Path
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.density import err, results_option
+from vmtax.cli.consoles import err
+from vmtax.cli.density import results_option
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.guest import lab
@@ -42,6 +43,8 @@ class DryRun(Exception):
 # Commands that make no sense in a throwaway lab: they manage this host or the lab itself.
 NOT_IN_LAB = ("lab", "cleanup", "fleet")
 HELP = ("-h", "--help")
+# Commands whose --dry-run checks all they will run: asked on the host before the lab boots.
+DRY_RUNS = ("run", "tune")
 
 
 def _results_given(args: list[str]) -> tuple[list[str], str | None]:
@@ -71,10 +74,11 @@ def _check_command(ctx: click.Context, command: str, args: list[str], results: s
     if cmd is None:
         raise VmtaxError(f"lab: {command!r} is not a vmtax command the lab runs; use one of "
                          + ", ".join(c for c in group.list_commands(root) if c not in NOT_IN_LAB))
-    if command == "run":
-        # The whole plan, checked as `run` checks it (targets, workloads, plan file, the
-        # run to resume in the host's store), on the host and in a second: the lab takes a
-        # minute to boot. Devices the lab's kernel gives it (/dev/vhost-net) count as there.
+    if command in DRY_RUNS:
+        # The whole plan, checked as the command checks it (targets, workloads, knobs, plan
+        # file, the run to resume in the host's store), on the host and in a second: the lab
+        # takes a minute to boot. Devices the lab's kernel gives it (/dev/vhost-net) count
+        # as there.
         planned = lab.devices(lab.lab_kernel(paths.cache_dir(), kernel))
         said = io.StringIO()
         with contextlib.redirect_stdout(said), machine.planning_lab(planned):

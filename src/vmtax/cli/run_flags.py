@@ -187,7 +187,8 @@ def request(flags: dict[str, Any], typed: AbstractSet[str] = frozenset()) -> Run
 
 # What a request of each form is, for the line refusing a flag that would do nothing in it.
 _FORM_SAYS = {"plan": "PLAN.toml says what to run; set it there",
-              "resume": "--resume goes on with the run as it was planned and stored"}
+              "resume": "--resume goes on with the run as it was planned and stored",
+              "classic": "it takes a plan file (PLAN.toml)"}
 
 
 def _refuse_idle(form: Form, typed: AbstractSet[str]) -> None:

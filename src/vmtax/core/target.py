@@ -83,6 +83,8 @@ class Target(plugin.Plugin, abc.ABC):
     remote: ClassVar[bool] = False
     # Seconds from prepare() to the first job, for plan estimates.
     startup_seconds: ClassVar[float] = 0.0
+    # Seconds a job costs beyond its work (start-up, a guest's round trip), for estimates.
+    job_seconds: ClassVar[float] = 0.05
     # Its page cache is the host's (a local container's): dropping the host's drops it,
     # and its own drop may be refused.
     shares_host_page_cache: ClassVar[bool] = False
@@ -143,6 +145,19 @@ class Target(plugin.Plugin, abc.ABC):
             return {}
         info = plugin.option_infos(cls.Options)[cls.variant_option]
         return {str(c): None for c in info.choices}
+
+    @classmethod
+    def packages_for(cls, options: plugin.Options) -> tuple[str, ...]:
+        """The Debian packages a target of these options needs, those it builds with
+        included: installed on its first use. Default: the kind's `packages`."""
+        return cls.packages
+
+    @classmethod
+    def slowdown(cls, options: plugin.Options) -> float:
+        """How many times longer fixed work takes in a target of these options than on
+        the bare host (a TCG guest's ~10), for estimates: a time-bounded repetition lasts
+        its time whatever this is. Called by plan estimates; may probe the host (KVM)."""
+        return 1.0
 
     @classmethod
     def unavailable(cls) -> str | None:

@@ -166,6 +166,13 @@ class Workload(plugin.Plugin, abc.ABC):
             return float(value) if value is not None else None
         return None
 
+    def work_seconds(self) -> float:
+        """How much of run_seconds() is fixed work at native speed, which a slower target
+        stretches (a TCG guest's ~10 times) where a time bound does not: by default all of
+        it for a workload no time bounds, none for a time-bounded one. For estimates."""
+        seconds = self.run_seconds()
+        return seconds if seconds is not None and self.time_option is None else 0.0
+
     def prepare_seconds(self) -> float:
         """Expected length of the prepare jobs, once per target."""
         return 0.0

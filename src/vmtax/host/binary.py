@@ -39,3 +39,10 @@ def identity(path: str | Path) -> dict[str, Any]:
         return {"path": real, "size": os.stat(real).st_size, "sha256": sha256(real)}
     except OSError:
         return {"path": real, "size": None, "sha256": None}
+
+
+def short_id(path: str | Path) -> str | None:
+    """A program's identity as a fingerprint keeps it: its sha256's first 16 hex digits
+    (None for a file that cannot be read); a rebuild is another one."""
+    sha = identity(path)["sha256"]
+    return sha[:16] if sha else None

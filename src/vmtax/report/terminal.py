@@ -278,7 +278,9 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
                                      title, caption if number == len(groups) else "",
                                      compact))
     _print_failures(console, summary)
-    parameters = workload_parameters(run.reps)
+    # A sweep's rows and caption say its parameters already.
+    parameters = {w: words for w, words in workload_parameters(run.reps).items()
+                  if w not in fixed_params(r for r in run.reps if r.phase == "measure")}
     if parameters:
         console.print(Text("workload parameters", style="bold"))
         for workload, words in parameters.items():

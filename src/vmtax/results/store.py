@@ -413,6 +413,26 @@ class Store(PendingSideFile):
                 if stored.get((t["name"], w), 0) < n * runs]
 
     @guarded
+    def job_times(self, targets: Collection[str], runs: int = 20
+                  ) -> dict[tuple[str, str, str, str], list[float]]:
+        """(target, workload, params as canonical JSON, phase) -> the host times of its
+        successful jobs, in the latest `runs` runs that had any of these targets: what plan
+        estimates learn from."""
+        names = list(targets)
+        marks = ",".join("?" * len(names))
+        found: dict[tuple[str, str, str, str], list[float]] = {}
+        for row in self.db.execute(
+                "SELECT p.target, p.workload, p.params, p.phase, p.host_elapsed FROM reps p"
+                " WHERE p.status = 'ok' AND p.host_elapsed IS NOT NULL"
+                f" AND p.target IN ({marks}) AND p.run_id IN (SELECT DISTINCT run_id FROM"
+                f" targets WHERE name IN ({marks}) ORDER BY run_id DESC LIMIT ?)",
+                (*names, *names, runs)):
+            params = json.dumps(json.loads(row["params"]), sort_keys=True)
+            found.setdefault((row["target"], row["workload"], params, row["phase"]),
+                             []).append(row["host_elapsed"])
+        return found
+
+    @guarded
     def run_names(self) -> dict[str, str]:
         """Run id -> the name it was given (`vmtax run --name`), for runs that have one."""
         return {row[0]: row[1] for row in self.db.execute(

@@ -7,17 +7,20 @@ repetition length (its time option, or its own estimate) and prepare time.
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.types import Job
 from vmtax.core.workload import Workload
+from vmtax.results.store import Store
 from vmtax.studies.plan import Plan
 
 # Measured on the classic plan under TCG on a 2-core host (173 s for an estimate of 226 s,
 # when memory still finished its 1 GiB early; it now runs for its whole time).
-RUN_OVERHEAD = 0.2      # s per repetition: start-up, result collection (0.05 native, 0.4 VM)
 UNBOUNDED_RUN = 1.0     # s per repetition without a time bound or an estimate of its own
 # A job may run this many times its estimate, plus the margin, before it is stopped as
 # hung: estimates are native speed, and a TCG guest runs 5-20 times slower than that.
@@ -39,37 +42,68 @@ def configurations(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
     return [(w.name, dict(sorted(w.make(plan.time).params.items()))) for w in plan.workloads]
 
 
-def estimate(plan: Plan, runs: int | None = None) -> Estimate:
-    """How long the plan should take with `runs` measured repetitions (default: plan.runs)."""
+def estimate(plan: Plan, runs: int | None = None, store: Store | None = None) -> Estimate:
+    """How long the plan should take with `runs` measured repetitions (default: plan.runs):
+    per target and workload configuration, what stored runs of that target took where the
+    store has some (the median of their jobs), else what the plugins declare: a
+    time-bounded repetition lasts its time, fixed work takes its estimate times the
+    target's slowdown (a TCG guest's ~10), each job costs the target's job_seconds, each
+    target its startup_seconds."""
     reps = plan.warmup + (plan.runs if runs is None else runs)
-    n_targets = len(plan.targets)
     used: dict[str, None] = {}      # ordered set of the assumptions the sum relies on
+    learned = store.job_times([t.name for t in plan.targets]) if store is not None else {}
     total = 0.0
     for target in plan.targets:
-        startup = targets.get(target.kind).startup_seconds
+        kind = targets.get(target.kind)
+        startup = kind.startup_seconds
         if startup:
             total += startup
             used[f"each {target.kind} target starts in {startup:g} s"] = None
-    for spec in plan.workloads:
-        workload = spec.make(plan.time)
-        seconds = workload.run_seconds()
-        if seconds is not None and workload.time_option is not None:
-            used["a time-bounded repetition lasts exactly its time"] = None
-        elif seconds is None:
-            used[f"a repetition without a time bound ({workload.name}) takes "
-                 f"{UNBOUNDED_RUN:g} s"] = None
-        else:
-            used[f"{workload.name} takes its own estimate of its work at native speed "
-                 f"({seconds:.3g} s)"] = None
-        total += ((UNBOUNDED_RUN if seconds is None else seconds) + RUN_OVERHEAD) * reps * n_targets
-        prepare = workload.prepare_seconds()
-        if prepare:
-            used[f"{workload.name} prepares in {prepare:.0f} s, once per target and "
-                 "configuration"] = None
-            total += prepare * n_targets
-    used[f"every repetition costs {RUN_OVERHEAD:g} s beyond its run time "
-         "(start-up, collecting results)"] = None
+        slowdown = kind.slowdown(plugin.build(kind.Options, target.options, target.name,
+                                              strict=False))
+        for spec in plan.workloads:
+            workload = spec.make(plan.time)
+            key = (target.name, workload.name, json.dumps(workload.params, sort_keys=True))
+            total += _repetitions(workload, target.name, slowdown, kind.job_seconds,
+                                  learned.get((*key, "measure")), used) * reps
+            total += _prepare(workload, learned.get((*key, "prepare")), used)
     return Estimate(total, list(used))
+
+
+def _repetitions(workload: Workload, target: str, slowdown: float, job_seconds: float,
+                 stored: list[float] | None, used: dict[str, None]) -> float:
+    """One repetition of workload in target: as stored runs took it, else as declared."""
+    if stored:
+        used[f"{target} · {workload.name}: as stored runs took it (median of "
+             f"{len(stored)})"] = None
+        return statistics.median(stored)
+    seconds, work = workload.run_seconds(), workload.work_seconds()
+    if seconds is None:
+        used[f"a repetition without a time bound ({workload.name}) takes "
+             f"{UNBOUNDED_RUN:g} s at native speed"] = None
+        seconds = work = UNBOUNDED_RUN
+    elif work:
+        used[f"{workload.name} takes its own estimate of its work at native speed "
+             f"({work:.3g} s" + (f", beside {seconds - work:.3g} s its time bounds)"
+                                 if seconds > work else ")")] = None
+    else:
+        used["a time-bounded repetition lasts exactly its time"] = None
+    if slowdown != 1 and work:
+        used[f"{target} runs fixed work {slowdown:g} times slower (TCG)"] = None
+    used[f"a job costs {job_seconds:g} s beyond its work in {target}"] = None
+    return seconds - work + work * slowdown + job_seconds
+
+
+def _prepare(workload: Workload, stored: list[float] | None, used: dict[str, None]) -> float:
+    """The prepare jobs of workload in a target: as stored runs took them, else its
+    estimate (mostly writing files: a TCG guest's slowdown of computing is not theirs)."""
+    if stored:
+        return statistics.median(stored)
+    prepare = workload.prepare_seconds()
+    if prepare:
+        used[f"{workload.name} prepares in {prepare:.2g} s, once per target and "
+             "configuration"] = None
+    return prepare
 
 
 def job_timeout(workload: Workload, job: Job, phase: str, setting: float | None) -> float:

@@ -198,6 +198,23 @@ def _label(value: str, index: int) -> tuple[str, str]:
     return (label, rest) if sep and label and rest else (str(index), value)
 
 
+def packages(plan: Plan) -> list[str]:
+    """The Debian packages the plan's targets (by their options), workloads and collectors
+    need, those they build with included."""
+    from vmtax.core import collector as collectors
+
+    found: dict[str, None] = {}
+    for spec in plan.targets:
+        kind = targets.get(spec.kind)
+        options = plugin.build(kind.Options, spec.options, spec.name, strict=False)
+        found.update(dict.fromkeys(kind.packages_for(options)))
+    for w in plan.workloads:
+        found.update(dict.fromkeys(workloads.get(w.name).packages))
+    for name in plan.collect:
+        found.update(dict.fromkeys(collectors.get(name).packages))
+    return list(found)
+
+
 def from_names(target_names: list[str], workload_names: list[str],
                options: dict[str, list[str]] | None = None, **settings: Any) -> Plan:
     """A plan from the command line: targets and workloads by name, with their defaults;

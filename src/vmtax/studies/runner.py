@@ -24,11 +24,12 @@ from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.target import Target
 from vmtax.core.types import Endpoint, Job, JobResult, Metric
 from vmtax.core.workload import Workload
-from vmtax.host import proc
+from vmtax.host import packages, proc
 from vmtax.host.journal import Journal
 from vmtax.results.store import Store
 from vmtax.studies import estimate
 from vmtax.studies.plan import Plan, point_labels
+from vmtax.studies.plan import packages as plan_packages
 from vmtax.studies.repetitions import (Cell, Precision, RepetitionPolicy, RepKey, Unit,
                                        params_key, rep_key)
 from vmtax.studies.session import Session, session
@@ -156,6 +157,10 @@ class Runner:
         done = self._already_done()
         if self.resume_id:
             self.store.claim_run(self.resume_id)   # before anything runs
+        # A plugin's Debian packages (what it runs, what it builds with) on its first use:
+        # `make run` installs only the default plan's.
+        packages.install(packages.missing(plan_packages(self.plan)), self.journal,
+                         lambda line: print(f"vmtax: {line}", file=sys.stderr), "this plan")
         made = [w.make(self.plan.time) for w in self.plan.workloads]
         for workload in made:
             workload.build_on_host()

@@ -18,6 +18,7 @@ status. What a study does between those steps is its own.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,7 +28,7 @@ from vmtax.core import paths, plugin
 from vmtax.core import target as target_registry
 from vmtax.core.errors import VmtaxError
 from vmtax.core.target import Target, TargetContext
-from vmtax.host import guardian
+from vmtax.host import binary, guardian
 from vmtax.host import machine as host
 from vmtax.host.journal import Journal, recover
 from vmtax.host.network import Network
@@ -99,7 +100,8 @@ class Session:
             found = target.fingerprint()
         except VmtaxError as exc:   # a target that never came up still has its kind
             found = {"kind": target.kind, "error": str(exc)}
-        fingerprint = {**found, "bare_host": target.bare_host}
+        fingerprint = {**found, "bare_host": target.bare_host,
+                       **({"programs": programs} if (programs := self._programs()) else {})}
         if host.lab():
             # Every target in a lab is nested under TCG; its "bare host" is the lab's own
             # system (a TCG guest), never hardware: the baseline still (lab_host).
@@ -109,6 +111,13 @@ class Session:
         if self.on_stored is not None:
             self.on_stored("target", {"name": name, "kind": target.kind,
                                       "fingerprint": fingerprint})
+
+    def _programs(self) -> dict[str, str | None]:
+        """What each workload program every target runs is (the host's own, carried into
+        containers and guests): its sha256's first 16 digits, so a rebuild at the same
+        path with the same version string is told apart."""
+        return {name: binary.short_id(path) for name in self.ctx.binaries
+                if (path := shutil.which(name)) is not None}
 
     def store_fingerprints(self) -> None:
         for name in self.targets:

@@ -40,7 +40,7 @@ class CloudHypervisorOptions(MicroVmOptions):
                               package="cloud-hypervisor")
     vmm: NonEmpty = plugin.option(
         "cloud-hypervisor", "The Cloud Hypervisor binary: a path, or a name on PATH; none "
-        "found: the build of `source`, or vmtax's last build", cli=True)
+        "found: the build of `source`, or vmtax's last build")
     vcpus: int = plugin.option(2, "Virtual CPUs", unit="vCPUs", ge=1, le=MAX_VCPUS, cli=True,
                                tune=(1, 2, 4))
     io_engine: Literal["io_uring", "aio", "sync"] = plugin.option(

@@ -244,6 +244,14 @@ class ContainerTarget(Target):
         return {name: runtime.unavailable() for name, runtime in runtimes().items()}
 
     @classmethod
+    def packages_for(cls, options: plugin.Options) -> tuple[str, ...]:
+        """Its rootfs's and its runtime's; with "auto", the first runtime it would pick
+        (runc), which a fresh host lacks: auto would fall to a lesser one."""
+        assert isinstance(options, ContainerOptions)
+        name = auto_order()[0] if options.runtime == "auto" else options.runtime
+        return (*cls.packages, *runtimes()[name].packages)
+
+    @classmethod
     def refuses(cls, options: plugin.Options) -> dict[Feature, str]:
         """What its runtime refuses; with "auto", what every runtime it may pick refuses."""
         assert isinstance(options, ContainerOptions)

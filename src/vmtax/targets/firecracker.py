@@ -56,7 +56,7 @@ class FirecrackerOptions(MicroVmOptions):
                               packages=("libclang-dev", "libseccomp-dev"))
     vmm: NonEmpty = plugin.option(
         "firecracker", "The Firecracker binary: a path, or a name on PATH; none found: the "
-        "build of `source`, or vmtax's last build", cli=True)
+        "build of `source`, or vmtax's last build")
     vcpus: int = plugin.option(2, "Virtual CPUs (1 or an even number, Firecracker's rule)",
                                unit="vCPUs", ge=1, le=MAX_VCPUS, cli=True, tune=(1, 2, 4))
     hugepages: Literal["2M"] | None = plugin.option(  # type: ignore[assignment]

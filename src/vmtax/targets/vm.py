@@ -28,7 +28,7 @@ from vmtax.guest.qemu import (
     qemu_properties,
     resolve_accel,
 )
-from vmtax.host import machine, trees
+from vmtax.host import binary, machine, trees
 from vmtax.targets.vm_instance import VmInstance
 from vmtax.targets.vmm_target import VmmOptions, VmmTarget, bridge_possible
 
@@ -239,6 +239,8 @@ class VmTarget(VmmTarget):
         return {
             "qemu": find_qemu(self.opts.qemu),
             "qemu_version": self.qemu_version(),
+            # A rebuild at the same path with the same version string is another QEMU.
+            "qemu_sha256": binary.short_id(find_qemu(self.opts.qemu)),
             "accel": accel,
             "machine": self.opts.machine,
             "cpu": self.opts.cpu or ("host" if accel == "kvm" else "max"),

@@ -50,7 +50,7 @@ from vmtax.guest.qemu import (
     parse_size,
     resolve_accel,
 )
-from vmtax.host import daemon, hugepages, ssh_session
+from vmtax.host import binary, daemon, hugepages, ssh_session
 from vmtax.targets.guest_target import GuestTarget
 from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_summary, stable_xml
 from vmtax.targets.libvirt.existing import ExistingDomain
@@ -452,6 +452,7 @@ class LibvirtTarget(GuestTarget):
             "domain_type": domain_type,
             "emulator": find_qemu(self.opts.emulator),
             "qemu_version": self.qemu_version(),
+            "emulator_sha256": binary.short_id(find_qemu(self.opts.emulator)),
             "machine": self.opts.machine,
             "cpu": self.cpu_mode(domain_type),
             "vcpus": self.opts.vcpus,
