@@ -192,7 +192,7 @@ def test_two_runs_in_one_report(tmp_path):
     ("unknown", r"unknown run id 'nope'"),
     ("empty", r"run \S+ has no successful repetitions \(73 failed\)"),
     ("unwritable", r"cannot write .*missing/r\.html: No such file or directory"),
-    ("directory", r"cannot write .*: Is a directory"),
+    ("directory", r"cannot write .*: it is a directory; expected a file"),
 ])
 def test_bad_input_is_one_line_and_leaves_no_file(tmp_path, case, message):
     _, run_id = make_run(tmp_path / "results", all_failed=case == "empty")

@@ -41,8 +41,7 @@ def write_file(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _refused(path, f"its directory {path.parent} cannot be opened "
-                             f"({exc.strerror})") from None
+        raise _refused(path, exc.strerror or str(exc)) from None
     try:
         write_in(parent, path.name, data, path, through=True)
     finally:
