@@ -122,10 +122,18 @@ def lab_session(tmp_path_factory):
     return LabSession(work, outcome)
 
 
-def stored(results: Path) -> tuple[dict, dict]:
+def run_of(results: Path, name: str = "run") -> str:
+    """The id of the run SESSION's command name stored (each command stores one, in turn)."""
     db = sqlite3.connect(results / "vmtax.sqlite")
-    host, run_id = db.execute("SELECT host, id FROM runs WHERE plan NOT LIKE '%boot%' "
-                              "ORDER BY created").fetchone()
+    ids = [run_id for run_id, in db.execute("SELECT id FROM runs ORDER BY created")]
+    return ids[list(SESSION).index(name)]
+
+
+def stored(results: Path) -> tuple[dict, dict]:
+    """The host facts and the targets' fingerprints of SESSION's `run`."""
+    db = sqlite3.connect(results / "vmtax.sqlite")
+    run_id = run_of(results)
+    [host] = db.execute("SELECT host FROM runs WHERE id = ?", (run_id,)).fetchone()
     targets = {name: json.loads(fp) for name, fp in db.execute(
         "SELECT name, fingerprint FROM targets WHERE run_id = ?", (run_id,))}
     return json.loads(host), targets

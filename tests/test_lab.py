@@ -352,13 +352,19 @@ def test_a_daemon_that_keeps_the_commands_output_open_is_not_waited_for(tmp_path
 def test_a_labs_run_is_resumed_in_a_lab_never_on_the_host(tmp_path, monkeypatch):
     """A run resumed on the host would mix nested numbers with the host's under one id."""
     from vmtax.studies import comparison
+    from vmtax.studies import plan as plan_mod
     from vmtax.studies.requests import RunRequest
 
-    store, run_id = _store_with_a_run(tmp_path / "r")
+    store = Store(tmp_path / "r")
+    plan = plan_mod.from_names(["native"], ["cpu"], {}, warmup=0, time=1, runs=1).to_dict()
+    run_id = store.new_run(plan, {"lab": machine.LAB_LABEL}, "x")
     monkeypatch.delenv(machine.LAB_ENV, raising=False)
     with pytest.raises(VmtaxError, match=rf"made in a lab .*`vmtax lab --results "
                                          rf"{tmp_path}/r run --resume {run_id}`"):
         comparison.plan_of(RunRequest(resume=run_id), store)
+    with machine.planning_lab(frozenset()):   # as `vmtax lab run --resume` checks it here
+        assert comparison.plan_of(RunRequest(resume=run_id), store).runs == 1
+    assert machine.lab() is None
     host_run = store.new_run({"targets": []}, {"cpu_model": "x"}, "x")
     monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)
     with pytest.raises(VmtaxError, match="made on a host, not in a lab"):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import processes, start_vmtax, vmtax, wait_for
-from lab_session import LAB_TIMEOUT, cells, stored
+from lab_session import LAB_TIMEOUT, cells, run_of, stored
 from vmtax.host import kvm
 from vmtax.host.machine import LAB_LABEL
 
@@ -60,8 +60,8 @@ def test_huge_pages_and_pinning_under_kvm(lab_session):
 
 
 def test_real_exits_per_reason_their_diff_and_times_the_workload_allows(lab_session):
-    results = str(lab_session.results)
-    shown = vmtax("exits", "last:kvm", "--results", results, "--json")
+    results, run = str(lab_session.results), run_of(lab_session.results)
+    shown = vmtax("exits", f"{run}:kvm", "--results", results, "--json")
     assert shown.returncode == 0, shown.stderr
     cells = json.loads(shown.stdout)["cells"]
     print(shown.stdout[:3000])
@@ -71,7 +71,7 @@ def test_real_exits_per_reason_their_diff_and_times_the_workload_allows(lab_sess
         assert cell["times_impossible"] or (
             longest <= cell["seconds"] * 1e6
             and cell["total_time"] <= cell["seconds"] * 1e6 * cell["vcpus"]), cell
-    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--workload", "cpu",
+    diff = vmtax("exits", "diff", f"{run}:kvm", f"{run}:kvm-tuned", "--workload", "cpu",
                  "--results", results)
     assert diff.returncode == 0, diff.stderr
     print(diff.stdout)
@@ -79,8 +79,8 @@ def test_real_exits_per_reason_their_diff_and_times_the_workload_allows(lab_sess
 
 
 def test_a_libvirt_domains_exits_are_recorded_as_a_vm_targets(lab_session):
-    shown = vmtax("exits", "last:libvirt-kvm", "--results", str(lab_session.results),
-                  "--json")
+    shown = vmtax("exits", f"{run_of(lab_session.results)}:libvirt-kvm", "--results",
+                  str(lab_session.results), "--json")
     assert shown.returncode == 0, shown.stderr
     cells = json.loads(shown.stdout)["cells"]
     assert {c["workload"] for c in cells} == {"cpu", "iperf3"}
