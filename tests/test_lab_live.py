@@ -14,6 +14,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -115,6 +116,17 @@ def test_boot_a_kvm_guest_in_the_lab(lab_session):
     db = sqlite3.connect(lab_session.results / "vmtax.sqlite")
     assert {json.loads(host)["lab"] for host, in db.execute("SELECT host FROM runs")} == {
         LAB_LABEL}
+
+
+def test_a_failing_command_ends_the_session_with_its_own_one_line_error(lab_session):
+    done = lab_session.command("fails", exit_code=2)
+    [said] = done.stderr.decode().splitlines()
+    assert said.startswith("vmtax: error: unknown run id 'nosuchrun'")
+    # Its hint works on the host, where the lab's runs came into the host's store.
+    assert f"`vmtax runs --results {lab_session.results}`" in said
+    assert lab_session.outcome.exit_code == 2
+    # The lab is stopped (its QEMU first), and nothing of it is left.
+    assert set(Path(tempfile.gettempdir()).glob("vmtax-lab-*")) <= lab_session.shares_before
 
 
 def _lab_qemus(share_parent: Path) -> set[int]:
