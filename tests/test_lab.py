@@ -385,3 +385,23 @@ def test_a_kvm_guest_in_a_lab_reports_rcu_stalls_at_the_latest(monkeypatch):
     assert "rcupdate" not in guest_cmdline("mmio", None, tcg=True)
     monkeypatch.delenv(machine.LAB_ENV)
     assert "rcupdate" not in guest_cmdline("mmio", None)
+
+
+def test_the_labs_studies_work_on_the_labs_own_disk_not_in_the_share(tmp_path, monkeypatch):
+    """Found by a user: in a lab, native's 2 GiB fileio and the guests' scratch disks were
+    in the share beside the results database: on the host's disk, through 9p. A study
+    works where VMTAX_WORK says (the lab gives its own disk), else beside its results."""
+    from vmtax.host.journal import Journal
+    from vmtax.studies import lab as study
+    from vmtax.studies.session import session
+
+    store = Store(tmp_path / "results")
+    monkeypatch.setenv("VMTAX_WORK", str(tmp_path / "disk"))
+    (tmp_path / "disk").mkdir()
+    with session(store, Journal(tmp_path / "j")) as s:
+        assert s.work_dir.parent == tmp_path / "disk"
+    monkeypatch.delenv("VMTAX_WORK")
+    with session(store, Journal(tmp_path / "j")) as s:
+        assert s.work_dir.parent == (tmp_path / "results").resolve()
+    assert study._lab_env(tmp_path, None)["VMTAX_WORK"] == lab.WORK
+    assert not lab.WORK.startswith(lab.SHARE)
