@@ -1,6 +1,7 @@
 """Guest kernel choice for E2: "debian", "debian-rt" or a file, as an option value and as
 the kernel image.py prepares."""
 
+import hashlib
 import json
 import os
 import time
@@ -32,12 +33,15 @@ def test_option_takes_the_names_and_files_and_says_what_else(tmp_path):
 
 
 def _built(cache, name, age):
-    """A prepared Debian kernel in the cache, as _build_debian_kernel leaves it."""
+    """A prepared Debian kernel in the cache, as _build_debian_kernel leaves it: its record
+    claims the sha256 its file has (a cached kernel is used only then)."""
     kdir = cache / "kernels" / f"{name}_6.1.192-2_amd64-70000000-f{image.FORMAT}"
     kdir.mkdir(parents=True)
-    (kdir / "vmlinux").write_bytes(ELF)
+    vmlinux = ELF + name.encode()
+    (kdir / "vmlinux").write_bytes(vmlinux)
     (kdir / "meta.json").write_text(json.dumps(
-        {"path": "vmlinux", "version": name.removeprefix("linux-image-"), "sha256": name,
+        {"path": "vmlinux", "version": name.removeprefix("linux-image-"),
+         "sha256": hashlib.sha256(vmlinux).hexdigest(),
          "modules": {}, "hz": 250}))
     stamp = time.time() - age
     os.utime(kdir / "meta.json", (stamp, stamp))
