@@ -205,6 +205,15 @@ def test_every_path_option_is_covered_by_a_declared_attack():
     assert len(coverage.path_options()) > 30
 
 
+def test_path_options_are_named_as_help_shows_them_even_those_made_late():
+    """run makes its flags when they are first needed: they are walked all the same, and
+    an argument is named by its metavar, not by the parsed name run's flags give it."""
+    options = coverage.path_options()
+    assert {("run", "PLAN.toml"), ("run", "--results"), ("list", "--plan"),
+            ("exits", "import", "FILE")} <= set(options)
+    assert not any("__" in word for option in options for word in option)
+
+
 def test_a_path_option_no_attack_covers_fails_the_property(monkeypatch):
     known = coverage.path_options()
     monkeypatch.setattr(coverage, "path_options",

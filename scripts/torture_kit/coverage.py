@@ -1,7 +1,8 @@
 """A property of the registry as a whole: every option and argument of vmtax's commands
 that names a file or directory is attacked by some attack with a path meant to escape its
 tree (Attack.covers). A command that gains such an option fails the torture, and
-tests/test_torture.py, until an attack declares it."""
+tests/test_torture.py, until an attack declares it. Each is named as --help shows it: an
+option by its flag, an argument by its metavar (`vmtax run PLAN.toml`)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ def path_options() -> dict[tuple[str, ...], str]:
                 if sub is not None:
                     walk(sub, (*words, name), click.Context(sub, parent=ctx))
             return
-        for param in command.params:
+        # get_params: a command may make its options when they are first needed (run's).
+        for param in command.get_params(ctx):
             names = param.metavar or ""
             if isinstance(param.type, click.Path) or any(w in names for w in ("FILE", "DIR",
                                                                               "PLAN")):
-                found[(*words, param.opts[0] if param.opts else param.name or "")] = names
+                shown = param.opts[0] if isinstance(param, click.Option) else \
+                    names.strip("[]") or (param.name or "").upper()
+                found[(*words, shown)] = names
     walk(cli, (), click.Context(cli))
     return found
 
