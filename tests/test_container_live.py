@@ -1,5 +1,6 @@
 """Live tests of the container target: real unshare, runc and crun containers (needs root)."""
 
+import json
 import os
 import re
 import shutil
@@ -92,8 +93,9 @@ def test_fileio_writes_into_the_copy(target):
     work = target.dir / "rootfs" / "work"
     files = sorted(work.glob("test_file.*"))
     assert files and sum(f.stat().st_size for f in files) == 16 * 1024 * 1024
-    cached = Path(target.dir, "rootfs", ".complete").read_text().strip()
-    assert cached == target.fingerprint()["rootfs"]
+    # The copy is of the cached rootfs the fingerprint names: its record's key.
+    cached = json.loads(Path(target.dir, "rootfs", ".complete").read_text())
+    assert cached["key"] == target.fingerprint()["rootfs"]
     assert target.run(Job(["sysbench", "fileio", "--file-total-size=16M", "cleanup"],
                           in_scratch=True)).ok
 
