@@ -230,3 +230,60 @@ def test_a_sweep_shows_what_varies_and_says_once_what_is_fixed(sweep, args):
     if args[0] == "compare":   # a row: its sweep point, then the change's range under it
         assert re.search(r"^memory\s+MiB/s ↑\s+4,545\s+4,090\s+-10\.0%\s+0\.0004\s+worse *$\n"
                          r"^memory-block-size=64K\s+\(-11\.8, -8\.2\) *$", out, re.M), out
+
+
+def _store_of(results, targets):
+    """A finished run of cpu on each of targets, the first the baseline, each a tenth
+    faster than the one before."""
+    from vmtax.core.workload import Metric
+    store = Store(results)
+    run_id = store.new_run({"targets": [{"name": t} for t in targets], "baseline": targets[0],
+                            "runs": 5, "warmup": 0, "time": 1},
+                           {"cpu_model": "Synthetic CPU"}, "0.1.0")
+    for n, target in enumerate(targets):
+        store.set_target(run_id, target, "native", {"kind": "native"})
+        for idx in range(5):
+            store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
+                          idx=idx, status="ok", argv=["sysbench"], started=float(idx),
+                          host_elapsed=1.0, guest_elapsed=1.0,
+                          metrics=[Metric("events/s", 12345.678 * (1 + n / 10) + idx,
+                                          "events/s", True)])
+    store.finish_run(run_id, "done")
+    store.close()
+    return run_id
+
+
+SIX = ("native", "container:runc", "container:crun", "vm:tcg@stock", "vm:tcg@patched-build",
+       "libvirt:my-guest")
+
+
+@pytest.mark.parametrize("args", [(), ("--all",)])
+def test_six_targets_at_80_columns_show_every_number_whole(tmp_path, args):
+    """Issue 45.16: six targets at 80 columns had `show` fold their names ("contain",
+    "er:runc") and break intervals inside a number ("[1.1–1.", "1]"), and `show --all` cut
+    some to an ellipsis; the targets go in as many tables as show every name and number
+    whole."""
+    run_id = _store_of(tmp_path, SIX)
+    command = ("show", run_id, *args, "--results", str(tmp_path))
+    number = re.compile(r"\d[\d.,]*\d|\d")
+    wide = vmtax(*command, env={**NARROW, "COLUMNS": "250"}).stdout
+    out = narrow(*command)
+    assert set(number.findall(wide)) <= set(number.findall(out)), out
+    assert "…" not in out and all(t in out for t in SIX), out
+
+
+def test_long_target_names_draw_figures_in_their_layout(tmp_path):
+    """Issue 45.16: names of a hundred characters pushed the axes out of the figures, which
+    matplotlib drew without their layout, warning on stderr with its source lines."""
+    from vmtax.report.figure import LABEL_LINE, figure_labels
+    long = ("native", "vm:tcg@" + "a-long-label-for-a-patched-qemu-build-" * 3,
+            "container:runc@" + "x" * 100, "container:runc@" + "x" * 101)
+    run_id = _store_of(tmp_path, long)
+    done = vmtax("report", run_id, "--html", str(tmp_path / "r.html"), "--png",
+                 str(tmp_path / "png"), "--results", str(tmp_path))
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
+    assert len(list((tmp_path / "png").glob("*.png"))) == 2
+    shown = figure_labels({t: t for t in long})
+    assert len(set(shown.values())) == 4 and shown["native"] == "native"
+    assert all(len(line) <= LABEL_LINE for label in shown.values()
+               for line in label.splitlines())

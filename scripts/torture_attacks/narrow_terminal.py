@@ -1,7 +1,9 @@
 """Narrow terminals (issue #45, defect 16): a run of six targets with long names, shown at
 80 columns (`show`, `show --all`, `compare`): every target's name shows whole, and every
 number a wide terminal shows is there whole too (a fifth target's column once vanished, a
-value was cut to "0."); `report --png` of long target names prints no matplotlib warning."""
+value was cut to "0."); `report --png` of target names of up to 130 characters prints no
+matplotlib warning (one had said the axes collapsed, and drew the figure without its
+layout)."""
 
 from __future__ import annotations
 
@@ -14,19 +16,22 @@ from torture_kit.registry import Attack
 
 TARGETS = ("native", "container:runc", "container:crun", "vm:tcg@stock",
            "vm:tcg@patched-build", "libvirt:my-guest")
+LONG = ("native", "vm:tcg@" + "a-long-label-for-a-patched-qemu-build-" * 3,
+        "container:runc@" + "x" * 100, *(f"vm:tcg@build-{n}-of-the-patched-qemu-tree"
+                                          for n in range(3)))
 NUMBER = re.compile(r"\d[\d.,]*\d|\d")
 
 
-def _store(results: Path) -> None:
+def _store(results: Path, targets: tuple[str, ...]) -> None:
     from vmtax.core.types import Metric
     from vmtax.results.store import Store
 
     store = Store(results)
     run_id = store.new_run({"name": "narrow", "baseline": "native",
                             "targets": [{"name": t, "kind": "native", "options": {}}
-                                        for t in TARGETS],
+                                        for t in targets],
                             "workloads": [{"name": "cpu"}]}, {}, "0")
-    for n, target in enumerate(TARGETS):
+    for n, target in enumerate(targets):
         store.set_target(run_id, target, "native", {"bare_host": n == 0})
         for i in range(5):
             store.add_rep(run_id, target=target, workload="cpu", params={}, phase="measure",
@@ -46,7 +51,7 @@ def _shown(env: Env, columns: int, args: list[str]) -> str:
 
 def narrow(env: Env, outcome: Outcome, quick: bool) -> None:
     results = env.work / "narrow-r"
-    _store(results)
+    _store(results, TARGETS)
     r = ["--results", str(results)]
     commands = [["show", "last", *r], ["show", "last", "--all", *r]]
     if not quick:
@@ -63,9 +68,11 @@ def narrow(env: Env, outcome: Outcome, quick: bool) -> None:
         else:
             outcome.note("every name and number whole")
     outcome.cases += 1
-    figures = env.work / "narrow-figures"
+    long_names = env.work / "long-names-r"
+    _store(long_names, LONG)
     done = env.run("report", "last", "--html", str(env.work / "narrow.html"), "--png",
-                   str(figures), *r, timeout=300)
+                   str(env.work / "narrow-figures"), "--results", str(long_names),
+                   timeout=300)
     check_output(outcome, "report --png of long names", done.stderr)
     if "Warning" in done.stderr or done.returncode != 0:
         outcome.fail(f"report --png of long names: exit {done.returncode}: "

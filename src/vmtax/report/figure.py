@@ -8,12 +8,15 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 from dataclasses import dataclass
+from collections import Counter
 from itertools import cycle
 from typing import Any
 
 import matplotlib
 from markupsafe import escape
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.typing import LineStyleType, RcKeyType
 
@@ -29,6 +32,12 @@ RATIO_AXIS_MAX = 2.0
 # A swept parameter gets a log axis when its values span at least this factor.
 LOG_SPAN = 100.0
 MAX_TICKS = 12
+# A target's name in a figure (its ticks and legend) goes on lines of at most LABEL_LINE
+# characters, so four legend columns fit the width; one longer than MAX_LABEL is cut in the
+# middle. A name of a hundred characters on one line pushed the axes out of the figure,
+# which matplotlib then drew without its layout, warning on stderr.
+LABEL_LINE = 24
+MAX_LABEL = 3 * LABEL_LINE
 
 BASELINE_COLOR = "#8a8f98"
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies.
@@ -74,6 +83,33 @@ def target_colors(summary: RunSummary) -> dict[str, str]:
     others = cycle(PALETTE)
     return {t: BASELINE_COLOR if t == summary.baseline else next(others)
             for t in summary.targets}
+
+
+def figure_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Each target's name as figures show it: on lines of at most LABEL_LINE characters
+    (broken at a hyphen where one is), a name longer than MAX_LABEL cut in the middle (its
+    start and end kept; the tables beside a figure give it whole). Two names cut alike are
+    numbered, so no two targets read the same."""
+    half = (MAX_LABEL - 1) // 2
+    cut = {t: label if len(label) <= MAX_LABEL else f"{label[:half]}…{label[-half:]}"
+           for t, label in labels.items()}
+    alike = Counter(cut.values())
+    return {t: "\n".join(textwrap.wrap(f"{label} [{n}]" if alike[label] > 1 else label,
+                                       LABEL_LINE))
+            for n, (t, label) in enumerate(cut.items(), 1)}
+
+
+def titled_with_legend(ax: Axes, title: str, columns: int) -> None:
+    """The axes' title, and above it on the right their legend in up to four columns
+    (columns: how many it would fill in one row); the title is raised by as many lines as
+    the legend may have, a name of several lines (figure_labels) among them."""
+    handles, names = ax.get_legend_handles_labels()
+    ncols = max(1, min(columns, 4))
+    rows = -(-len(names) // ncols)
+    lines = rows * max((name.count("\n") + 1 for name in names), default=0)
+    ax.set_title(title, pad=10 + 12 * lines)
+    ax.legend(handles, names, ncols=ncols, loc="lower right", bbox_to_anchor=(1, 1.0),
+              fontsize=8, handlelength=1.2, borderaxespad=0.2)
 
 
 def slugify(text: str) -> str:

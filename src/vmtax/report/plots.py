@@ -24,8 +24,8 @@ from vmtax.analysis.summary import RunSummary
 from vmtax.analysis.tune import TuneSummary
 # The figure machinery and the builders live in modules of their own; their names used
 # elsewhere stay reachable here.
-from vmtax.report.figure import (BAR_SIZE, DPI, STYLE, SWEEP_SIZE, Chart, inline_svg,
-                                 render, target_colors)
+from vmtax.report.figure import (BAR_SIZE, DPI, STYLE, SWEEP_SIZE, Chart, figure_labels,
+                                 inline_svg, render, target_colors)
 from vmtax.report.study_plots import boot_ecdf, density_ksm, density_memory, tune_forest
 from vmtax.report.summary_plots import declared, distributions, normalized_bars, numeric, sweeps
 
@@ -40,6 +40,7 @@ BUILDERS: list[Builder] = [normalized_bars, distributions, sweeps, declared]
 
 
 def charts(summary: RunSummary, labels: dict[str, str]) -> list[Chart]:
+    labels = figure_labels(labels)
     with matplotlib.rc_context(STYLE):
         made = [chart for build in BUILDERS for chart in build(summary, labels)]
     # slugs name files and HTML ids: two workloads that slugify alike must not collide

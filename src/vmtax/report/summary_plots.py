@@ -16,7 +16,7 @@ from vmtax.core import figures
 from vmtax.core import workload as workloads
 from vmtax.report.figure import (BAR_SIZE, DPI, LINESTYLES, LOG_SPAN, MARKERS, MAX_TICKS,
                                  RATIO_AXIS_MAX, STYLE, SWEEP_SIZE, Chart, finite,
-                                 metric_label, slugify, target_colors)
+                                 metric_label, slugify, target_colors, titled_with_legend)
 
 # -- normalized bars ---------------------------------------------------------------------------
 
@@ -108,9 +108,7 @@ def _bar_figure(title: str, rows: list[Row], targets: list[str], baseline: str,
                   rotation=25 if tilt else 0, ha="right" if tilt else "center",
                   rotation_mode="anchor")
     ax.set_ylabel(f"ratio to {labels.get(baseline, baseline)}  (higher = better)")
-    ax.set_title(title, pad=22)
-    ax.legend(ncols=min(len(targets), 4), loc="lower right", bbox_to_anchor=(1, 1.0),
-              fontsize=8, handlelength=1.2, borderaxespad=0.2)
+    titled_with_legend(ax, title, len(targets))
     return fig
 
 
@@ -163,9 +161,11 @@ def _strip_figure(title: str, rows: list[Row], targets: list[str], baseline: str
                    if c.summary is not None and c.summary.median > 0]
         if medians and max(medians) / min(medians) >= LOG_SPAN:
             ax.set_yscale("log")
-        ax.set_xticks(range(len(targets)), [labels.get(t, t) for t in targets],
-                      rotation=20 if len(targets) > 3 else 0, ha="right" if len(targets) > 3
-                      else "center", rotation_mode="anchor")
+        names = [labels.get(t, t) for t in targets]
+        # tilted when side by side they would run into each other
+        tilt = len(targets) > 3 or sum(map(len, names)) > 12 * len(targets)
+        ax.set_xticks(range(len(targets)), names, rotation=20 if tilt else 0,
+                      ha="right" if tilt else "center", rotation_mode="anchor")
         ax.set_xlim(-0.6, len(targets) - 0.4)
         ax.set_ylabel(metric_label(row) + ("  ↑" if row.higher_is_better else "  ↓"))
     fig.suptitle(title, x=0.01, ha="left", fontsize=STYLE["axes.titlesize"],
@@ -473,7 +473,5 @@ def _bars_figure(title: str, figure: figures.Bars, rows: list[Row], targets: lis
     if medians and max(medians) / min(medians) >= LOG_SPAN:
         ax.set_yscale("log")    # serving's transcode: a few requests/s beside thousands
     ax.set_ylabel(_axis_label(rows[0]))
-    ax.set_title(title, pad=22)
-    ax.legend(ncols=min(len(targets), 4), loc="lower right", bbox_to_anchor=(1, 1.0),
-              fontsize=8, handlelength=1.2, borderaxespad=0.2)
+    titled_with_legend(ax, title, len(targets))
     return fig
