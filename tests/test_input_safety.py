@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import time
+import warnings
 
 import pytest
 from click.testing import CliRunner
@@ -109,6 +110,22 @@ def test_stored_names_reach_the_terminal_escaped(tmp_path, command):
     assert done.exit_code == 0, done.output
     assert "\x1b" not in done.output and "\x07" not in done.output
     assert "\\x1b]0;pwned\\x07" in done.output.replace("\n", "")
+
+
+def test_stored_names_reach_the_html_escaped(tmp_path):
+    """Issue 45.17: an ESC and a BEL of a stored name reached the HTML report raw (100 of
+    them in a run of three such names); a page gets their escapes, as the terminal does."""
+    from vmtax.core.text import page_text
+    hostile_run(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # matplotlib's for a glyph an ESC lacks
+        done = CliRunner().invoke(cli, ["report", "last", "--html", str(tmp_path / "r.html"),
+                                        "--results", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    page = (tmp_path / "r.html").read_text()
+    assert "\x1b" not in page and "\x07" not in page
+    assert "vm\\x1b]0;pwned\\x07" in page
+    assert page_text("<p>\ta\x1b\x9b\n</p>\r\n") == "<p>\ta\\x1b\\x9b\n</p>\r\n"
 
 
 def test_the_progress_line_shows_names_escaped():

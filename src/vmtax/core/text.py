@@ -12,6 +12,7 @@ file only (a FIFO would block, /dev/zero never end) and at most a size cap.
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 
 from rich.markup import escape
@@ -33,6 +34,18 @@ def printable(text: str, newlines: bool = False) -> str:
         return text
     return "".join(c if c.isprintable() or (newlines and c == "\n")
                    else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+# C0 and C1 controls and DEL but the tab, newline and carriage return an HTML page's own
+# markup may hold.
+_PAGE_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def page_text(page: str) -> str:
+    """An HTML page whose text came from outside (stored names, errors, symbols), each
+    control character in it written as its Python escape ("\\x1b"), as `printable`
+    does: a page (or a terminal it is cat to) gets no raw ESC or BEL."""
+    return _PAGE_CONTROLS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), page)
 
 
 def markup(text: str) -> str:

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.typing import LineStyleType, RcKeyType
 
 from vmtax.analysis.summary import Row, RunSummary
+from vmtax.core.text import printable
 
 # Figure sizes in inches at DPI: PNGs are exactly size × DPI pixels (no tight bbox).
 DPI = 150
@@ -88,11 +89,13 @@ def target_colors(summary: RunSummary) -> dict[str, str]:
 def figure_labels(labels: dict[str, str]) -> dict[str, str]:
     """Each target's name as figures show it: on lines of at most LABEL_LINE characters
     (broken at a hyphen where one is), a name longer than MAX_LABEL cut in the middle (its
-    start and end kept; the tables beside a figure give it whole). Two names cut alike are
+    start and end kept; the tables beside a figure give it whole), a control character
+    as its escape. Two names cut alike are
     numbered, so no two targets read the same."""
     half = (MAX_LABEL - 1) // 2
+    shown = {t: printable(label) for t, label in labels.items()}   # no glyph for an ESC
     cut = {t: label if len(label) <= MAX_LABEL else f"{label[:half]}…{label[-half:]}"
-           for t, label in labels.items()}
+           for t, label in shown.items()}
     alike = Counter(cut.values())
     return {t: "\n".join(textwrap.wrap(f"{label} [{n}]" if alike[label] > 1 else label,
                                        LABEL_LINE))

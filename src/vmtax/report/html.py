@@ -4,8 +4,8 @@ table of every metric, fingerprints and failures of one or more stored runs.
 Everything shown comes from one analysis of each run (`analysis.model.analyse`), like the
 terminal table and `vmtax show --json`, so the three always agree, and two runs' comparison
 from one `analysis.model.compare`: this module only renders them, it computes nothing of
-analysis's again. The page has no scripts and loads
-nothing: it opens offline and can be mailed as one file.
+analysis's again. The page loads nothing: it opens offline and can be mailed as one file.
+It holds no script but a profiled run's flame graphs' own (their search, in their SVG).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from vmtax.analysis.composite import Standing
 from vmtax.analysis.model import RunComparison, RunModel
 from vmtax.analysis.profile import CellProfile
 from vmtax.analysis.summary import Cell, Row, RunSummary
+from vmtax.core.text import page_text
 from vmtax.report import flamegraph, parts, plots
 from vmtax.report.export import flatten
 from vmtax.results.store import Run
@@ -198,10 +199,10 @@ def render_html(reports: list[RunReport], comparison: RunComparison | None = Non
     per host)."""
     svgs = {(i, c.slug): plots.inline_svg(c, prefix=f"r{i}-{c.slug}-")
             for i, r in enumerate(reports) for c in r.charts}
-    return _ENV.get_template("report.html.j2").render(
+    return page_text(_ENV.get_template("report.html.j2").render(
         reports=reports, svgs=svgs, comparison=comparison, spread=spread,
         flames={i: flamegraph.graphs(r.profiles, r.summary.baseline, r.labels)
                 for i, r in enumerate(reports)},
         version=__version__,
         generated=when(time.time()),
-        noisy_cv=analysis.NOISY_CV)
+        noisy_cv=analysis.NOISY_CV))

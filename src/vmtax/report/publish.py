@@ -19,6 +19,7 @@ from typing import Any, Callable
 from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, SeriesLevels, Trend
 from vmtax.analysis.model import RunModel
 from vmtax.core import hints
+from vmtax.core.text import page_text
 from vmtax.report import html as htmlreport
 from vmtax.report import trend_html
 from vmtax.report.parts import change_interval, fmt, runs_text, series_status
@@ -32,9 +33,9 @@ _STYLE = ("body { font: 14px system-ui, sans-serif; margin: 1.5em; } .worse { co
 
 
 def _page(title: str, body: str) -> str:
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
-            f"{body}\n</body></html>\n")
+    return page_text(f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                     f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+                     f"<body>\n{body}\n</body></html>\n")
 
 
 def _link(href: str, text: str) -> str:
