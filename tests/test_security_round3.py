@@ -312,3 +312,30 @@ def test_what_cleanup_recovered_reaches_the_terminal_escaped(monkeypatch):
     done = CliRunner().invoke(cli, ["cleanup"])
     assert done.exit_code == 0 and "\x1b" not in done.output and "\x07" not in done.output
     assert "removed [b]evil\\x1b]0:PW\\x07" in done.output
+
+
+@pytest.mark.parametrize("first, second, message", [
+    ("vm", "\uff56\uff4d", 'expected target names that differ in Unicode\'s compatibility form '
+     '(NFKC), as they look, got "\\uff56\\uff4d", the same name as "vm"'),
+    ("native", "native ", 'expected a target name without spaces at its ends, got "native "'),
+])
+def test_look_alike_target_names_are_refused_in_a_plan(first, second, message):
+    """Issue 45.17: a full-width "ｖｍ" beside "vm", and "native " beside "native", passed
+    as distinct targets: two columns that read the same."""
+    text = (f'[targets."{first}"]\nkind = "native"\n[targets."{second}"]\n'
+            'kind = "native"\n[[workloads]]\nname = "cpu"\n')
+    with pytest.raises(planfile.PlanError) as caught:
+        planfile.loads(text, "p.toml")
+    assert str(caught.value).endswith(message), str(caught.value)
+
+
+@pytest.mark.parametrize("labels, message", [
+    (["vm", "\uff56\uff4d"], r"'vm' and '\\uff56\\uff4d' are one name in Unicode's "
+                             r"compatibility form \(NFKC\), as they look"),
+    (["a ", "b"], r"--qemu label: 'a ' has a space at an end"),
+])
+def test_look_alike_labels_are_refused_on_the_command_line(labels, message):
+    from vmtax.studies import plan
+
+    with pytest.raises(VmtaxError, match=message):
+        plan.from_names(["vm"], ["cpu"], {"qemu": [f"{label}=/bin/true" for label in labels]})

@@ -2,7 +2,8 @@
 
 Control characters are refused where names come in (targets, runs, labels: `check_printable`),
 and names are taken in Unicode's composed form (`composed`: NFC), so "café" typed with a
-combining accent is one name, never a second column that looks the same (`unique_names`);
+combining accent is one name, never a second column that looks the same (`unique_names`,
+which refuses names alike as they look, NFKC, and spaces at an end too);
 names stored before that, or read from elsewhere, are shown escaped (`printable`), so an
 ESC or OSC sequence in a name cannot retitle the terminal, hide text or move the cursor.
 A file a user gives (a plan, a report to import) is read by `read_user_file`: a regular
@@ -69,17 +70,36 @@ def composed(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
+def looks(text: str) -> str:
+    """text as it looks: in Unicode's compatibility form NFKC, so a full-width "ｖｍ" or a
+    ligature "ﬁ" is "vm", "fi"; two names that look alike so are refused, though each is
+    kept as written (composed)."""
+    return unicodedata.normalize("NFKC", text)
+
+
+def _name_problem(name: str, seen: dict[str, str]) -> str | None:
+    """Why name cannot be a name beside those seen (how each looks -> as it was written;
+    name is added when it can): spaces at an end, or one that looks as another."""
+    if name != name.strip():
+        return f"'{_code_points(name)}' has a space at an end; expected a name without"
+    other = seen.setdefault(looks(name), name)
+    if other == name:
+        return None
+    form = ("composed form (NFC)" if composed(other) == composed(name)
+            else "compatibility form (NFKC), as they look")
+    return (f"'{_code_points(other)}' and '{_code_points(name)}' are one name in Unicode's "
+            f"{form}; expected names that differ")
+
+
 def unique_names(names: list[str], what: str) -> list[str]:
     """names as vmtax keeps them: printable (else a VmtaxError naming what, as
-    `check_printable`) and composed; a VmtaxError names the first two that are one name
-    once composed, though written differently."""
-    written: dict[str, str] = {}
+    `check_printable`) and composed; a VmtaxError names the first that has spaces at an
+    end, or two that are one name as they look, though written differently."""
+    seen: dict[str, str] = {}
     for name in names:
-        kept = composed(check_printable(name, what))
-        if written.setdefault(kept, name) != name:
-            raise VmtaxError(f"{what}: '{_code_points(written[kept])}' and "
-                             f"'{_code_points(name)}' are one name in Unicode's composed form "
-                             "(NFC); expected names that differ")
+        problem = _name_problem(check_printable(name, what), seen)
+        if problem:
+            raise VmtaxError(f"{what}: {problem}")
     return [composed(name) for name in names]
 
 

@@ -76,7 +76,7 @@ from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.option_types import NonEmpty, Seconds
-from vmtax.core.text import composed
+from vmtax.core.text import composed, looks
 from vmtax.studies.plan import DEFAULT_RUNS, DEFAULT_TIME, Plan, TargetSpec, WorkloadSpec
 from vmtax.studies.plan_bounds import (
     Configurations,
@@ -262,16 +262,22 @@ class _Reader(Checker):
         if self.table(("targets",), tables, "[targets.NAME] tables") is None:
             return []
         specs: list[TargetSpec] = []
-        written: dict[str, str] = {}   # a name composed (NFC) -> as the plan wrote it
+        written: dict[str, str] = {}   # a name as it looks (NFKC) -> as the plan wrote it
         for raw, table in tables.items():
             path: KeyPath = ("targets", raw)
             if not raw.isprintable():
                 self.bad(path, "a target name without control characters", show(raw))
                 continue
+            if raw != raw.strip():
+                self.bad(path, "a target name without spaces at its ends", show(raw))
+                continue
             name = composed(raw)
-            if written.setdefault(name, raw) != raw:
-                self.bad(path, "target names that differ in Unicode's composed form (NFC)",
-                         f"{show(raw)}, the same name as {show(written[name])}")
+            other = written.setdefault(looks(raw), raw)
+            if other != raw:
+                form = ("composed form (NFC)" if composed(other) == name
+                        else "compatibility form (NFKC), as they look")
+                self.bad(path, f"target names that differ in Unicode's {form}",
+                         f"{show(raw)}, the same name as {show(other)}")
                 continue
             if self.table(path, table, "a table of target options") is None:
                 continue
