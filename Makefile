@@ -1,8 +1,11 @@
 # The two commands of the README: `make run` and `make test`.
 VENV := .venv
 VMTAX := $(VENV)/bin/vmtax
+# Release sources of the microVM targets' VMMs (Firecracker, Cloud Hypervisor), where this
+# machine keeps them; `make builds` builds those found there, once.
+VENDOR ?= ../shared/vendor
 
-.PHONY: deps venv run test builds test-unit lint bench bench-stats torture torture-density clean
+.PHONY: deps venv run test builds test-unit lint bench bench-stats torture torture-density lab-census clean
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -27,6 +30,8 @@ builds: deps
 	$(VENV)/bin/python -m vmtax.helpers.kernel_tree
 	$(VENV)/bin/python -m vmtax.helpers.serving_tools
 	$(VENV)/bin/python scripts/benchstat.py > /dev/null
+	$(VENV)/bin/python -m vmtax.helpers.vsock_relay
+	$(VENV)/bin/python -m vmtax.helpers.vmm_build $(wildcard $(VENDOR)/firecracker-*.tar.gz $(VENDOR)/cloud-hypervisor-*.tar.gz)
 
 # Live tests are reported as skipped, with the reason (tests/conftest.py).
 test-unit: venv
@@ -52,6 +57,11 @@ torture: deps
 # tens of minutes, so in neither `make test` nor `make torture`).
 torture-density: deps
 	$(VENV)/bin/python scripts/torture_density.py --instances 200
+
+# The lab's nested faults counted per configuration, 20 labs each (issue #49; docs/lab.md
+# has the table): hours, so in neither `make test` nor `make bench`. CONFIGS=a,b picks.
+lab-census: deps
+	$(VENV)/bin/python scripts/lab_census.py $(if $(CONFIGS),--configs $(CONFIGS))
 
 clean:
 	rm -rf $(VENV) results test-artifacts

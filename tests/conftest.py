@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# The lab the live tests of the nested KVM share, booted once whoever asks first.
+pytest_plugins = ["lab_session"]
+
 ROOT = Path(__file__).resolve().parent.parent
 VMTAX = [sys.executable, "-m", "vmtax"]
 UNIT_ONLY_REASON = ("make test-unit runs unit tests only: live tests need root and the host's "
@@ -53,6 +56,15 @@ def warnings_reporter():
         def warn(self, text):
             self.lines.append(text)
     return Warnings()
+
+
+@pytest.fixture
+def vmms_built(monkeypatch):
+    """As if `make builds` had built the microVM targets' VMMs (a unit test of a plan that
+    names them checks the plan, not the cache)."""
+    from vmtax.helpers import vmm_build
+
+    monkeypatch.setattr(vmm_build, "cached", lambda build: Path(f"/opt/built/{build.name}"))
 
 
 @pytest.fixture(autouse=True)

@@ -39,6 +39,9 @@ def test_cold_starts_of_containers_and_guests(tmp_path):
     guest = result["targets"]["vm:tcg"]["guest ready"]
     assert guest["n"] == 2 and 0 < guest["max"] <= result["targets"]["vm:tcg"]["ready"]["max"]
     assert "guest ready" not in result["targets"]["container:runc"]
+    # The VMM's own part of ready: before the guest's clock started.
+    vmm = result["targets"]["vm:tcg"]["vmm before the guest"]
+    assert vmm["n"] == 2 and 0 < vmm["p50"] < result["targets"]["vm:tcg"]["ready"]["p50"]
     for pid in os.listdir("/proc"):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

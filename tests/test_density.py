@@ -374,7 +374,7 @@ def test_a_plan_of_workloads_holds_its_density_study(tmp_path):
         cli_density.load_plan(write(tmp_path, '[targets.native]\n[[workloads]]\nname = "cpu"\n'))
 
 
-def test_the_microvm_study_loads_for_each_of_its_commands():
+def test_the_microvm_study_loads_for_each_of_its_commands(vmms_built):
     from vmtax.cli import boot
     values, specs = cli_density.load_plan("plans/microvms.toml")
     assert set(specs) == {"runc", "lxd", "qemu-microvm", "firecracker", "cloud-hypervisor"}

@@ -151,10 +151,15 @@ def test_without_a_terminal_every_configuration_of_a_sweep_reports(capsys):
                 reporter.step(f"{target} · {label} · run 1")
                 reporter.advance()
     lines = capsys.readouterr().err.splitlines()
+    # A line as each cell starts too (found in the lab: a piped run printed a few cells in
+    # minutes, and never which one was running).
     assert [line.split(" done")[0] for line in lines] == [
-        "[1/6] native · memory threads=1", "[2/6] vm · memory threads=1",
-        "[3/6] native · memory threads=2", "[4/6] vm · memory threads=2",
-        "[5/6] native · memory threads=4", "[6/6] vm · memory threads=4"]
+        "[0/6] native · memory threads=1 starts", "[1/6] native · memory threads=1",
+        "[1/6] vm · memory threads=1 starts", "[2/6] vm · memory threads=1",
+        "[2/6] native · memory threads=2 starts", "[3/6] native · memory threads=2",
+        "[3/6] vm · memory threads=2 starts", "[4/6] vm · memory threads=2",
+        "[4/6] native · memory threads=4 starts", "[5/6] native · memory threads=4",
+        "[5/6] vm · memory threads=4 starts", "[6/6] vm · memory threads=4"]
 
 
 def test_a_resumed_cell_that_had_some_repetitions_reports_when_it_finishes(capsys):
@@ -171,7 +176,7 @@ def test_a_resumed_cell_that_had_some_repetitions_reports_when_it_finishes(capsy
                 reporter.step(f"{target} · cpu · {STORED_BEFORE if i < stored else 'run 3'}")
                 reporter.advance()
     assert [line.split(" done")[0] for line in capsys.readouterr().err.splitlines()] == [
-        "[6/6] vm · cpu"]
+        "[5/6] vm · cpu starts", "[6/6] vm · cpu"]
 
 
 @pytest.mark.live

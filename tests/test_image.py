@@ -1,6 +1,7 @@
 """Guest image builder: cpio writer, kernel extraction, module selection, caching."""
 
 import gzip
+import hashlib
 import io
 import json
 import lzma
@@ -150,7 +151,8 @@ def test_a_kernel_vmtax_built_given_by_its_path_is_the_one_it_built(tmp_path):
     built.mkdir(parents=True)
     (built / "vmlinux").write_bytes(ELF)
     (built / "meta.json").write_text(json.dumps({
-        "path": "vmlinux", "version": "6.1.192", "sha256": "ab", "modules": {}, "hz": 1000,
+        "path": "vmlinux", "version": "6.1.192", "sha256": hashlib.sha256(ELF).hexdigest(),
+        "modules": {}, "hz": 1000,
         "params": ["lapic_timer_period"]}))
     kernel = user_kernel(built / "vmlinux", tmp_path / "cache")
     # Its HZ and boot parameters, as by name (a copy elsewhere is only a user's kernel).
@@ -184,7 +186,10 @@ def test_select_modules_phases(monkeypatch, tmp_path):
             "crc32c_generic": ["crc32c_generic"], "ext4": ["crc32c_generic", "jbd2", "ext4"],
             "virtio_net": ["virtio_ring", "virtio", "failover", "net_failover", "virtio_net"],
             "virtio_scsi": ["virtio_ring", "virtio", "scsi_mod", "virtio_scsi"],
-            "sd_mod": ["scsi_mod", "sd_mod"], "nvme": ["nvme_core", "nvme"]}
+            "sd_mod": ["scsi_mod", "sd_mod"], "nvme": ["nvme_core", "nvme"],
+            "vmw_vsock_virtio_transport": ["virtio_ring", "virtio", "vsock",
+                                           "vmw_vsock_virtio_transport_common",
+                                           "vmw_vsock_virtio_transport"]}
     for mods in deps.values():
         for m in mods:
             (root / f"{m}.ko").parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +203,10 @@ def test_select_modules_phases(monkeypatch, tmp_path):
         "disk": ["virtio_blk.ko", "crc32c_generic.ko", "jbd2.ko", "ext4.ko"],
         "net": ["failover.ko", "net_failover.ko", "virtio_net.ko"],
         "scsi": ["scsi_mod.ko", "virtio_scsi.ko", "sd_mod.ko"],
-        "nvme": ["nvme_core.ko", "nvme.ko"]}
+        "nvme": ["nvme_core.ko", "nvme.ko"],
+        # The agent's channel under Firecracker and Cloud Hypervisor, after boot's phase.
+        "vsock": ["vsock.ko", "vmw_vsock_virtio_transport_common.ko",
+                  "vmw_vsock_virtio_transport.ko"]}
     assert (tmp_path / "out/ext4.ko").read_text() == "ext4"
 
 

@@ -94,8 +94,8 @@ def test_csv_cells_a_spreadsheet_would_run_get_a_quote_and_numbers_stay(tmp_path
     assert {r["target"] for r in rows} >= {"'" + FORMULA}
     assert {r["param.p"] for r in rows} == {"'@SUM(1)"}
     assert [r["value"] for r in rows[:3]] == ["-1.5", "-0.5", "0.5"]
-    assert export._csv_value("-2+3") == "'-2+3" and export._csv_value("\t=1") == "'\\t=1"
-    assert export._csv_value("-1.5") == "-1.5" and export._csv_value(-1.5) == -1.5
+    assert export.csv_cell("-2+3") == "'-2+3" and export.csv_cell("\t=1") == "'\\t=1"
+    assert export.csv_cell("-1.5") == "-1.5" and export.csv_cell(-1.5) == -1.5
     # JSON is data, not a spreadsheet: names stay as they are.
     assert FORMULA in {r["target"] for r in json.loads(export.to_json(run))}
 

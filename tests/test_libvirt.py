@@ -91,6 +91,7 @@ def test_a_named_cpu_model_and_a_1g_page(tmp_path):
 class FakeImage:
     """The guest image's files, without building one."""
     kernel_arg = None
+    programs: dict = {}   # vmtax's own programs in it: none beyond the agent's scripts
 
     def __init__(self, tmp_path: Path):
         self.dir = tmp_path

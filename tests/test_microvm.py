@@ -134,9 +134,11 @@ def test_cloud_hypervisor_huge_pages_of_either_size(ctx, tmp_path):
      'memory: expected at least 64M for kernel = "minimal"'),
     ("firecracker", {"io_engine": "io_uring"}, 'io_engine: expected one of "Sync", "Async"'),
 ])
-def test_options_the_vmm_would_refuse_are_refused_first(ctx, kind, options, message):
+def test_options_the_vmm_would_refuse_are_refused_first(ctx, tmp_path, kind, options,
+                                                       message):
+    vmm = fake_vmm(tmp_path, "exit 0")
     with pytest.raises(VmtaxError) as err:
-        targets.create(kind, kind, {"kernel": "debian", **options}, ctx)
+        targets.create(kind, kind, {"kernel": "debian", "vmm": vmm, **options}, ctx)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -182,8 +184,8 @@ def test_the_binary_is_the_users_then_a_build_then_a_way_to_get_one(tmp_path, mo
     monkeypatch.setattr(vmm_build, "cached", lambda build: None)
     with pytest.raises(VmtaxError) as err:
         Fc.find_vmm("firecracker", None)
-    assert str(err.value).startswith("firecracker: no Firecracker binary: firecracker is not "
-                                     "on PATH and vmtax has built none; give vmm = PATH")
+    assert str(err.value).startswith("firecracker: expected a Firecracker binary: firecracker "
+                                     "is not on PATH and vmtax has built none; give vmm = PATH")
     assert "source = firecracker-VERSION.tar.gz" in str(err.value)
 
 
@@ -223,3 +225,18 @@ def test_firecracker_tree_disks_are_found_by_the_id_firecracker_gives(ctx, tmp_p
     st = image.stat()
     t = make("firecracker", ctx, tmp_path)
     assert t.tree_serial(0, image) == f"{st.st_dev}{st.st_rdev}{st.st_ino}"[:20]
+
+
+def test_a_vmm_that_is_nowhere_is_refused_at_plan_time(ctx, tmp_path, monkeypatch):
+    """Neither on PATH, nor given as source, nor built before: the plan says how to get
+    one, at the line of the target, before anything runs."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(vmm_build, "cached", lambda build: None)
+    with pytest.raises(VmtaxError) as err:
+        targets.create("firecracker", "firecracker", {"kernel": "minimal", "memory": "256M"},
+                       ctx)
+    assert str(err.value).startswith("firecracker: vmm: expected a Firecracker binary: "
+                                     "firecracker is not on PATH and vmtax has built none")
+    with pytest.raises(VmtaxError, match="vmm: expected a program"):
+        targets.create("cloud-hypervisor", "cloud-hypervisor",
+                       {"vmm": "/no/cloud-hypervisor", "memory": "256M"}, ctx)

@@ -1,6 +1,7 @@
 """The minimal guest kernel's configuration and cache key (the build and a boot of it:
 tests/test_minimal_kernel_live.py)."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def test_a_built_kernel_is_taken_from_the_cache(tmp_path, monkeypatch):
     dest.mkdir(parents=True)
     (dest / "vmlinux").write_bytes(b"\x7fELF")
     (dest / "meta.json").write_text(json.dumps({"path": "vmlinux", "version": "6.1.0",
-                                                "sha256": "ab", "modules": {}, "hz": 1000,
+                                                "sha256": hashlib.sha256(b"\x7fELF").hexdigest(),
+                                                "modules": {}, "hz": 1000,
                                                 "params": ["lapic_timer_period"]}))
 
     def no_build(*args, **kwargs):

@@ -2,6 +2,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import shutil
 import textwrap
 
@@ -15,7 +16,7 @@ from vmtax.core.errors import VmtaxError
 from vmtax.core.runtime import runtimes
 from vmtax.core import workload as workloads
 from vmtax.host import hugepages
-from vmtax.studies import estimate, plan, planfile
+from vmtax.studies import estimate, plan, plan_bounds, planfile
 from vmtax.studies.plan import TargetSpec, WorkloadSpec
 from vmtax.studies.planfile import PlanError
 from vmtax.studies.toml_lines import Locator
@@ -57,7 +58,7 @@ def host_has_huge_pages(monkeypatch):
 
 
 @pytest.mark.parametrize("path", PLANS, ids=[p.name for p in PLANS])
-def test_every_shipped_plan_loads(path, host_has_huge_pages):
+def test_every_shipped_plan_loads(path, host_has_huge_pages, vmms_built):
     if path.name == "pinning.toml" and 1 not in CPUS:
         pytest.skip("pins a vCPU to host CPU 1")
     if path.name == "density.toml":   # read by `vmtax density`, not `vmtax run`
@@ -859,3 +860,55 @@ def test_a_tuning_plan_given_to_run_says_which_command_reads_it(tmp_path):
     with pytest.raises(PlanError, match=r't\.toml:4: top level: .*got "tune" \(a \[tune\] '
                                         r'table is read by `vmtax tune PLAN`\)'):
         planfile.load(path)
+
+
+# -- a plan's size, counted before it is expanded (issue 45.7) -----------------------------
+
+def _one_gib_of_memory():
+    # Expanding 10^10 points took 3.9 GB before the MemoryError: here it fails in seconds.
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_a_sweep_too_large_to_run_is_refused_in_one_line_before_it_is_expanded(tmp_path):
+    numbers = "[" + ", ".join(str(i) for i in range(1, 101)) + "]"
+    names = "[" + ", ".join(f'"{i}"' for i in range(1, 101)) + "]"
+    path = tmp_path / "big.toml"
+    path.write_text('[targets.vm]\nkind = "vm"\nboot_timeout = ' + numbers + "\ntb_size = "
+                    + numbers + "\ncpu = " + names + "\nicount = " + names + "\nkernel_args = "
+                    + names + '\n[[workloads]]\nname = "cpu"\n')
+    result = vmtax("plan", str(path), timeout=120, preexec_fn=_one_gib_of_memory)
+    assert (result.returncode, result.stderr) == (2, (
+        f"vmtax: error: {path}:1: targets.vm: expected a plan of at most 10000 cells (target "
+        "× workload configurations), got 10000000000 target configurations (100 × 100 × 100 "
+        "× 100 × 100)\n"))
+
+
+@pytest.fixture
+def ten_cells(monkeypatch):
+    monkeypatch.setattr(plan_bounds, "MAX_CELLS", 10)
+
+
+def test_a_plans_cells_are_counted_over_its_tables(ten_cells):
+    expected = "expected a plan of at most 10 cells (target × workload configurations), got"
+    workload = '[[workloads]]\nname = "cpu"\n'
+    assert problems('[targets.a]\nkind = "vm"\ncpu = ["a", "b", "c"]\n'
+                    'icount = ["1", "2", "3", "4"]\n' + workload) == [
+        f"x.toml:1: targets.a: {expected} 12 target configurations (3 × 4)"]
+    assert problems('[targets.a]\nkind = "vm"\ncpu = ["a", "b", "c"]\n'
+                    '[targets.b]\nkind = "vm"\nicount = ["1", "2", "3"]\n'
+                    '[targets.c]\nkind = "vm"\nzip = { cpu = ["a", "b", "c", "d", "e"], '
+                    'icount = ["1", "2", "3", "4", "5"] }\n' + workload) == [
+        f"x.toml:7: targets.c: {expected} 11 target configurations (5 in this table)"]
+    assert problems("[targets.native]\n[targets.vm]\n" + workload
+                    + "params = { threads = [1, 2, 3] }\n" + workload
+                    + "params = { threads = [1, 2], events = [1, 2] }\n") == [
+        f"x.toml:6: workloads[1]: {expected} 2 target × 7 workload configurations = 14 cells "
+        "(4 = 2 × 2 in this table)"]
+    at_the_cap = load("[targets.native]\n[targets.vm]\n" + workload
+                      + "params = { threads = [1, 2, 3, 4, 5] }\n")
+    assert (len(at_the_cap.targets), len(at_the_cap.workloads)) == (2, 5)
+
+
+def test_the_cap_on_a_plans_cells_is_the_documented_one():
+    assert plan_bounds.MAX_CELLS == 10_000
+    assert "at most 10,000 cells" in (ROOT / "README.md").read_text()

@@ -211,6 +211,16 @@ FORMS: dict[str, Form] = {
         skip="boots a lab; tests/test_lab_live.py records exits in one"),
     "vmtax lab boot --target vm:kvm --count 3 --kernel minimal": Form(
         skip="boots a lab; tests/test_lab.py checks lab arguments on the host"),
+    "vmtax lab --results R run --targets native,vm:kvm,firecracker,cloud-hypervisor "
+    "--workloads cpu,memory,fileio,iperf3 --runs 2 --time 2": Form(
+        skip="boots a lab; tests/test_microvm_live.py runs both VMMs beside QEMU in one"),
+    "vmtax lab --results R boot --target firecracker,cloud-hypervisor --count 5": Form(
+        skip="boots a lab; tests/test_microvm_live.py cold-boots both in one"),
+    "vmtax lab --results R density --targets firecracker --max 10": Form(
+        skip="boots a lab; tests/test_microvm_live.py fills one with both"),
+    "vmtax lab --results R --session plans/microvms.session": Form(
+        skip="boots a lab for minutes; tests/test_density.py loads the plan for each "
+             "command, tests/test_planfile.py checks it as run reads it"),
     "vmtax fleet start --port 6379": Form(
         skip="starts a Ray head that stays up until Ctrl-C; tests/test_fleet_live.py starts "
              "a real fleet"),

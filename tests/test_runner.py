@@ -15,7 +15,8 @@ from vmtax.core.workload import Workload
 from vmtax.host import proc
 from vmtax.results.store import Store
 from vmtax.studies import plan as plan_mod
-from vmtax.studies.runner import Runner, rep_key, schedule
+from vmtax.studies.repetitions import rep_key
+from vmtax.studies.runner import Runner, schedule
 
 
 class EchoOptions(plugin.Options):

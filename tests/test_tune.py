@@ -352,7 +352,7 @@ def test_bad_knobs_refused_one_line_each():
                                                     "pin=0,4096"], "30m")
     lines = str(err.value).splitlines()
     assert len(lines) == 3
-    assert lines[0].startswith("--knobs: expected a knob of vm (machine, ")
+    assert lines[0].startswith("--knobs: expected a knob of vm (vcpus, ")
     assert lines[0].endswith('got "bogus"')
     assert lines[1] == '--knobs: vcpus: expected a whole number from 1 to 1000000000, got "x"'
     assert lines[2].startswith("--knobs: pin: expected distinct host CPUs")

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -317,7 +318,9 @@ def test_without_a_terminal_one_line_per_finished_cell(capsys):
             reporter.step(f"{target} · cpu · run 1")
             reporter.advance()
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" done")[0] for line in lines] == ["[3/4] vm · cpu", "[4/4] native · cpu"]
+    assert [line.split(" done")[0] for line in lines] == [
+        "[0/4] native · cpu starts", "[1/4] vm · cpu starts", "[3/4] vm · cpu",
+        "[4/4] native · cpu"]
     assert lines[-1].endswith("~0 s left")
 
 
@@ -519,3 +522,16 @@ def test_a_long_step_shows_its_own_time(monkeypatch):
     assert column.render(task).plain == "(34 s)"
     reporter.step("vm · fileio · run 1")
     assert column.render(task).plain == ""
+
+
+def test_without_a_terminal_a_slow_step_is_said_once(capsys, monkeypatch):
+    """Found in the lab: a piped run said nothing for minutes while its guests booted; a
+    step that ends quickly (a target refused at once) says nothing, so an error stays one
+    line."""
+    monkeypatch.setattr(progress, "SLOW_STEP", 0.3)
+    with progress.ProgressReporter(estimate=10.0, per_cell=1) as reporter:
+        reporter.start(1)
+        reporter.step("preparing native")
+        reporter.step("preparing vm:kvm")
+        time.sleep(0.8)
+    assert capsys.readouterr().err.splitlines() == ["preparing vm:kvm: 0.3 s so far"]

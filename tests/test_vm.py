@@ -726,3 +726,33 @@ def test_a_watchdog_slower_to_start_than_its_job_never_kills_a_later_job(agent):
     assert fast.exit_code == 0
     later = agent(Job(["sleep", "3"], timeout=10))
     assert (later.exit_code, later.timed_out) == (0, False)
+
+
+def test_the_agent_speaks_on_the_descriptor_its_vsock_client_leaves_it(tmp_path):
+    """Under Firecracker and Cloud Hypervisor the guest's vsock client connects, puts the
+    connection on fd 3 and executes the agent with "fd:3" (guest/init): the agent then
+    speaks there as on a virtio-serial port. A socketpair stands in for the vsock."""
+    busybox = shutil.which("busybox") or pytest.skip("busybox is not installed")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for applet in APPLETS:
+        (bindir / applet).symlink_to(busybox)
+    script = tmp_path / "agent"
+    script.write_bytes(guest_file("agent"))
+    host, guest = socket.socketpair()
+    proc = subprocess.Popen(
+        [busybox, "sh", str(script), "fd:3"], start_new_session=True, pass_fds=(3,),
+        preexec_fn=lambda: os.dup2(guest.fileno(), 3),
+        env={"PATH": str(bindir), "HOME": str(tmp_path), "VMTAX_AGENT_TMP": str(tmp_path)},
+        stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    guest.close()
+    try:
+        channel = Channel(host)
+        assert channel.readline(time.monotonic() + 10).startswith(b"READY")
+        channel.send(encode_job(1, Job(["echo", "over vsock"], timeout=10)))
+        result = read_result(channel, 1, time.monotonic() + 20)
+        assert (result.exit_code, result.stdout) == (0, b"over vsock\n")
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        host.close()

@@ -40,6 +40,7 @@ CASES = [
     Case(("compare", "last:native", "last:other", "--junit", "{out}v.xml", "--results",
           "{up}r"), (("compare", "--junit"),), ("out",)),
     Case(("composite", "last", "--results", "{up}r"), (("composite", "--results"),)),
+    Case(("cleanup", "--results", "{up}r"), (("cleanup", "--results"),)),
     Case(("plan", "{up}p.toml"), (("plan", "plan_file"),)),
     Case(("tune", "{up}t.toml", "--dry-run"), (("tune", "plan_file"),)),
     Case(("tune", "--targets", "vm", "--workloads", "cpu", "--dry-run", "--results", "{up}r"),
@@ -47,6 +48,7 @@ CASES = [
     Case(("density", "{up}bad-density.toml"), (("density", "args"),)),
     Case(("density", "show", "last", "--results", "{up}r"), (("density", "--results"),)),
     Case(("boot", "--target", "nope", "--results", "{up}r"), (("boot", "--results"),)),
+    Case(("boot", "{up}bad-boot.toml"), (("boot", "plan_file"),)),
     Case(("exits", "import", "{up}rep.txt", "--label", "cap", "--results", "{up}exits-r"),
          (("exits", "import", "file"),), ("exits-r",)),
     Case(("exits", "import", "{up}rep.txt", "--label", "cap2", "--results", "{up}exits-r"),
@@ -78,6 +80,8 @@ CASES = [
     # Refused for its size before a lab boots: where its --results would be, is checked.
     Case(("lab", "--results", "{up}lab-r", "--memory", "999G", "run", "--targets", "native",
           "--workloads", "cpu"), (("lab", "--results"),), ("lab-r",)),
+    Case(("lab", "--memory", "999G", "--session", "{up}session.txt"),
+         (("lab", "--session"),)),
 ]
 
 
@@ -122,8 +126,11 @@ def path_traversal_attack(env: Env, outcome: Outcome, quick: bool) -> None:
     (base / "t.toml").write_text('[targets.vm]\naccel = "tcg"\n[[workloads]]\nname = "cpu"\n'
                                  '[tune]\nbaseline = "vm"\n')
     (base / "out").mkdir()   # a directory of the user's, named from elsewhere
+    (base / "session.txt").write_text("runs\n")
     profiled_store(base / "r-profile", "f")
     (base / "bad-density.toml").write_text("maxx = 1\n")
+    (base / "bad-boot.toml").write_text('[targets.c]\nkind = "container"\n[[workloads]]\n'
+                                        'name = "cpu"\n[boot]\ncont = 1\n')
     shutil.copy(ROOT / "tests" / "fixtures" / "perf_kvm" / "classic-vmx.txt", base / "rep.txt")
     traversal_store(base / "r")
     cache = base / "cache"

@@ -4,9 +4,10 @@ traceback, until vmtax.cli.main.main installs its own handlers."""
 
 import signal
 import sys
+from types import FrameType
 
 
-def _interrupted(signum, frame) -> None:
+def _interrupted(signum: int, frame: FrameType | None) -> None:
     sys.stderr.write("interrupted\n")
     sys.exit(128 + signum)
 

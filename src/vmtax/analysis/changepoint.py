@@ -51,6 +51,9 @@ from vmtax.core import blas
 
 with blas.one_thread():   # numpy without OpenBLAS's spinning threads
     import numpy as np
+    import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
 
 MIN_SEGMENT = 3
 # 2 / (1 + PERMUTATIONS) is the smallest p-value (two statistics): small enough to survive
@@ -164,9 +167,9 @@ class _Stretches:
             open_rows = open_rows[~hit]
         return reached
 
-    def _thresholds(self, observed: float) -> np.ndarray:
+    def _thresholds(self, observed: float) -> Floats:
         """Per stretch, the least |d| with |d| / scale >= observed, in floats."""
-        t = observed * self.scale
+        t: Floats = observed * self.scale
         while (low := t / self.scale < observed).any():
             t = np.where(low, np.nextafter(t, np.inf), t)
         while (high := np.nextafter(t, -np.inf) / self.scale >= observed).any():
@@ -174,7 +177,7 @@ class _Stretches:
         return t
 
 
-def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> Floats:
     """Per row of `ranks` (points in order, or permuted), at each end e of `ends` (sorted
     grid ends, 0 and n among them): the sum of the ranks before e less what it is expected
     to be, e (n + 1) / 2. A stretch [i, j)'s rank sum less its expectation is the
@@ -184,7 +187,8 @@ def _centred_sums(ranks: np.ndarray, ends: np.ndarray) -> np.ndarray:
     n = ranks.shape[-1]
     cumulative = np.zeros(ranks.shape[:-1] + (len(ends),))
     np.cumsum(np.add.reduceat(ranks, ends[:-1], axis=-1), axis=-1, out=cumulative[..., 1:])
-    return cumulative - ends * (n + 1) / 2
+    centred: Floats = cumulative - ends * (n + 1) / 2
+    return centred
 
 
 @functools.lru_cache(maxsize=32)
@@ -420,7 +424,7 @@ def _located(x: np.ndarray, min_segment: int) -> int:
     return int(j[best_single])
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
+def _ranks(x: np.ndarray) -> Floats:
     """Mid-ranks, 1-based: tied values share the mean of their ranks."""
     order = np.argsort(x, kind="mergesort")
     position = np.empty(len(x), dtype=int)
@@ -429,7 +433,8 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     starts = np.r_[True, ordered[1:] != ordered[:-1]]
     group = np.cumsum(starts)[position]
     bounds = np.r_[np.nonzero(starts)[0], len(x)]
-    return 0.5 * (bounds[group] + bounds[group - 1] + 1)
+    ranks: Floats = 0.5 * (bounds[group] + bounds[group - 1] + 1)
+    return ranks
 
 
 def _median(values: Sequence[float] | np.ndarray, what: str) -> float:

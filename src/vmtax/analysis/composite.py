@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 from vmtax.analysis import summary as analysis
@@ -286,7 +287,7 @@ def standings(summary: RunSummary) -> dict[str, list[Standing]]:
             for ci in composite(summary) if ci.cls != OVERALL}
 
 
-def json_of(baseline: str, classes: list[ClassIndex], lines: list[str]) -> dict:
+def json_of(baseline: str, classes: list[ClassIndex], lines: list[str]) -> dict[str, Any]:
     """What `show --json` and `composite --json` carry of what composite() and
     explanations() gave: per class each target's index with its interval and the
     recommendation, then the suspicious wins explained."""

@@ -71,7 +71,7 @@ def within_drift(store: Store, rows: list[CompareRow], run_a: Run, run_b: Run,
         return rows, ("A and B are two runs: how far this host's results move from one run "
                       f"to the next is not in these p-values; {shown}")
     order = {run_id: i for i, run_id in enumerate(earlier)}
-    medians: dict[tuple, dict[int, float]] = defaultdict(dict)
+    medians: dict[tuple[str, str, str, str, str], dict[int, float]] = defaultdict(dict)
     for (run_id, target, workload, params, metric, _, _, dims), values in store.named_values(
             name, pairs={(r.workload, r.metric) for r in judged}, runs=earlier).items():
         key = (target, workload, _canonical(params), metric, _canonical(dims))

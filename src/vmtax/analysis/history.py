@@ -51,7 +51,7 @@ class SeriesRun:
     plan: dict[str, Any]
     host_facts: dict[str, Any]
     targets: dict[str, dict[str, Any]]   # name -> {"kind", "fingerprint"}
-    status: str = "done"
+    status: str = "done"                 # "interrupted": its points hold what it finished
 
 
 @dataclass
@@ -296,7 +296,7 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
     for run_id, target, workload, params, metric_name, *_ in values:
         configs[(run_id, target, workload)].add(params)
         firsts.setdefault((run_id, target, workload, params), metric_name)
-    found: dict[tuple, Series] = {}
+    found: dict[tuple[str, str, str, str, str], Series] = {}
     headline = functools.cache(analysis.is_headline)
     # The same few parameter strings and metrics recur in every run: decoded once each
     # (each point still gets a dict of its own).
@@ -336,7 +336,8 @@ def load(store: Store, name: str, *, since: float | None = None, until: float | 
         s.plan_changes = [(after.run, lines) for before, after in zip(s.points, s.points[1:])
                           if (lines := plan_changes(before, after, s.target, s.workload))]
     trend = Trend(name, per_host, series, alpha=0.05, method="bh")
-    trend.notes = _overlap_notes(name, per_host, configs) + _plan_notes(name, series)
+    trend.notes = (_overlap_notes(name, per_host, configs) + _plan_notes(name, series)
+                   + _interrupted_notes(name, per_host))
     return trend
 
 
@@ -373,6 +374,14 @@ def _headlines(workload_names: list[str]) -> set[tuple[str, str]] | None:
             return None
         pairs |= {(workload, metric) for metric in primary}
     return pairs
+
+
+def _interrupted_notes(name: str, per_host: dict[str, list[SeriesRun]]) -> list[str]:
+    """The runs that were interrupted: their points hold only what they finished."""
+    cut = [f"run {r.number} ({r.id})" for runs in per_host.values() for r in runs
+           if r.status == "interrupted"]
+    return [f"interrupted, so of what they finished only (`vmtax run --resume ID` finishes "
+            f"one): {', '.join(cut[:5])}{' …' if len(cut) > 5 else ''} of {name}"] if cut else []
 
 
 def _overlap_notes(name: str, per_host: dict[str, list[SeriesRun]],

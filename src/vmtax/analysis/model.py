@@ -168,7 +168,7 @@ def measured_runs(run: Run) -> str:
     """How many measured runs each cell had: the plan's runs, or, where an adaptive rule
     (--runs auto, tune's racing) added some, the range stored."""
     planned = run.plan.get("runs", "?")
-    attempts: dict[tuple, int] = {}
+    attempts: dict[tuple[str, str, str], int] = {}
     for r in run.reps:
         if r.phase == "measure":
             key = (r.target, r.workload, json.dumps(r.params, sort_keys=True))

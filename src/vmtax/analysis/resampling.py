@@ -20,6 +20,9 @@ from vmtax.core import blas
 
 with blas.one_thread():   # numpy without OpenBLAS's spinning threads
     import numpy as np
+    import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
 
 N_BOOT = 10_000
 
@@ -57,24 +60,26 @@ _NETWORK_COLUMNS = 7
 _NETWORK_ROWS = 512
 
 
-def row_medians(samples: np.ndarray) -> np.ndarray:
+def row_medians(samples: Floats) -> Floats:
     """np.median(samples, axis=1), bit for bit (the middle value, or the mean of the two
     middle ones), for finite rows; sorting short rows is twice as fast as its partition.
     Its mean adds to 0.0 first, so a middle -0.0 is 0.0 as np.median gives it. Sorts
     samples in place (a long segment's replicates are tens of megabytes to copy), or
     leaves them as they were when they are many rows of a few values."""
     rows, size = samples.shape
+    columns: list[Floats]
     if rows >= _NETWORK_ROWS and 2 <= size <= _NETWORK_COLUMNS:
         columns = _sorted_columns(samples)
     else:
         samples.sort(axis=1)
         columns = list(samples.T)
     half = size // 2
-    return (columns[half] + 0.0 if size % 2 else
-            (columns[half - 1] + columns[half] + 0.0) / 2)
+    medians: Floats = (columns[half] + 0.0 if size % 2 else
+                       (columns[half - 1] + columns[half] + 0.0) / 2)
+    return medians
 
 
-def _sorted_columns(samples: np.ndarray) -> list[np.ndarray]:
+def _sorted_columns(samples: Floats) -> list[Floats]:
     """The columns of samples with each row sorted, by compare-exchanges of whole columns
     (odd-even transposition): for a bootstrap's 10,000 resamples of a run's 5
     repetitions four times as fast as sorting each row. The same values in the same
@@ -89,7 +94,7 @@ def _sorted_columns(samples: np.ndarray) -> list[np.ndarray]:
     return columns
 
 
-def median(x: np.ndarray) -> np.floating:
+def median(x: Floats) -> np.float64:
     """np.median(x) of a finite sample, bit for bit, without the NaN check that loads
     numpy.ma (~6 ms of a `vmtax show`)."""
-    return row_medians(np.array(x)[np.newaxis])[0]  # type: ignore[no-any-return]
+    return np.float64(row_medians(np.array(x)[np.newaxis])[0])

@@ -246,7 +246,7 @@ def p_value(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, str]:
 
 def no_test(a: np.ndarray, b: np.ndarray) -> bool:
     """The same constant on both sides: nothing to test."""
-    return np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0]
+    return bool(np.ptp(a) == 0 and np.ptp(b) == 0 and a[0] == b[0])
 
 
 def min_p_value(n_a: int, n_b: int) -> float:

@@ -49,7 +49,7 @@ def spread(per_host: dict[str, Run],
     """Per headline metric and non-baseline target, its ratio on every host and their
     spread: each host's run summarized as `vmtax show` does (analysis.summarize_run), or
     as summaries has it already (per host)."""
-    rows: dict[tuple, SpreadRow] = {}
+    rows: dict[tuple[str, str, str, str], SpreadRow] = {}
     for name, run in per_host.items():
         summary = summaries[name] if summaries else analysis.summarize_run(run)
         for row in analysis.headline(summary.rows):

@@ -43,11 +43,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple, overload
 
 from vmtax.analysis.cpus import map_on_cpus
 from vmtax.analysis.intervals import IntervalKind, interval_kind, median_ci, percentile_ci
-from vmtax.analysis.resampling import N_BOOT, boot_medians, median
+from vmtax.analysis.resampling import N_BOOT, Floats, boot_medians, median
 from vmtax.analysis.significance import (
     adjust_pvalues,
     can_test,
@@ -121,7 +121,21 @@ class Comparison:
         return self.verdict in ("better", "worse")
 
 
-def _sample(values: Iterable[float], what: str = "values") -> np.ndarray:
+class _Measured(NamedTuple):
+    """One pair of compare_many, measured: its samples, medians, the change's bootstrap
+    interval and its test's raw p."""
+    name: str
+    a: Floats
+    b: Floats
+    higher_is_better: bool
+    median_a: float
+    median_b: float
+    ci: tuple[float, float]
+    p: float
+    test: str
+
+
+def _sample(values: Iterable[float], what: str = "values") -> Floats:
     # list() lets generators through; np.asarray alone would wrap them as one object.
     x = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
     if x.ndim != 1:
@@ -146,9 +160,15 @@ def summarize(values: Iterable[float], confidence: float = 0.95) -> Summary:
                    mean=mean, stdev=stdev, cv=cv, ci_level=level)
 
 
-def _divide(num, den):
+@overload
+def _divide(num: Floats, den: Floats) -> Floats: ...
+@overload
+def _divide(num: float, den: float) -> float: ...
+def _divide(num: Floats | float, den: Floats | float) -> Floats | float:
+    """num / den elementwise, x/0 as inf and 0/0 as NaN, without numpy's warnings."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.divide(num, den)
+        quotient: Floats | float = np.divide(num, den)
+        return quotient
 
 
 def ratio(values: Iterable[float], baseline: Iterable[float], higher_is_better: bool,
@@ -190,29 +210,32 @@ def compare_many(pairs: Sequence[tuple[str, Iterable[float], Iterable[float], bo
     if len(resolutions) != len(pairs):
         raise ValueError(f"{len(resolutions)} resolutions for {len(pairs)} pairs")
 
-    def measured(pair: tuple[str, Iterable[float], Iterable[float], bool]) -> tuple:
+    def measured(pair: tuple[str, Iterable[float], Iterable[float], bool]) -> _Measured:
         name, a_values, b_values, higher_is_better = pair
         a, b = _sample(a_values, f"{name or 'A'} (A)"), _sample(b_values, f"{name or 'B'} (B)")
         boot_a, boot_b = boot_medians(a, b, n_boot, seed)
-        return (name, a, b, bool(higher_is_better), float(median(a)), float(median(b)),
-                percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha), *p_value(a, b, alpha))
+        return _Measured(name, a, b, bool(higher_is_better), float(median(a)),
+                         float(median(b)), percentile_ci(_divide(boot_b, boot_a) - 1, 1 - alpha),
+                         *p_value(a, b, alpha))
 
     # Each pair's bootstrap is seeded, so its answer does not depend on the thread; a
     # report's hundred pairs take half the time on two CPUs.
     raw = map_on_cpus(measured, pairs, least=8)
-    below = [res is not None and min(r[4], r[5]) <= res for r, res in zip(raw, resolutions)]
+    below = [res is not None and min(r.median_a, r.median_b) <= res
+             for r, res in zip(raw, resolutions)]
     # Medians one printed step apart or less: rounding to the step alone makes that of any
     # two values that straddle a rounding boundary, however close (0.0349 and 0.0351 ms
     # print as 0.03 and 0.04). bench-stats' A vs A runs saw "+33.3%, p=0" so.
-    one_step = [res is not None and not below[i] and 0 < abs(r[5] - r[4]) <= res * (1 + 1e-9)
+    one_step = [res is not None and not below[i]
+                and 0 < abs(r.median_b - r.median_a) <= res * (1 + 1e-9)
                 for i, (r, res) in enumerate(zip(raw, resolutions))]
     tested = [i for i, r in enumerate(raw)
-              if not no_test(r[1], r[2]) and not below[i] and not one_step[i]]
+              if not no_test(r.a, r.b) and not below[i] and not one_step[i]]
     adjusted = [1.0] * len(raw)
-    for i, p_adj in zip(tested, adjust_pvalues([raw[i][-2] for i in tested], method)):
+    for i, p_adj in zip(tested, adjust_pvalues([raw[i].p for i in tested], method)):
         adjusted[i] = p_adj
     # The smallest p each pair's test can give: a rank test's floor, none for the t-test.
-    floors = [min_p_value(r[1].size, r[2].size) if r[-1] == "mann-whitney" else 0.0
+    floors = [min_p_value(r.a.size, r.b.size) if r.test == "mann-whitney" else 0.0
               for r in raw]
     # Holm multiplies the smallest p of all by the number of tests; BH leaves it as is
     # when every test gives it. Either way no adjusted p goes below the raw one.

@@ -345,12 +345,15 @@ class CompareRow:
     comparison: stats.Comparison
 
 
-def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[list[float], Metric]],
-                                             dict[tuple[str, str], int]]:
+# (workload, params as JSON, metric key) -> (values, the first of them as a Metric).
+_Samples = dict[tuple[str, str, str], tuple[list[float], Metric]]
+
+
+def _samples(run: Run, target: str) -> tuple[_Samples, dict[tuple[str, str], int]]:
     """(workload, params, metric key) -> (values, the first of them as a Metric: name,
     dimensions, unit, direction) of a target's successful measured repetitions, and failed
     repetitions per (workload, params)."""
-    values: dict[tuple[str, str, str], tuple[list[float], Metric]] = {}
+    values: _Samples = {}
     failed: dict[tuple[str, str], int] = defaultdict(int)
     for r in run.reps:
         if r.target != target or r.phase != "measure":
@@ -364,11 +367,12 @@ def _samples(run: Run, target: str) -> tuple[dict[tuple[str, str, str], tuple[li
     return values, failed
 
 
-def _match_configs(a_values: dict, b_values: dict) -> dict:
+def _match_configs(a_values: _Samples, b_values: _Samples) -> dict[tuple[str, str, str],
+                                                                   tuple[str, str, str]]:
     """A's (workload, params, metric key) keys -> B's. Same parameters match; a workload run
     with exactly one configuration on each side matches even if its parameters differ
     (e.g. cpu-max-prime 2000 vs 2100: the change is what is being measured)."""
-    def configs(values: dict) -> dict[str, set[str]]:
+    def configs(values: _Samples) -> dict[str, set[str]]:
         out: dict[str, set[str]] = defaultdict(set)
         for workload, params, _ in values:
             out[workload].add(params)
@@ -391,7 +395,8 @@ def compare_targets(pairs: list[tuple[Run, str, Run, str]], alpha: float = 0.01,
                     method: Literal["holm", "bh"] = "bh") -> list[CompareRow]:
     """B against A for every metric the two sides of each pair share, judged together
     (p-values adjusted across all of them)."""
-    rows: list[tuple] = []
+    rows: list[tuple[str, str, tuple[str, str, str], Metric, list[float], list[float], int,
+                     int, str]] = []
     for run_a, target_a, run_b, target_b in pairs:
         a_values, a_failed = _samples(run_a, target_a)
         b_values, b_failed = _samples(run_b, target_b)

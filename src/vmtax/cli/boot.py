@@ -20,7 +20,8 @@ from typing import Any
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.density import err, load_plan, out, results_option, session
+from vmtax.cli.consoles import err, out
+from vmtax.cli.density import load_plan, results_option, session
 from vmtax.core import plugin
 from vmtax.core import target as targets
 from vmtax.core.errors import VmtaxError
@@ -99,8 +100,9 @@ def plan_settings(path: str) -> tuple[dict[str, TargetSpec], dict[str, Any]]:
               '"debian-rt", "minimal" or a path. [default: the target\'s, "debian"]')
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def boot_command(plan_file, target_names, count, warmup, http_timeout, kernel, results,
-                 as_json) -> None:
+def boot_command(plan_file: str | None, target_names: str | None, count: int | None,
+                 warmup: int | None, http_timeout: float | None, kernel: str | None,
+                 results: str, as_json: bool) -> None:
     """Cold-start each target COUNT times, one at a time: time to ready and to the first
     HTTP answer, p50/p90/p99/max. With PLAN.toml (a plan with a [boot] table, as
     plans/microvms.toml has), the plan's targets that start instances, as it configures
@@ -157,6 +159,10 @@ def boot_command(plan_file, target_names, count, warmup, http_timeout, kernel, r
             if any(x.guest is not None for x in starts):
                 found[name]["guest ready"] = boottime.distribution(
                     [x.guest for x in starts if x.guest is not None])
+                # The VMM's own part: its start to the guest's first instant (ready less
+                # the guest's uptime then), apart from the kernel's and /init's.
+                found[name]["vmm before the guest"] = boottime.distribution(
+                    [x.ready - x.guest for x in starts if x.guest is not None])
     if as_json:
         click.echo(json.dumps({"run": run_id, "targets": found}, indent=1))
         return

@@ -26,7 +26,7 @@ results_option = click.option(
               "plan's baseline).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @results_option
-def composite_command(run_id, baseline, as_json, results) -> None:
+def composite_command(run_id: str, baseline: str | None, as_json: bool, results: str) -> None:
     """The composite index of a stored run (RUN_ID, a prefix, its name or 'last'): per
     class, each target's geometric mean of its workloads' ratios to the baseline."""
     run = Store(results, readonly=True).load_run(run_id)

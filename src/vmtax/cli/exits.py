@@ -105,7 +105,8 @@ def exits_command() -> None:
 @workload_option
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def show(spec, event, vcpu, workload, results, as_json) -> None:
+def show(spec: str, event: str, vcpu: int | None, workload: str | None, results: str,
+         as_json: bool) -> None:
     """Per-reason table of a run's cells, sorted by share of time, with totals."""
     store = Store(results, readonly=True)
     found, missing = exits.cells(store, spec, event, vcpu, workload)
@@ -128,7 +129,8 @@ def show(spec, event, vcpu, workload, results, as_json) -> None:
 @workload_option
 @results_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def diff(a, b, event, vcpu, workload, results, as_json) -> None:
+def diff(a: str, b: str, event: str, vcpu: int | None, workload: str | None, results: str,
+         as_json: bool) -> None:
     """How each exit reason's share moved from A to B (runs or RUN:TARGET cells).
 
     Shares of samples and of time on both sides, the change in percentage points, exits
@@ -165,7 +167,7 @@ def diff(a, b, event, vcpu, workload, results, as_json) -> None:
               metavar="S",
               help="How long the recording ran, for exits per second.")
 @results_option
-def import_command(file, label, seconds, results) -> None:
+def import_command(file: str, label: str, seconds: float | None, results: str) -> None:
     """Store a saved `perf kvm stat report` text (either layout, any machine or kernel)
     as a run, to list, show and diff like recorded ones."""
     check_run_name(label, "--label")

@@ -4,6 +4,8 @@ imported where used: with the runner and analysis it would slow every vmtax comm
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
@@ -40,13 +42,13 @@ def fleet_command() -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=6379, show_default=True,
               help="Port of the head (the address hosts join is HEAD_IP:PORT).")
 @temp_dir_option
-def start(port, ray_temp_dir) -> None:
+def start(port: int, ray_temp_dir: str | None) -> None:
     """Start the fleet's head here, until Ctrl-C. It runs no workload itself."""
     from vmtax.studies import fleet_ray
 
     address = f"127.0.0.1:{port}"
 
-    def up(ray) -> None:
+    def up(ray: ModuleType) -> None:
         head = next(n["NodeManagerAddress"] for n in ray.nodes()
                     if "node:__internal_head__" in n.get("Resources", {}))
         click.echo(f"fleet head up at {head}:{port}; on each benchmark host run:\n"
@@ -65,7 +67,7 @@ def start(port, ray_temp_dir) -> None:
               help="This host's own results directory: every repetition it runs is kept "
                    "there too.")
 @temp_dir_option
-def join(head, name, results, ray_temp_dir) -> None:
+def join(head: str, name: str, results: str, ray_temp_dir: str | None) -> None:
     """Join the fleet at HEAD_ADDRESS as benchmark host NAME, until Ctrl-C."""
     from vmtax.studies import fleet_ray
 
@@ -79,7 +81,7 @@ def join(head, name, results, ray_temp_dir) -> None:
            "RAY_kill_child_processes_on_worker_exit": "false",
            "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "false"}
 
-    def up(ray) -> None:
+    def up(ray: ModuleType) -> None:
         fleet_ray.register(name, results)
         click.echo(f"joined the fleet at {head} as {name} (results kept in {results}); "
                    "Ctrl-C leaves it.", err=True)
@@ -88,7 +90,8 @@ def join(head, name, results, ray_temp_dir) -> None:
            name, env, up)
 
 
-def _serve(argv, log, address, name, env, up) -> None:
+def _serve(argv: list[str], log: Path, address: str, name: str | None,
+           env: dict[str, str] | None, up: Callable[[ModuleType], None]) -> None:
     from vmtax.studies import fleet_ray
 
     try:
@@ -101,7 +104,7 @@ def _serve(argv, log, address, name, env, up) -> None:
 @click.option("--fleet", "address", required=True, metavar="HEAD_ADDRESS",
               help="The head's address, HEAD_IP:PORT.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(address, as_json) -> None:
+def status(address: str, as_json: bool) -> None:
     """The fleet's hosts: up or gone, their fingerprints, and what each is running."""
     from vmtax.studies import fleet_ray
 
@@ -179,7 +182,7 @@ def print_spread(store: Store, spec: str) -> None:
               show_default=True, type=click.Path(file_okay=False),
               help="Results directory (one SQLite database in it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def show(run_id, results, as_json) -> None:
+def show(run_id: str, results: str, as_json: bool) -> None:
     """A fleet run across its hosts: per target, its ratio to the baseline on each host and
     the spread (median, min–max). RUN_ID is any run of it (a prefix, a name or 'last')."""
     store = Store(results, readonly=True)

@@ -20,11 +20,15 @@ import io
 import os
 import shlex
 import sys
+from collections.abc import Callable
+from typing import BinaryIO
 from pathlib import Path
 
 import click
 
-from vmtax.cli.density import err, results_option
+from vmtax.cli import bounds
+from vmtax.cli.consoles import err
+from vmtax.cli.density import results_option
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
 from vmtax.guest import lab
@@ -39,6 +43,8 @@ class DryRun(Exception):
 # Commands that make no sense in a throwaway lab: they manage this host or the lab itself.
 NOT_IN_LAB = ("lab", "cleanup", "fleet")
 HELP = ("-h", "--help")
+# Commands whose --dry-run checks all they will run: asked on the host before the lab boots.
+DRY_RUNS = ("run", "tune")
 
 
 def _results_given(args: list[str]) -> tuple[list[str], str | None]:
@@ -68,10 +74,11 @@ def _check_command(ctx: click.Context, command: str, args: list[str], results: s
     if cmd is None:
         raise VmtaxError(f"lab: {command!r} is not a vmtax command the lab runs; use one of "
                          + ", ".join(c for c in group.list_commands(root) if c not in NOT_IN_LAB))
-    if command == "run":
-        # The whole plan, checked as `run` checks it (targets, workloads, plan file, the
-        # run to resume in the host's store), on the host and in a second: the lab takes a
-        # minute to boot. Devices the lab's kernel gives it (/dev/vhost-net) count as there.
+    if command in DRY_RUNS:
+        # The whole plan, checked as the command checks it (targets, workloads, knobs, plan
+        # file, the run to resume in the host's store), on the host and in a second: the lab
+        # takes a minute to boot. Devices the lab's kernel gives it (/dev/vhost-net) count
+        # as there.
         planned = lab.devices(lab.lab_kernel(paths.cache_dir(), kernel))
         said = io.StringIO()
         with contextlib.redirect_stdout(said), machine.planning_lab(planned):
@@ -156,7 +163,7 @@ def _commands(ctx: click.Context, command: str | None, args: list[str], session:
               help="TCG's translation cache for the lab. [default: QEMU's]")
 @click.option("--tcg-thread", type=click.Choice(["multi", "single"]), default="multi",
               show_default=True, help="TCG: one host thread per lab vCPU, or one for all.")
-@click.option("--hang-timeout", type=click.FloatRange(5, 3600), metavar="SECONDS",
+@click.option("--hang-timeout", type=bounds.seconds(5, high=3600), metavar="SECONDS",
               default=lab_watch.HANG_TIMEOUT, show_default=True,
               help="A lab without heartbeat and output this long has hung: a new one goes "
                    "on with the command.")
@@ -200,7 +207,7 @@ def lab_command(ctx: click.Context, vcpus: int, memory: str, disk: str, qemu: st
     elif "COLUMNS" in os.environ:   # piped: the width asked for, as vmtax itself takes it
         env["COLUMNS"] = os.environ["COLUMNS"]
 
-    def echo(stream):
+    def echo(stream: BinaryIO) -> Callable[[bytes], None]:
         def write(data: bytes) -> None:
             stream.write(data)
             stream.flush()

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from vmtax import __version__
-from vmtax.cli import run_flags
-from vmtax.cli.consoles import err, out
+from vmtax.cli import bounds, run_flags
+from vmtax.cli.consoles import (StdoutError, err, guard_stdout, out, reader_gone,
+                                silence_stdout)
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
@@ -140,8 +143,7 @@ class _Commands(click.Group):
             sys.stdout.flush()
             return result
         except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(0)
+            reader_gone()
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY and name not in self.commands:
@@ -346,10 +348,11 @@ def _side(store: Store, spec: str) -> tuple:
 @cli.command()
 @click.argument("a", metavar="[A", required=False)
 @click.argument("b", metavar="B]", required=False)
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
-              show_default=True, help="Significance level after the multiplicity adjustment.")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
-              help="Relative changes smaller than this are never called significant.")
+@click.option("--alpha", type=bounds.ALPHA, default=0.01, show_default=True,
+              help=f"Significance level after the multiplicity adjustment ({bounds.ALPHA.words}).")
+@click.option("--noise-floor", type=bounds.NOISE_FLOOR, default=0.02, show_default=True,
+              help="Relative changes smaller than this are never called significant "
+                   f"({bounds.NOISE_FLOOR.words}).")
 @click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
               help="Adjustment across metrics: Benjamini-Hochberg (false discovery rate) or Holm.")
 @click.option("--fail-on", type=click.Choice(["worse", "change", "inconclusive"]),
@@ -483,12 +486,20 @@ def doctor(as_json) -> None:
 
 
 @cli.command()
-def cleanup() -> None:
+@results_option
+def cleanup(results) -> None:
     """Undo what killed vmtax processes left on this host: processes, containers, cgroups,
-    mounts, huge pages. (`vmtax run` does it too, before it starts.)"""
+    mounts, huge pages, temporary files; and a commit one left unfinished in the results
+    database. (`vmtax run` does it too, before it starts.)"""
+    from vmtax.results.connection import roll_back
+    from vmtax.results.store import DB_NAME
+
     lines = journal.recover()
+    database = Path(results) / DB_NAME
+    if roll_back(database):
+        lines.append(f"rolled back the commit a killed vmtax left unfinished in {database}")
     for line in lines:
-        out.print(escape(line))
+        out.print(escape(line), soft_wrap=True)
     if not lines:
         out.print("nothing to clean up")
 
@@ -507,15 +518,27 @@ def _command_words(ctx: click.Context | None) -> list[str]:
 
 
 def main() -> None:
+    # What vmtax writes, only its user may change: it reads back (caches, side files, a
+    # site's manifest) only files no one else can write (vmtax.core.files).
+    os.umask(os.umask(0) | 0o022)
     # SIGTERM takes the same path as Ctrl-C: targets are cleaned up, results kept. SIGINT
     # stays ignored when vmtax was started so (a background job of a script).
     signal.signal(signal.SIGTERM, proc.stop_on_signal)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, proc.stop_on_signal)
+    guard_stdout()
     try:
         # "vmtax" in usage lines and help, however it was started (`python -m vmtax`, as
         # the lab starts it): what a user types.
         cli.main(prog_name="vmtax", standalone_mode=False)
+        sys.stdout.flush()
+    except StdoutError as exc:
+        if exc.errno == errno.EPIPE:   # the reader went away (`| head`): nothing to say
+            reader_gone()
+        silence_stdout()
+        click.echo(f"vmtax: error: cannot write to standard output ({exc.strerror})",
+                   err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         err.print("interrupted")
         sys.exit(proc.stopped_exit_code())

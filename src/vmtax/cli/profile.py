@@ -53,7 +53,7 @@ def profile_command() -> None:
 @top_option
 @results_option
 @json_option
-def show(spec, top, results, as_json) -> None:
+def show(spec: str, top: int, results: str, as_json: bool) -> None:
     """Top functions (by their own samples) and DSOs of each profiled cell, per thread
     class; the unresolved share, the profiler's overhead and hints from the symbols."""
     found, missing = profile.cells(Store(results, readonly=True), spec)
@@ -72,7 +72,7 @@ def show(spec, top, results, as_json) -> None:
 @top_option
 @results_option
 @json_option
-def diff(a, b, top, results, as_json) -> None:
+def diff(a: str, b: str, top: int, results: str, as_json: bool) -> None:
     """Functions whose CPU time per unit of work rose from A to B (runs or RUN:TARGET
     cells of the same workload), the most added first; by share where the work is unknown."""
     store = Store(results, readonly=True)

@@ -3,6 +3,7 @@ left at a terminal, one line per finished cell elsewhere."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from rich.progress import (
@@ -23,6 +24,10 @@ from vmtax.core.text import printable
 from vmtax.core.text import markup as escape  # control characters too
 from vmtax.host import build_progress
 from vmtax.studies.runner import STORED_BEFORE
+
+
+# Without a terminal, a step still going after this many seconds is said.
+SLOW_STEP = 30.0
 
 
 def _eta_text(seconds: float | None) -> str:
@@ -69,11 +74,15 @@ class ProgressReporter:
         self.cell: tuple[str, str] | None = None
         self.stored_before = False
         self.cells: dict[tuple[str, str], int] = {}
+        self.begun: set[tuple[str, str]] = set()   # cells said to start (piped)
+        self._slow: threading.Timer | None = None   # says a slow step (piped)
+        self._entered = False
         # Warnings for when measuring starts: once the targets are up, not before an error
         # that stops the run from starting at all.
         self.before_first: list[str] = []
 
     def __enter__(self):
+        self._entered = True
         self.progress.__enter__()
         # What a plan first needs built (a guest kernel, the compile tree) shows its own
         # bar here: a terminal has room for one live display.
@@ -82,6 +91,9 @@ class ProgressReporter:
         return self
 
     def __exit__(self, *exc):
+        self._entered = False
+        if self._slow is not None:
+            self._slow.cancel()
         self.builds.__exit__(*exc)
         self.progress.__exit__(*exc)
 
@@ -109,6 +121,10 @@ class ProgressReporter:
             for warning in self.before_first:
                 self.warn(warning)
             self.before_first = []
+        if self.progress.disable:
+            self._said_begun(text)
+            if self._entered:   # and so cancelled on the way out
+                self._watch_slow(text)
         if self.task is not None:
             # Names come from plans and stores: their control characters are shown escaped.
             self.progress.update(self.task, description=printable(text))
@@ -116,6 +132,24 @@ class ProgressReporter:
                 self.total += 1
                 self.progress.update(self.task, total=self.total)
                 self.advance()
+
+    def _watch_slow(self, text: str) -> None:
+        """Without a terminal: a step still going after SLOW_STEP seconds is said once (a
+        guest's boot, a 2 GiB prepare under TCG), so a log shows what the run waits for."""
+        if self._slow is not None:
+            self._slow.cancel()
+        self._slow = threading.Timer(SLOW_STEP, lambda: err.print(
+            f"{escape(printable(text))}: {SLOW_STEP:g} s so far", highlight=False,
+            soft_wrap=True))
+        self._slow.daemon = True
+        self._slow.start()
+
+    def _said_begun(self, text: str) -> None:
+        """Without a terminal: a line as each cell starts, beside the one as it is done."""
+        if self.cell is not None and not self.stored_before and self.cell not in self.begun:
+            self.begun.add(self.cell)
+            err.print(f"[{self.done}/{self.total}] {escape(printable(' · '.join(self.cell)))} "
+                      "starts", highlight=False, soft_wrap=True)
 
     def advance(self) -> None:
         self.done += 1

@@ -69,7 +69,7 @@ def _key(record: type, field: str) -> str:
 def _click_type(kind: str, choices: tuple[str, ...]) -> Any:
     return {"count": bounds.count(), "count0": bounds.count(0),
             "whole seconds": bounds.seconds(whole=True),
-            "percent": click.FloatRange(0, 100, min_open=True, max_open=True),
+            "percent": bounds.number(0, 100, low_open=True),
             "choice": click.Choice(list(choices))}.get(kind, click.STRING)
 
 

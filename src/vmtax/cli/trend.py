@@ -13,12 +13,13 @@ import sys
 import click
 from rich.console import Console
 
-from vmtax.analysis import history
+from vmtax.analysis import drift, history
+from vmtax.cli import bounds
 from vmtax.cli.main import _csv, results_option
 from vmtax.core import hints
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import printable
-from vmtax.results.store import Store
+from vmtax.results.store import Store, check_run_name
 
 
 # How a date is written: 2026-11-28, with dashes (a run id, 20261201-230955-2105, is digits
@@ -66,7 +67,7 @@ def _accept(results: str, name: str, spec: str) -> None:
         raise VmtaxError(f"--accept: run {run.id} is not a run of {name!r} "
                          + (f"(it is one of {run.plan['name']!r})" if run.plan.get("name")
                             else "(it has no name)"))
-    host = history.host_of(run.host)
+    host = drift.host_of(run.host)
     # What the acceptance covers: the series of its host that regressed from it or before.
     covered = [s for s, _ in load_trend(results, name).regressions()
                if s.host == host and (r := s.regressed_from) is not None
@@ -112,12 +113,12 @@ def load_trend(results: str, name: str, *, since: str | None = None,
                    "or run on.")
 @click.option("--until", metavar="DATE|RUN",
               help="Only runs up to this date or time, or run: the series as it was then.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              default=0.05, show_default=True,
+@click.option("--alpha", type=bounds.ALPHA, default=0.05, show_default=True,
               help="Significance level after the adjustment across every series shown "
-                   "(false discovery rate with bh).")
-@click.option("--noise-floor", type=click.FloatRange(min=0), default=0.02, show_default=True,
-              help="Relative changes smaller than this are never called.")
+                   f"(false discovery rate with bh; {bounds.ALPHA.words}).")
+@click.option("--noise-floor", type=bounds.NOISE_FLOOR, default=0.02, show_default=True,
+              help=f"Relative changes smaller than this are never called "
+                   f"({bounds.NOISE_FLOOR.words}).")
 @click.option("--method", type=click.Choice(["bh", "holm"]), default="bh", show_default=True,
               help="Adjustment across series: Benjamini-Hochberg or Holm.")
 @click.option("--fail-on", type=click.Choice(["regression"]),
@@ -215,29 +216,31 @@ def publish_command(names, results) -> None:
     file:// and fetches nothing."""
     if len(names) < 2:
         raise VmtaxError("publish takes one or more names and a directory: NAME... DIR")
-    *series_names, directory = names
+    *given, directory = names
+    # Each name once (a name given twice would list its series twice), each a run's name:
+    # never a path of a page.
+    series_names = [check_run_name(name, "publish NAME") for name in dict.fromkeys(given)]
     from vmtax.analysis.model import analyse
-    from vmtax.host import outputs
+    from vmtax.host.site_files import SiteFiles
     from vmtax.report import publish
 
     store = Store(results, readonly=True)
     trends = [history.judge(history.load(store, name), accepted=store.accepted(name))
               for name in series_names]
     # The site decides its pages; each run they show is analysed here, once, rendered,
-    # and written.
-    out = outputs.output_dir(directory)
-    for sub in publish.SUBDIRECTORIES:
-        (out / sub).mkdir(exist_ok=True)
-    site = publish.plan(trends, out)
-    for path, trend in site.trends:
-        outputs.write_file(path, publish.trend_page(trend, history.levels(trend)))
-    for path, before_id, after_id, changes in site.changes:
-        outputs.write_file(path, publish.compare_page(analyse(store.load_run(before_id)),
-                                                      analyse(store.load_run(after_id)),
-                                                      changes))
-    for path, run_id, figures in site.runs:
-        outputs.write_file(path, publish.run_page(run_id, analyse(store.load_run(run_id)),
-                                                  figures, results))
-    outputs.write_file(site.out / "index.html", site.index.encode())
+    # and written into DIR (vmtax.host.site_files: only a DIR publish owns).
+    with SiteFiles(directory) as files:
+        site = publish.plan(trends, files.made_from)
+        for page, trend in site.trends:
+            files.write(page, publish.trend_page(trend, history.levels(trend)))
+        for page, before_id, after_id, changes, made_from in site.changes:
+            files.write(page, publish.compare_page(analyse(store.load_run(before_id)),
+                                                   analyse(store.load_run(after_id)),
+                                                   changes), made_from)
+        for page, run_id, figures, made_from in site.runs:
+            files.write(page, publish.run_page(run_id, analyse(store.load_run(run_id)),
+                                               figures, results), made_from)
+        files.write("index.html", site.index.encode())
+        files.finish()
     pages = len(site.trends) + len(site.changes) + len(site.runs)
-    click.echo(f"wrote {site.out / 'index.html'} and {pages} more page{'s' * (pages != 1)}")
+    click.echo(f"wrote {files.path / 'index.html'} and {pages} more page{'s' * (pages != 1)}")

@@ -8,13 +8,13 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 import click
 
 from vmtax.cli import bounds
-from vmtax.cli.main import (_csv, _print_json, err, out, recovered, results_option,
-                            stopped)
+from vmtax.cli.consoles import err, out
+from vmtax.cli.main import _csv, _print_json, recovered, results_option, stopped
 from vmtax.cli.progress import ProgressReporter
 from vmtax.core.errors import VmtaxError
 from vmtax.core.text import markup as escape  # control characters too
@@ -43,8 +43,10 @@ from vmtax.studies import tune as search_mod
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @click.option("--dry-run", is_flag=True,
               help="Check the search and say what it would try, within what time; run nothing.")
-def tune_command(plan_file, targets, workloads, knobs, budget, time_, method, resume,
-                 results, as_json, dry_run) -> None:
+def tune_command(plan_file: str | None, targets: str | None, workloads: str | None,
+                 knobs: str | None, budget: str | None, time_: int | None,
+                 method: Literal["holm", "bh"] | None,
+                 resume: bool, results: str, as_json: bool, dry_run: bool) -> None:
     """Which knob a target declares wins the tax back: each knob value against the
     baseline, raced so repetitions go where the answer is open; the winners combined and
     confirmed; verdicts adjusted for the number of comparisons, an A-vs-A control beside."""

@@ -107,7 +107,7 @@ class Exits(Collector):
     def __init__(self, options: plugin.Options, *, journal: CollectorJournal,
                  scratch: Path) -> None:
         super().__init__(options, journal=journal, scratch=scratch)
-        self._perf: subprocess.Popen | None = None
+        self._perf: subprocess.Popen[bytes] | None = None
         self._token: int | None = None
         self._vcpus = 0
 

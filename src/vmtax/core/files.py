@@ -44,7 +44,8 @@ def read_fd(fd: int, limit: int) -> bytes | None:
     return data if len(data) <= limit else None
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file of this mode is, for a message: "a FIFO"."""
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
@@ -53,12 +54,11 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_back(path: str | os.PathLike[str], what: str, limit: int, *,
-              owners: Collection[int] = (), dir_fd: int | None = None) -> bytes:
-    """The bytes of the file at path that vmtax wrote as what ("the plugin index"): a
-    regular file, not a link, of at most limit bytes, owned by vmtax's user (or one of
-    owners) and writable by no one else; else Untrusted, one line. FileNotFoundError when
-    it is not there."""
+def open_back(path: str | os.PathLike[str], what: str, *, owners: Collection[int] = (),
+              dir_fd: int | None = None) -> int:
+    """A descriptor of the file at path that vmtax wrote as what ("the plugin index"),
+    opened for reading as read_back says it must be; else Untrusted, one line.
+    FileNotFoundError when it is not there."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      dir_fd=dir_fd)
@@ -70,12 +70,12 @@ def read_back(path: str | os.PathLike[str], what: str, limit: int, *,
             found = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             raise Untrusted(f"{what} {path} cannot be read ({exc.strerror})") from None
-        raise Untrusted(f"{what} {path} is {_kind(found.st_mode)}, not a file vmtax "
+        raise Untrusted(f"{what} {path} is {kind_of(found.st_mode)}, not a file vmtax "
                         "wrote; remove it") from None
     try:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
-            raise Untrusted(f"{what} {path} is {_kind(found.st_mode)}, not a file vmtax "
+            raise Untrusted(f"{what} {path} is {kind_of(found.st_mode)}, not a file vmtax "
                             "wrote; remove it")
         if found.st_uid not in {os.geteuid(), *owners}:
             raise Untrusted(f"{what} {path} is owned by uid {found.st_uid}, not by uid "
@@ -85,15 +85,33 @@ def read_back(path: str | os.PathLike[str], what: str, limit: int, *,
             raise Untrusted(f"{what} {path} is writable by others (mode "
                             f"{stat.S_IMODE(found.st_mode):o}): vmtax will not trust it "
                             "(remove it)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_back(path: str | os.PathLike[str], what: str, limit: int, *,
+              owners: Collection[int] = (), dir_fd: int | None = None) -> bytes:
+    """The bytes of the file at path that vmtax wrote as what ("the plugin index"): a
+    regular file, not a link, of at most limit bytes, owned by vmtax's user (or one of
+    owners) and writable by no one else; else Untrusted, one line. FileNotFoundError when
+    it is not there."""
+    fd = open_back(path, what, owners=owners, dir_fd=dir_fd)
+    try:
         data = read_fd(fd, limit)
     except OSError as exc:
         raise Untrusted(f"{what} {path} cannot be read ({exc.strerror})") from None
     finally:
         os.close(fd)
     if data is None:
-        raise Untrusted(f"{what} {path} is larger than {size_text(limit)}, more than vmtax "
-                        "writes; remove it")
+        raise too_large(path, what, limit)
     return data
+
+
+def too_large(path: str | os.PathLike[str], what: str, limit: int) -> Untrusted:
+    return Untrusted(f"{what} {path} is larger than {size_text(limit)}, more than vmtax "
+                     "writes; remove it")
 
 
 def read_json(path: str | os.PathLike[str], what: str, limit: int, **kwargs: Any) -> Any:

@@ -27,7 +27,7 @@ def default_results() -> str:
     return os.environ.get("VMTAX_RESULTS", "results")
 
 
-def command(*words: object, results: str | os.PathLike | None = None) -> str:
+def command(*words: object, results: str | os.PathLike[str] | None = None) -> str:
     """`vmtax WORDS...` as a shell line, with `--results DIR` when results is not the
     default directory."""
     host_results = os.environ.get(LAB_RESULTS_ENV)

@@ -17,11 +17,31 @@ from vmtax.core.text import printable
 
 
 def cache_dir() -> Path:
+    """Where vmtax keeps what it builds and what it remembers (images, kernels, the plugin
+    index, doctor's answers): made if missing, and trusted only when vmtax's user owns it
+    and no one else can write to it, as `check_private` checks (a link to such a directory
+    is taken). What vmtax reads there runs as code or becomes results: another user's files
+    there would be their code and their numbers."""
     base = os.environ.get("VMTAX_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vmtax")
     path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
+    if base not in _trusted_caches:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise VmtaxError(f"cannot create the cache directory {path}: "
+                             f"{exc.strerror}") from None
+        problem = _problem(Path(os.path.realpath(path)))
+        if problem:
+            raise VmtaxError(f"cache directory {path} {problem}: vmtax will not trust what "
+                             "it keeps there (remove it, or set VMTAX_CACHE to a directory of "
+                             "your own)")
+        _trusted_caches.add(base)
     return path
+
+
+# The cache directories checked by this process (each is checked once).
+_trusted_caches: set[str] = set()
 
 
 def work_parent(results_dir: Path) -> Path:

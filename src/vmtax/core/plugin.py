@@ -158,7 +158,7 @@ def _modules() -> Iterator[tuple[pytypes.ModuleType, str | None]]:
 # import path (whose entry points name plugins) and the files those name; a change makes
 # it again.
 
-_INDEX_VERSION = 3
+_INDEX_VERSION = 4
 # vmtax's own source directory.
 _VMTAX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -239,17 +239,53 @@ def _build_index() -> dict[str, Any]:
             "files": files}
 
 
+# The index is a few tens of KB; a file far larger is none of vmtax's.
+_MAX_INDEX = 16 << 20
+
+
+def _digest(index: dict[str, Any]) -> str:
+    """What the index held when vmtax wrote it: a garbled or hand-edited one (a `groups`
+    that lost a group) is made again, not believed."""
+    body = {k: v for k, v in index.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _kept_index(path: Path, key: list[Any]) -> dict[str, Any] | None:
+    """The index kept at path when it is the one for key, whole, of files unchanged since,
+    and naming only modules plugins may come from (vmtax's plugin packages, the entry
+    points installed now); None to make it again. A file that is not one vmtax writes (a
+    FIFO, /dev/zero, another user's) is refused (vmtax.core.files.Untrusted)."""
+    from vmtax.core.files import read_json
+
+    try:
+        kept = read_json(path, "the plugin index", _MAX_INDEX)
+        if (not isinstance(kept, dict) or kept.get("digest") != _digest(kept)
+                or kept["key"] != key or not all(_stamp(f[0]) == f for f in kept["files"])):
+            return None
+        own = tuple(f"{package}." for package in PACKAGES)
+        named = [(module, entry_point) for group in kept["groups"].values()
+                 for module, entry_point, _ in group.values()]
+        installed = ({module for _, module in _entry_point_modules()}
+                     if any(ep is not None for _, ep in named) else set())
+        if all(module.startswith(own) if ep is None else module in installed
+               for module, ep in named):
+            return kept
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 def _index() -> dict[str, Any]:
     key = _index_key()
     try:
         path: Path | None = _index_path()
     except OSError:   # no cache directory: the index is made each time
         path = None
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        kept = json.loads(path.read_text()) if path else None
-        if kept and kept["key"] == key and all(_stamp(f[0]) == f for f in kept["files"]):
-            return kept  # type: ignore[no-any-return]
+    kept = _kept_index(path, key) if path is not None else None
+    if kept is not None:
+        return kept
     index = {"key": key, **_build_index()}
+    index["digest"] = _digest(index)
     if path is not None:
         with contextlib.suppress(OSError):   # a read-only cache only costs the next call time
             tmp = path.with_name(f"{path.name}.{os.getpid()}")

@@ -19,16 +19,17 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.core.instance import Instance
 from vmtax.core.types import Job, JobResult
 from vmtax.guest.agent import Channel, encode_job, read_result
 from vmtax.guest.qemu import parse_size
-from vmtax.host import machine, proc
+from vmtax.host import hugepages, machine, proc
 
 if TYPE_CHECKING:
+    from vmtax.host.journal import Journal
     from vmtax.host.network import Endpoint as NetEndpoint
     from vmtax.host.network import Network
 
@@ -93,7 +94,9 @@ def tail(path: Path, lines: int = 5) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    said = [line.strip() for line in text.strip().splitlines()
+    # Words, not a line's own whitespace: the kernel's RCU stall report has tabs, which a
+    # one-line error showed as a literal "\t".
+    said = [" ".join(line.split()) for line in text.strip().splitlines()
             if line.strip() and not BOOT_NOISE.search(line)]
     return " | ".join(said[-lines:])
 
@@ -139,7 +142,7 @@ def await_ready(listener: socket.socket, deadline: float,
             break
         check_running()
         if time.monotonic() >= deadline:
-            raise TimeoutError("QEMU did not connect to the agent socket")
+            raise TimeoutError("nothing connected to the agent's socket")
     channel = Channel(sock, check_running)
     try:
         while not (line := channel.readline(deadline)).startswith(b"READY"):
@@ -288,15 +291,55 @@ class StallWatch:
 
 
 class AgentGuest(Instance):
-    """An instance whose jobs run over a vmtax guest agent, whatever started its QEMU: what
-    a vm guest (vmtax.targets.vm_instance) and a libvirt domain share. `session` is set
-    once the agent is READY; `what` names the instance in errors."""
+    """An instance whose jobs run over a vmtax guest agent, whatever started its VMM: what
+    every guest shares (vmtax.guest.vmm_guest's, which vmtax starts itself: QEMU,
+    Firecracker, Cloud Hypervisor; and a libvirt domain). `session` is set once the agent
+    is READY; `what` names the instance in errors. Its kind gives it `journal` (what undoes
+    its host changes), `opts` (its target's memory, hugepages, boot_timeout) and, on a
+    bridge, `net`; what it makes of them on the host (the agent's listening socket, huge
+    pages for its RAM, a tap) is made and released here."""
     what = "guest"
+    journal: "Journal"
+    opts: Any
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.session: AgentSession | None = None
         self.nested_kvm = False   # a KVM guest in a lab: set while it boots
+        self.net: Network | None = None
+        self.tap: NetEndpoint | None = None
+        self.host_hugepages_granted: int | None = None
+        self._listener: socket.socket | None = None
+        self._reservation: hugepages.Reservation | None = None
+
+    def _listen(self, path: Path) -> socket.socket:
+        """The socket the agent's channel connects to, listening before the guest starts."""
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(1)
+        return self._listener
+
+    def _reserve_hugepages(self) -> Path | None:
+        """Host huge pages for guest RAM, before its VMM starts; the hugetlbfs to put it on."""
+        self._reservation = hugepages.reserve_guest_ram(
+            self.journal, self.name, parse_size(self.opts.memory), self.opts.hugepages)
+        if self._reservation is None:
+            return None
+        self.host_hugepages_granted = self._reservation.granted
+        return self._reservation.mountpoint
+
+    def _release(self) -> None:
+        """Once its VMM is gone: close the agent's channel and socket, free its huge pages,
+        take its tap off the bridge."""
+        for sock in (self.session.channel.sock if self.session else None, self._listener):
+            if sock is not None:
+                sock.close()
+        if self._reservation is not None:   # the VMM is gone: its pages are free again
+            self._reservation.release()
+        if self.tap is not None and self.net is not None:
+            self.net.detach(self.tap)
+        self.session = self._listener = self._reservation = self.tap = None
+        self.address = self.client_preexec = None
 
     @abc.abstractmethod
     def _start(self) -> None:

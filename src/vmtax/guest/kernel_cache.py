@@ -17,7 +17,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+from vmtax.core import paths
+from vmtax.core.errors import VmtaxError
+from vmtax.core.files import read_json
+from vmtax.host import binary
 
 _VERSION = re.compile(rb"Linux version (\d[^\s\x00]*) \(")
 
@@ -53,12 +58,66 @@ class Kernel:
         return f"{self.sha256}:{json.dumps(self.modules, sort_keys=True)}"
 
 
+# A kernel's record: a few KB of module lists.
+MAX_META = 1 << 20
+
+
+def _words(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _record_problem(meta: object) -> str | None:
+    """What of a kernel's record is not as vmtax writes it."""
+    if not isinstance(meta, dict):
+        return "it is not a JSON object"
+    checks = {"path": isinstance(meta.get("path"), str) and meta["path"] != "",
+              "version": isinstance(meta.get("version"), str),
+              "sha256": isinstance(meta.get("sha256"), str)
+              and re.fullmatch(r"[0-9a-f]{64}", meta["sha256"]) is not None,
+              "modules": isinstance(meta.get("modules"), dict)
+              and all(_words(v) for v in meta["modules"].values()),
+              "hz": meta.get("hz") is None or type(meta["hz"]) is int,
+              "params": _words(meta.get("params", []))}
+    bad = [key for key, ok in checks.items() if not ok]
+    return f"its {bad[0]} is missing or not as vmtax writes it" if bad else None
+
+
 def load_kernel(kdir: Path) -> Kernel:
-    meta = json.loads((kdir / "meta.json").read_text())
+    """The kernel built into kdir, once its record (meta.json) is whole and the file it names
+    has the sha256 it claims (hashed once per process while the file stays the same:
+    vmtax.host.binary). A record that is not, or a file that differs, is a damaged cache
+    entry: it is moved out of the cache, and the VmtaxError says a new run builds it again."""
+    try:
+        meta: Any = read_json(kdir / "meta.json", "the kernel's record", MAX_META)
+        problem = _record_problem(meta)
+    except ValueError as exc:
+        problem = f"it is not JSON ({exc})"
+    if problem is None:
+        # A user's own file is kept by its absolute path; vmtax's own build, inside kdir.
+        path = Path(meta["path"]) if os.path.isabs(meta["path"]) else \
+            paths.under(kdir, meta["path"], f"the kernel in {kdir}")
+        try:
+            found = binary.sha256(path)
+        except OSError as exc:
+            found = f"unreadable ({exc.strerror})"
+        if found != meta["sha256"]:
+            problem = f"{path} has sha256 {found[:16]}…, not the {meta['sha256'][:16]}… it claims"
+    if problem is not None:
+        _remove_damaged(kdir)
+        raise VmtaxError(f"the cached kernel {kdir} was damaged ({problem}) and is removed "
+                         "from the cache; run the command again to build it anew")
     modules_dir = kdir / "modules"
-    return Kernel(kdir / meta["path"], meta["version"], meta["sha256"],
+    return Kernel(path, meta["version"], meta["sha256"],
                   modules_dir if modules_dir.is_dir() else None, meta["modules"], meta.get("hz"),
                   tuple(meta.get("params", ())))
+
+
+def _remove_damaged(kdir: Path) -> None:
+    """kdir out of the cache at once (a rename), then removed."""
+    aside = kdir.with_name(f".damaged-{kdir.name}-{os.getpid()}")
+    with contextlib.suppress(OSError):
+        os.rename(kdir, aside)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def publish_dir(tmp: Path, dest: Path, marker: str = "meta.json") -> None:

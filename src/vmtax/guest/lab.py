@@ -48,7 +48,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypedDict
 
 from vmtax.core.errors import VmtaxError
 from vmtax.guest.image import (CpioEntry, _check, _download_deb, _insmod_order, _run_tool,
@@ -198,13 +198,14 @@ def _build_lab_kernel(deb: Path, version: str | None, dest: Path,
         raise
 
 
-def _built(dest: Path, build: Callable[[], None]) -> dict:
+def _built(dest: Path, build: Callable[[], None]) -> dict[str, Any]:
     """dest's meta.json, once build() has made dest (once, whoever asks at the same time)."""
     if not (dest / "meta.json").exists():
         with build_lock(dest):
             if not (dest / "meta.json").exists():
                 build()
-    return json.loads((dest / "meta.json").read_text())
+    meta: dict[str, Any] = json.loads((dest / "meta.json").read_text())
+    return meta
 
 
 def lab_kernel(cache: Path, package: str | None = None) -> LabKernel:
@@ -324,13 +325,23 @@ def lab_argv(qemu: str, kernel: LabKernel, machine: Machine, share: Path,
             "-device", "virtio-serial-pci,id=vser", *consoles]
 
 
+class LabJob(TypedDict):
+    """What the lab runs, as JOB in the share holds it."""
+    commands: list[list[str]]   # argv lists, run in turn until one fails
+    cwd: str
+    env: dict[str, str]
+    tty: bool
+    modules: str                # the kernel modules' tree
+    version: str                # the kernel's release
+
+
 def write_job(share: Path, commands: list[list[str]], cwd: str, modules_tree: Path,
               version: str, env: dict[str, str], tty: bool) -> None:
     """The lab's job: its commands (argv lists), run in turn until one fails."""
     (share / PYTHON).write_text(sys.executable)
-    (share / JOB).write_text(json.dumps({"commands": commands, "cwd": cwd, "env": env,
-                                         "tty": tty, "modules": str(modules_tree),
-                                         "version": version}))
+    job = LabJob(commands=commands, cwd=cwd, env=env, tty=tty, modules=str(modules_tree),
+                 version=version)
+    (share / JOB).write_text(json.dumps(job))
 
 
 # --- inside the lab -----------------------------------------------------------------------
@@ -358,7 +369,7 @@ def _mount(fstype: str, source: str, target: str, options: str = "") -> None:
         _say(f"mount {target}: {done.stderr.strip()}")
 
 
-def _prepare(job: dict) -> str | None:
+def _prepare(job: LabJob) -> str | None:
     """The lab's mounts and modules; why KVM cannot run (None: it can)."""
     for fstype, source, target, options in _MOUNTS:
         _mount(fstype, source, target, options)
@@ -489,16 +500,17 @@ def _beat(share: Path) -> None:
     threading.Thread(target=beat, daemon=True).start()
 
 
-def _run_commands(job: dict, share: Path, out: _Stream, err: _Stream) -> int:
+def _run_commands(job: LabJob, share: Path, out: _Stream, err: _Stream) -> int:
     """The job's commands in turn, each recorded in COMMANDS as it starts and ends, until
     one fails: its exit status (or the last one's)."""
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            **job["env"]}
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     rc = 0
     for argv in job["commands"]:
-        record = {"argv": argv, "out": [out.written, None], "err": [err.written, None],
-                  "rc": None, "started": _uptime()}
+        record: dict[str, Any] = {"argv": argv, "out": [out.written, None],
+                                  "err": [err.written, None], "rc": None,
+                                  "started": _uptime()}
         records.append(record)
         (share / COMMANDS).write_text(json.dumps(records))
         rc = _run(argv, job["cwd"], env, out, err, job.get("tty", False))
@@ -522,7 +534,7 @@ def inside(job_path: str) -> int:
         (share / STARTED).write_text(str(_uptime()))
     _beat(share)
     try:
-        job = json.loads(Path(job_path).read_text())
+        job: LabJob = json.loads(Path(job_path).read_text())
         problem = _prepare(job)
         with open("/dev/hvc0", "wb", buffering=0) as out, \
                 open("/dev/hvc1", "wb", buffering=0) as err:
@@ -547,7 +559,7 @@ def inside(job_path: str) -> int:
     return rc
 
 
-def spawn(argv: list[str], log: Path) -> subprocess.Popen:
+def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as f:
         return proc.spawn(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f)
 

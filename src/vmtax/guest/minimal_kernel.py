@@ -65,6 +65,10 @@ CONFIG = (
     "UNIX98_PTYS", "NO_HZ_IDLE",
     # The agent's channel under a VMM without virtio-serial (Firecracker, Cloud Hypervisor).
     "VSOCKETS", "VIRTIO_VSOCKETS",
+    # Cloud Hypervisor's virtio-pci devices signal by MSI-X only (no INTx): without it the
+    # kernel hung at its first disk request, its console silent after "io scheduler kyber
+    # registered" (in the lab).
+    "PCI_MSI",
 )
 # What tinyconfig or the options above bring by default that a vmtax guest never uses, and
 # that costs boot time under TCG (measured with initcall_debug, on a busy 2-core host):

@@ -2,26 +2,35 @@
 
 Assembled from busybox, the host binaries the workloads need and the shared libraries
 they load, so native, container and VM run byte-identical programs. Cached by the
-content hash of its inputs; a cached tree is never modified (containers copy it).
+content hash of its inputs; a cached tree is never modified (containers copy it). Its
+`.complete` records every entry the build made (each file's sha256 and mode, each link's
+target), and a cached tree is used only while it holds exactly those: one that differs (a
+program swapped for another, a file added) is built again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
+from vmtax.core.files import read_json
 from vmtax.core.text import printable
 from vmtax.guest.kernel_cache import build_lock
+from vmtax.host import binary
 
-FORMAT = "1"   # bump when the layout changes, to invalidate caches
+FORMAT = "2"   # bump when the layout changes, to invalidate caches
+# A tree of a few hundred entries: its record is tens of KB.
+MAX_RECORD = 16 << 20
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 _LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 DIRS = ("bin", "sbin", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "tmp", "root",
@@ -66,13 +75,8 @@ def file_set(binaries: Iterable[str]) -> dict[str, Path]:
     return files
 
 
-def sha256_file(path: Path) -> str:
-    """The file's SHA-256, read in 1 MiB pieces."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+# A file's SHA-256, hashed once per process while it stays the same (vmtax.host.binary).
+sha256_file = binary.sha256
 
 
 def digest(files: dict[str, Path]) -> str:
@@ -80,6 +84,38 @@ def digest(files: dict[str, Path]) -> str:
     for guest_path in sorted(files):
         h.update(f"{guest_path}\0{sha256_file(files[guest_path])}\n".encode())
     return h.hexdigest()
+
+
+def entries(root: Path) -> dict[str, list[Any]]:
+    """Every entry below root but `.complete`, by its path there: a directory's mode, a
+    link's target, a file's mode and sha256 (hashed once per process while it stays the
+    same: vmtax.host.binary); anything else is marked as such."""
+    found: dict[str, list[Any]] = {}
+    for top, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            key = os.path.relpath(path, root)
+            if stat.S_ISLNK(st.st_mode):
+                found[key] = ["link", os.readlink(path)]
+            elif stat.S_ISDIR(st.st_mode):
+                found[key] = ["dir", stat.S_IMODE(st.st_mode)]
+            elif stat.S_ISREG(st.st_mode):
+                found[key] = ["file", stat.S_IMODE(st.st_mode), sha256_file(path)]
+            else:
+                found[key] = ["other", st.st_mode]
+    found.pop(".complete", None)
+    return found
+
+
+def _intact(dest: Path, key: str) -> bool:
+    """Whether the cached tree at dest is complete and holds what its build made."""
+    try:
+        record = read_json(dest / ".complete", "the rootfs's record", MAX_RECORD)
+    except (FileNotFoundError, ValueError):
+        return False
+    return (isinstance(record, dict) and record.get("key") == key
+            and record.get("entries") == entries(dest))
 
 
 def populate(root: Path, files: dict[str, Path]) -> None:
@@ -109,18 +145,19 @@ def build(binaries: Iterable[str], cache: Path | None = None) -> Path:
     key = digest(files)[:16]
     base = (cache or paths.cache_dir()) / "rootfs"
     dest = base / key
-    if (dest / ".complete").exists():
+    if _intact(dest, key):
         return dest
     # Builders of one rootfs (density's parallel guests on a cold cache, two runs) take
     # turns: a finished one is never replaced under a guest or container that uses it.
     with build_lock(dest):
-        if (dest / ".complete").exists():
+        if _intact(dest, key):
             return dest
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=base))
         try:
             populate(tmp, files)
-            (tmp / ".complete").write_text(key + "\n")
-            shutil.rmtree(dest, ignore_errors=True)   # an unfinished one, left by a crash
+            (tmp / ".complete").write_text(json.dumps({"key": key, "entries": entries(tmp)}))
+            # One unfinished, left by a crash, or changed since it was built.
+            shutil.rmtree(dest, ignore_errors=True)
             os.rename(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

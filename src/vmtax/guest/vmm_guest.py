@@ -25,7 +25,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -43,7 +42,7 @@ from vmtax.guest.agent_session import (
     tail,
 )
 from vmtax.guest.qemu import parse_size
-from vmtax.host import hugepages, machine, proc
+from vmtax.host import machine, proc
 from vmtax.host.journal import Journal
 
 if TYPE_CHECKING:
@@ -100,15 +99,11 @@ class VmmGuest(AgentGuest):
         self.files: GuestFiles | None = None
         self.job_overhead: float | None = None
         self.boot_cpu_seconds: float | None = None
-        self.host_hugepages_granted: int | None = None
         self.guest_hugepages_granted: int | None = None
         self.vcpu_affinity: list[list[int]] | None = None
-        self.tap: NetEndpoint | None = None
         self._proc: subprocess.Popen | None = None
-        self._listener: socket.socket | None = None
         self._tokens: list[int] = []
         self._dirs: list[Path] = []
-        self._reservation: hugepages.Reservation | None = None
 
     # -- what a VMM supplies -------------------------------------------------------------
 
@@ -185,9 +180,7 @@ class VmmGuest(AgentGuest):
             tap=self.tap)
         argv = self._launch(files)
         make_scratch_disk(files.disk, self.opts.disk_size)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(files.agent_socket))
-        self._listener.listen(1)
+        listener = self._listen(files.agent_socket)
         start = time.monotonic()
         with open(run_dir / "vmm.log", "ab") as log, open(files.console_log, "ab"), \
                 open(self._stdout(files), "ab") as out:
@@ -196,7 +189,7 @@ class VmmGuest(AgentGuest):
         self._tokens.append(self.journal.process(self._proc.pid))
         self._started(files)
         deadline = start + machine.lab_scaled(self.opts.boot_timeout)
-        session = self._await_agent(self._listener, start, deadline, files.console_log,
+        session = self._await_agent(listener, start, deadline, files.console_log,
                                     self.under_kvm(), HOST_MARGIN)
         # What the boot cost the VMM in CPU: comparable where wall time is shared (make bench).
         self.boot_cpu_seconds = proc.cpu_seconds(self._proc.pid)
@@ -209,15 +202,6 @@ class VmmGuest(AgentGuest):
         """AgentSession.setup's arguments: (address, disk bus, trees)."""
         address = (self.tap.cidr, self.tap.gateway) if self.tap is not None else None
         return (address,)
-
-    def _reserve_hugepages(self) -> Path | None:
-        """Host huge pages for guest RAM, before the VMM starts; the hugetlbfs to put it on."""
-        self._reservation = hugepages.reserve_guest_ram(
-            self.journal, self.name, parse_size(self.opts.memory), self.opts.hugepages)
-        if self._reservation is None:
-            return None
-        self.host_hugepages_granted = self._reservation.granted
-        return self._reservation.mountpoint
 
     def _check_guest_hugepages(self) -> None:
         """What the guest kernel really reserved (it grants fewer when memory is short)."""
@@ -340,21 +324,13 @@ class VmmGuest(AgentGuest):
                 pass
         self.kill()
         self._close()
-        for sock in (self.session.channel.sock if self.session else None, self._listener):
-            if sock is not None:
-                sock.close()
-        if self._reservation is not None:   # the VMM is gone: its pages are free again
-            self._reservation.release()
-        if self.tap is not None and self.net is not None:
-            self.net.detach(self.tap)
+        self._release()
         for directory in self._dirs:
             shutil.rmtree(directory, ignore_errors=True)
         for token in self._tokens:
             self.journal.forget(token)
-        self._proc = self.session = self._listener = None
-        self._reservation = self.tap = None
+        self._proc = None
         self._tokens, self._dirs = [], []
-        self.address = self.client_preexec = None
 
 
 # How long a VMM asked to quit may take before it is killed.

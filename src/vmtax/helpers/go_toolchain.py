@@ -10,6 +10,7 @@ builds the same programs with the same Go, whatever Go it has itself.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +27,15 @@ BUILD_TIMEOUT = 1800.0
 # GOFLAGS, GOOS, ...) would change which Go runs or what it builds, so they are dropped.
 GO_NETWORK_VARS = ("GOPROXY", "GONOPROXY", "GOPRIVATE", "GOSUMDB", "GONOSUMDB", "GOINSECURE")
 INSTALL = "apt-get install golang-go"
+
+
+def source_digest(source: Path) -> str:
+    """A Go program's sources (the files of its directory), so an edit builds it anew."""
+    h = hashlib.sha256()
+    for path in sorted(source.glob("*")):
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def go_arch() -> str | None:

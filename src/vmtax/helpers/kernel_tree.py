@@ -40,6 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -313,8 +314,9 @@ def tree_path(cache: Path | None = None) -> Path:
     return (cache or paths.cache_dir()) / "kernel-trees" / f"tinyconfig-{cache_key(tarball())}"
 
 
-def manifest(tree: Path) -> dict:
-    return json.loads((tree / MANIFEST).read_text())  # type: ignore[no-any-return]
+def manifest(tree: Path) -> dict[str, Any]:
+    built: dict[str, Any] = json.loads((tree / MANIFEST).read_text())
+    return built
 
 
 def kernel_tree(cache: Path | None = None, jobs: int | None = None) -> Path:

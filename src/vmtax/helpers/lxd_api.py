@@ -21,12 +21,10 @@ storage pool. The daemon itself, when vmtax starts it, is journaled first
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import math
 import re
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from urllib.parse import quote
 
 from vmtax.core.errors import TargetError
 from vmtax.host import daemon
+from vmtax.host.unix_http import UnixConnection
 from vmtax.host.journal import Journal, undone_by
 
 # Debian's lxd (the socket its lxd.socket unit listens on); LXD_DIR is /var/lib/lxd.
@@ -56,22 +55,6 @@ class LxdError(TargetError):
     """LXD refused a call: its own message, in one line."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.unix_path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 @dataclass
 class ExecResult:
     exit_code: int | None        # None: killed at its timeout
@@ -90,7 +73,7 @@ class Lxd:
 
     def _send(self, method: str, path: str, body: Any = None,
               timeout: float = REQUEST_TIMEOUT) -> tuple[int, bytes]:
-        conn = _UnixConnection(self.socket, timeout)
+        conn = UnixConnection(self.socket, timeout)
         try:
             data = None if body is None else json.dumps(body).encode()
             headers = {"Content-Type": "application/json"} if data is not None else {}

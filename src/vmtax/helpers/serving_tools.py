@@ -12,7 +12,6 @@ vmtax.helpers.serving_tools` builds whatever is missing ahead of time (`make tes
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import sys
@@ -39,17 +38,8 @@ def home() -> Path:
     return path
 
 
-def source_digest() -> str:
-    """The server's sources, so an edit to them builds a new server."""
-    h = hashlib.sha256()
-    for path in sorted(SOURCE.glob("*")):
-        if path.is_file():
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def httpd_path() -> Path:
-    return home() / f"httpd-{source_digest()}" / "httpd"
+    return home() / f"httpd-{go_toolchain.source_digest(SOURCE)}" / "httpd"
 
 
 def vegeta_path() -> Path:

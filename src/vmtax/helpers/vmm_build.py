@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -67,7 +68,7 @@ def _home() -> Path:
     return home
 
 
-def _meta(directory: Path) -> dict | None:
+def _meta(directory: Path) -> dict[str, Any] | None:
     try:
         meta = json.loads((directory / "meta.json").read_text())
     except (OSError, ValueError):

@@ -23,6 +23,7 @@ from typing import Callable
 from vmtax.core import paths
 from vmtax.core import workload as workloads
 from vmtax.core.errors import VmtaxError
+from vmtax.core.files import read_json
 from vmtax.core.runtime import Runtime, runtimes
 from vmtax.core.target import Target
 from vmtax.core.target import kinds as target_kinds
@@ -76,13 +77,22 @@ def _binary_key(path: str, args: tuple[str, ...]) -> str | None:
                        libraries, list(args)])
 
 
+# ~20 programs' answers: a file far larger is none of vmtax's.
+_MAX_VERSIONS = 1 << 20
+
+
 @functools.cache
 def _kept_versions() -> dict[str, str | None]:
+    """The answers kept (none when there are none, or they are garbled: asked again); a
+    file vmtax does not write there (a FIFO, another user's) is refused in one line."""
     try:
-        kept = json.loads((paths.cache_dir() / _VERSIONS_FILE).read_text())
-        return kept if isinstance(kept, dict) else {}
-    except (OSError, ValueError):
+        kept = read_json(paths.cache_dir() / _VERSIONS_FILE, "doctor's version cache",
+                         _MAX_VERSIONS)
+    except (FileNotFoundError, ValueError):
         return {}
+    if not isinstance(kept, dict):
+        return {}
+    return {k: v for k, v in kept.items() if isinstance(v, str) or v is None}
 
 
 def _keep_versions() -> None:

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # How long vmtax waits at its end for its guardian, which then has nothing left to undo
@@ -31,7 +32,7 @@ WAIT = 30.0
 
 
 @contextlib.contextmanager
-def guard(journal_path: Path):
+def guard(journal_path: Path) -> Iterator[None]:
     """A guardian for the journal at journal_path while the block runs; at its end the
     guardian undoes what the journal still lists, and is waited for: at most WAIT seconds,
     and not at all once it is stopped (SIGSTOP); then vmtax kills it, undoes the journal
@@ -62,7 +63,7 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-def _await(guardian: subprocess.Popen, journal_path: Path) -> None:
+def _await(guardian: subprocess.Popen[bytes], journal_path: Path) -> None:
     deadline = time.monotonic() + WAIT
     while guardian.poll() is None:
         if _stopped(guardian.pid) or time.monotonic() > deadline:

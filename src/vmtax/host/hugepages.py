@@ -24,11 +24,11 @@ import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from vmtax.core.errors import VmtaxError
 from vmtax.host import proc
-from vmtax.host.journal import undone_by
+from vmtax.host.journal import Journal, undone_by
 
 SIZES = {"2M": 2 << 20, "1G": 1 << 30}
 SYSFS = Path("/sys/kernel/mm/hugepages")
@@ -91,7 +91,7 @@ def capacity_problem(wanted: dict[str, int], sysfs: Path = SYSFS,
 
 
 @contextlib.contextmanager
-def locked(nr: Path):
+def locked(nr: Path) -> Iterator[None]:
     """The pool behind nr_hugepages `nr` to this process alone (until the block ends)."""
     with open(nr) as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -105,7 +105,7 @@ def persistent(nr: Path) -> int:
     return int(nr.read_text().split()[0]) - (int(surplus.read_text()) if surplus.exists() else 0)
 
 
-def held_elsewhere(journal, pool: str) -> int:
+def held_elsewhere(journal: Journal, pool: str) -> int:
     """Pages of the huge page pool at `pool` that the leases in the other journals of
     journal's directory hold (live runs, and dead ones not undone yet)."""
     held = 0
@@ -117,7 +117,7 @@ def held_elsewhere(journal, pool: str) -> int:
     return held
 
 
-def end_lease(journal, entry: dict) -> None:
+def end_lease(journal: Journal, entry: dict[str, Any]) -> None:
     """Undo a journaled lease (its owner is done or dead): lower the pool by what the owner
     added, never below what the other leases hold, never raise it."""
     nr = Path(entry["path"])
@@ -128,7 +128,7 @@ def end_lease(journal, entry: dict) -> None:
             nr.write_text(f"{pages}\n")
 
 
-def mount_hugetlbfs(journal, size: str) -> tuple[Path, list[int]]:
+def mount_hugetlbfs(journal: Journal, size: str) -> tuple[Path, list[int]]:
     """A private hugetlbfs of `size` pages; returns its mount point and the journal tokens
     that unmount and remove it (undo them newest first)."""
     directory, made = journal.make_dir(Path(tempfile.gettempdir()), f"vmtax-hugetlbfs-{size}-")
@@ -171,8 +171,8 @@ class Pool:
     another vmtax included, are left alone. `mount` makes the hugetlbfs the guests' RAM
     files live on (a parameter so tests can use a fake sysfs without mounting anything)."""
 
-    def __init__(self, journal, size: str, sysfs: Path = SYSFS,
-                 mount: Callable[[object, str], tuple[Path, list[int]]] = mount_hugetlbfs,
+    def __init__(self, journal: Journal, size: str, sysfs: Path = SYSFS,
+                 mount: Callable[[Journal, str], tuple[Path, list[int]]] = mount_hugetlbfs,
                  compact: Path = COMPACT):
         self.journal = journal
         self.size = size
@@ -195,15 +195,21 @@ class Pool:
         """Change the pool by `pages`; returns by how much the kernel changed it. The lease
         never says less than was added (raised before a raise, lowered after a lowering):
         a crash in between costs at most a few pages too many given back, never a leak."""
+        lease = self._open_lease()
         with locked(self.path):
             if pages > 0:
-                self.journal.update(self._lease, added=self.added + pages)
+                self.journal.update(lease, added=self.added + pages)
             before = self._read()
             self._write(max(before + pages, 0))
             changed = self._read() - before
             self.added += changed
-            self.journal.update(self._lease, added=self.added)
+            self.journal.update(lease, added=self.added)
         return changed
+
+    def _open_lease(self) -> int:
+        """The journal token of the lease, which _open takes before the pool changes."""
+        assert self._lease is not None, "the pool is changed only while its lease is open"
+        return self._lease
 
     def reserve(self, pages: int) -> Reservation:
         """Raise the pool by `pages`; if the kernel grants fewer, give them back and fail."""
@@ -261,23 +267,24 @@ class Pool:
             self.journal.undo(token)
         self._mount_tokens = []
         self.mountpoint = None
-        self.journal.undo(self._lease)
+        self.journal.undo(self._open_lease())
         self.added = 0
 
 
 # The pools of one invocation (one journal), shared by its VM targets: two guests on 2 MiB
 # pages raise one pool and share one hugetlbfs mount, unmounted when both are gone.
-_POOLS: "weakref.WeakKeyDictionary[object, dict[str, Pool]]" = weakref.WeakKeyDictionary()
+_POOLS: "weakref.WeakKeyDictionary[Journal, dict[str, Pool]]" = weakref.WeakKeyDictionary()
 
 
-def pool(journal, size: str) -> Pool:
+def pool(journal: Journal, size: str) -> Pool:
     pools = _POOLS.setdefault(journal, {})
     if size not in pools:
         pools[size] = Pool(journal, size)
     return pools[size]
 
 
-def reserve_guest_ram(journal, name: str, memory: int, size: str | None) -> Reservation | None:
+def reserve_guest_ram(journal: Journal, name: str, memory: int,
+                      size: str | None) -> Reservation | None:
     """Host huge pages of `size` for a guest's `memory` bytes of RAM, before its QEMU
     starts (None when it asks for none); a one-line error naming the target when the host
     cannot give them."""

@@ -39,7 +39,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -511,7 +511,7 @@ def _rmdir_all(paths: list[str], within: float = 2.0) -> None:
 
 
 @contextlib.contextmanager
-def _undoing(directory: Path):
+def _undoing(directory: Path) -> Iterator[None]:
     """One undoer of left journals at a time: a guardian, a starting vmtax and `vmtax
     cleanup` may find the same journal at once, and a lease must not be given back twice."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)

@@ -22,11 +22,11 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from vmtax.core import target
 from vmtax.core.errors import VmtaxError
-from vmtax.host.journal import undone_by
+from vmtax.host.journal import Journal, undone_by
 
 SYSFS = Path("/sys/kernel/mm/ksm")
 # What a lease changes, written back in this order (run last: ksmd stops once the rest is
@@ -78,10 +78,10 @@ def _write(sysfs: Path, values: dict[str, int]) -> None:
             (sysfs / name).write_text(f"{values[name]}\n")
 
 
-def other_leases(journal, sysfs: Path) -> list[dict]:
+def other_leases(journal: Journal, sysfs: Path) -> list[dict[str, Any]]:
     """KSM leases on sysfs in the other journals of journal's directory (live runs, and
     dead ones not undone yet), oldest journal first."""
-    found = []
+    found: list[dict[str, Any]] = []
     for path in sorted(journal.dir.glob("journal-*-*.json"), key=lambda p: p.stat().st_mtime
                        if p.exists() else 0):
         if path == journal.path:
@@ -92,7 +92,7 @@ def other_leases(journal, sysfs: Path) -> list[dict]:
     return found
 
 
-def end_lease(journal, entry: dict) -> None:
+def end_lease(journal: Journal, entry: dict[str, Any]) -> None:
     """Undo a journaled lease (its owner is done or dead): the host's settings come back
     unless another run still holds a lease, which then carries them."""
     sysfs = Path(entry["path"])
@@ -104,18 +104,19 @@ def end_lease(journal, entry: dict) -> None:
 @dataclass
 class Lease:
     """KSM on for one run: release() (idempotent) hands the knobs back."""
-    journal: object
+    journal: Journal
     sysfs: Path
     token: int | None
     saved: dict[str, int]
 
     def release(self) -> None:
         if self.token is not None:
-            self.journal.undo(self.token)   # type: ignore[attr-defined]
+            self.journal.undo(self.token)
             self.token = None
 
 
-def enable(journal, pages_to_scan: int, sleep_millisecs: int, sysfs: Path = SYSFS) -> Lease:
+def enable(journal: Journal, pages_to_scan: int, sleep_millisecs: int,
+           sysfs: Path = SYSFS) -> Lease:
     """Turn KSM on (run = 1) at this scan rate; journaled before anything is written."""
     why = unavailable(sysfs)
     if why is not None:

@@ -28,7 +28,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, overload
 
 from vmtax.core import paths
 from vmtax.host import machine
@@ -111,7 +111,15 @@ class _NotKvm(Exception):
     """The device opened but does not answer KVM_GET_API_VERSION."""
 
 
-def _ioctl(fd: int, request: int, arg, name: str) -> int:
+@overload
+def _ioctl(fd: int, request: int, arg: int | bytearray | ctypes.Array[Any], name: str) -> int:
+    ...
+@overload
+def _ioctl(fd: int, request: int, arg: bytes, name: str) -> bytes: ...
+def _ioctl(fd: int, request: int, arg: int | bytes | bytearray | ctypes.Array[Any],
+           name: str) -> int | bytes:
+    """fcntl.ioctl: a number or a buffer it fills (the call's result), or bytes it reads
+    (a copy of them back)."""
     try:
         return fcntl.ioctl(fd, request, arg)
     except OSError as e:

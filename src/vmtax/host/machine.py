@@ -9,6 +9,7 @@ import re
 import shutil
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 from vmtax import __version__
 from vmtax.host.proc import run
@@ -102,7 +103,7 @@ def _clocksource() -> str | None:
     return text.strip() if text else None
 
 
-def fingerprint() -> dict:
+def fingerprint() -> dict[str, Any]:
     """The facts about this host that a result depends on; JSON-serializable, ~1 ms."""
     cpus = _cpuinfo()
     first = cpus[0] if cpus else {}

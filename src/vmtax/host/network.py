@@ -60,7 +60,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from vmtax.core.errors import VmtaxError
 from vmtax.host import proc
@@ -70,7 +70,7 @@ from vmtax.host.journal import Journal
 POOL = ipaddress.ip_network("10.213.0.0/16")
 PREFIX = 22
 GATEWAY_HOST = 1                    # the bridge's address in every subnet
-FIRST_HOST, LAST_HOST = 2, 2 ** (32 - PREFIX) - 2      # instances' addresses
+FIRST_HOST, LAST_HOST = 2, (1 << (32 - PREFIX)) - 2   # instances' addresses
 NETNS_DIR = Path("/run/netns")
 DEVICE_PREFIX = "vt"                # vt<id>br, vt<id>t<h>, vt<id>v<h>: at most 13 characters
 MAC_PREFIX = "02"                   # locally administered, unicast
@@ -337,7 +337,7 @@ class Network:
         self.id = self.name = None
 
     @contextlib.contextmanager
-    def _subnet_lock(self):
+    def _subnet_lock(self) -> Iterator[None]:
         """Host-wide: one vmtax at a time picks a subnet and puts it on its bridge."""
         try:
             fd = os.open(NETNS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -394,7 +394,7 @@ class Network:
     def __enter__(self) -> "Network":
         return self.create()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.destroy()
 
     # -- endpoints --
@@ -495,7 +495,7 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _json(text: str) -> list[dict]:
+def _json(text: str) -> list[dict[str, Any]]:
     try:
         value = json.loads(text or "[]")
     except json.JSONDecodeError:
@@ -507,7 +507,8 @@ def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 right now (another process may take it before QEMU)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def user_net_args(guest_port: int, transport: str = "pci", host_port: int | None = None,

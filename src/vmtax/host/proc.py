@@ -13,8 +13,11 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -26,7 +29,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _stop_signal: int | None = None
 
 
-def stop_on_signal(signum, frame) -> None:
+def stop_on_signal(signum: int, frame: FrameType | None) -> None:
     global _stop_signal
     _stop_signal = signum
     raise KeyboardInterrupt
@@ -52,7 +55,8 @@ def _die_with_parent() -> None:
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-def spawn(argv: list[str], *, preexec=None, **kwargs) -> subprocess.Popen:
+def spawn(argv: list[str], *, preexec: Callable[[], object] | None = None,
+          **kwargs: Any) -> subprocess.Popen[bytes]:
     """Start argv in a new process group that is killed when vmtax dies."""
     def child_setup() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -71,7 +75,7 @@ def spawn(argv: list[str], *, preexec=None, **kwargs) -> subprocess.Popen:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def kill_group(proc: subprocess.Popen, grace: float = 0.0) -> None:
+def kill_group(proc: subprocess.Popen[Any], grace: float = 0.0) -> None:
     """Kill proc's process group (SIGTERM first when grace > 0) and reap proc."""
     if proc.poll() is None and grace > 0:
         try:
@@ -99,7 +103,8 @@ class Completed:
 
 
 def run(argv: list[str], *, timeout: float | None = None, env: dict[str, str] | None = None,
-        cwd: str | None = None, input: bytes | None = None, preexec=None) -> Completed:
+        cwd: str | None = None, input: bytes | None = None,
+        preexec: Callable[[], object] | None = None) -> Completed:
     """Run argv to completion (or kill its whole group at the timeout) and time it."""
     start = time.perf_counter()
     proc = spawn(argv, preexec=preexec, env=env, cwd=cwd,

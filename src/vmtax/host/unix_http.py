@@ -1,18 +1,21 @@
-"""HTTP over a UNIX socket: the API of a VMM that serves one there (Firecracker, Cloud
-Hypervisor). One request per connection, JSON in and out."""
+"""HTTP over a UNIX socket: the APIs of daemons and VMMs that serve one there (LXD,
+Firecracker, Cloud Hypervisor). One request per connection, JSON in and out."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 from typing import Any
 
 
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
+class UnixConnection(http.client.HTTPConnection):
+    """An HTTP connection to the server listening on the UNIX socket at path."""
+
+    def __init__(self, path: str | os.PathLike[str], timeout: float):
         super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
+        self.socket_path = str(path)
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -33,7 +36,7 @@ def request(path: str, method: str, url: str, body: Any = None,
             timeout: float = 5.0) -> Any:
     """The decoded JSON answer to one request (None for an empty one); ApiError for a
     status of 300 or more, OSError when nothing answers on path."""
-    conn = _Connection(path, timeout)
+    conn = UnixConnection(path, timeout)
     try:
         payload = None if body is None else json.dumps(body)
         headers = {"Accept": "application/json"}

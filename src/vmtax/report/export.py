@@ -104,7 +104,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _csv_value(value: Any) -> Any:
+def csv_cell(value: Any) -> Any:
     """A cell's text: its control characters escaped as JSON and the terminal escape them
     (`printable`: "\x1b]0;x", so `export --csv -` cannot drive a terminal either; a
     newline stays, quoted as CSV does); a text that a spreadsheet would take for a formula
@@ -120,8 +120,8 @@ def to_csv(run: Run, per_host: dict[str, Run] | None = None) -> bytes:
     columns, rows = _rows(run, per_host)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([_csv_value(c) for c in columns])   # parameter names come from plans
-    writer.writerows([_csv_value(row.get(c, "")) for c in columns] for row in rows)
+    writer.writerow([csv_cell(c) for c in columns])   # parameter names come from plans
+    writer.writerows([csv_cell(row.get(c, "")) for c in columns] for row in rows)
     return buf.getvalue().encode()
 
 

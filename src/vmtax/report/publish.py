@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any, Callable
 
 from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, SeriesLevels, Trend
 from vmtax.analysis.model import RunModel
@@ -24,14 +24,17 @@ from vmtax.report import trend_html
 from vmtax.report.parts import change_interval, fmt, runs_text, series_status
 
 
+# The index's stylesheet (a plain string: its braces are CSS's).
+_STYLE = ("body { font: 14px system-ui, sans-serif; margin: 1.5em; } .worse { color: #b00; } "
+          ".better { color: #070; } .note { color: #a60; } table { border-collapse: collapse; "
+          "margin-bottom: 1em; } th, td { text-align: left; padding: 2px 10px 2px 0; "
+          "vertical-align: top; } th { border-bottom: 1px solid #ccc; } small { color: #666; }")
+
+
 def _page(title: str, body: str) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(title)}</title><style>body {{ font: 14px system-ui, "
-            "sans-serif; margin: 1.5em; }} .worse {{ color: #b00; }} .better {{ color: "
-            "#070; }} .note {{ color: #a60; }} table {{ border-collapse: collapse; "
-            "margin-bottom: 1em; }} th, td {{ text-align: left; padding: 2px 10px 2px 0; "
-            "vertical-align: top; }} th {{ border-bottom: 1px solid #ccc; }} small {{ "
-            f"color: #666; }}</style></head><body>\n{body}\n</body></html>\n")
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+            f"{body}\n</body></html>\n")
 
 
 def _link(href: str, text: str) -> str:
@@ -59,39 +62,50 @@ def change_text(c: FoundChange) -> str:
 
 @dataclass
 class Site:
-    """The pages a publish writes, decided from the trends and what the directory holds
-    already (a page written before is not written again, but for a run's page that gains
-    its figures); the CLI analyses the runs each page needs, has the functions below render
-    them and writes them (a renderer writes no file: vmtax.host.outputs does)."""
-    out: Path
-    trends: list[tuple[Path, Trend]] = field(default_factory=list)
-    # Per change point's pair of runs: its page, the runs, and each series changing there.
-    changes: list[tuple[Path, str, str, list[tuple[Series, FoundChange]]]] = field(
+    """The pages a publish writes, named relative to DIR, decided from the trends and what
+    DIR holds already (what each page there was made from, vmtax.host.site_files: a page
+    is written again when that changed, or when a run's page gains its figures); the CLI
+    analyses the runs each page needs, has the functions below render them and writes
+    them, with what each is made from."""
+    trends: list[tuple[str, Trend]] = field(default_factory=list)
+    # Per change point's pair of runs: its page, the runs, each series changing there, and
+    # what the page is made from.
+    changes: list[tuple[str, str, str, list[tuple[Series, FoundChange]], Any]] = field(
         default_factory=list)
-    runs: list[tuple[Path, str, bool]] = field(default_factory=list)     # run, figures
+    runs: list[tuple[str, str, bool, Any]] = field(default_factory=list)  # run, figures, from
     index: str = ""
 
 
-SUBDIRECTORIES = ("runs", "trends", "changes")
+def _made_from(trend: Trend) -> dict[str, list[Any]]:
+    """Per run, what its pages show of it: its status and how many values its series hold
+    (an interrupted run resumed and finished has more)."""
+    values: dict[str, int] = {}
+    for s in trend.series:
+        for p in s.points:
+            values[p.run.id] = values.get(p.run.id, 0) + len(p.values)
+    return {r.id: [r.status, values.get(r.id, 0)]
+            for host_runs in trend.runs.values() for r in host_runs}
 
 
-def plan(trends: list[Trend], out: Path) -> Site:
-    """The site in out, a directory holding SUBDIRECTORIES."""
-    site = Site(out)
-    pages: dict[Path, list[tuple[Series, FoundChange]]] = {}
+def plan(trends: list[Trend], made_from: Callable[[str], Any]) -> Site:
+    """The site, given what each page DIR holds was made from (None: no such page)."""
+    site = Site()
+    pages: dict[str, list[tuple[Series, FoundChange]]] = {}
     sections = []
     for trend in trends:
-        site.trends.append((out / "trends" / f"{trend.name}.html", trend))
+        made = _made_from(trend)
+        site.trends.append((f"trends/{trend.name}.html", trend))
         rows = []
         for s in trend.series:
             changes = []
             for c in s.changes:
                 href = f"changes/{c.before.id}--{c.after.id}.html"
-                if not (out / href).exists() and (out / href) not in pages:
-                    pages[out / href] = []
-                    site.changes.append((out / href, c.before.id, c.after.id, pages[out / href]))
-                if out / href in pages:
-                    pages[out / href].append((s, c))
+                state = [made[c.before.id], made[c.after.id]]
+                if made_from(href) != state and href not in pages:
+                    pages[href] = []
+                    site.changes.append((href, c.before.id, c.after.id, pages[href], state))
+                if href in pages:
+                    pages[href].append((s, c))
                 changes.append(f'<span class="{c.verdict}">{html.escape(change_text(c))}</span>'
                                f" ({_link(href, 'the segments compared')})")
             regression = s.regression()
@@ -111,11 +125,13 @@ def plan(trends: list[Trend], out: Path) -> Site:
         for host, host_runs in trend.runs.items():
             for r in host_runs:
                 href = f"runs/{r.id}.html"
-                # A page written before without figures gets them once a change point or
-                # being the newest singles its run out.
-                if not (out / href).exists() or (
-                        r.id in drawn and _NO_FIGURES_MARK in (out / href).read_text()):
-                    site.runs.append((out / href, r.id, r.id in drawn))
+                # A page is written again once its run changed, or a change point or being
+                # the newest singles its run out for figures it lacks.
+                before = made_from(href)
+                if not isinstance(before, dict) or before.get("run") != made[r.id] or (
+                        r.id in drawn and not before.get("figures")):
+                    site.runs.append((href, r.id, r.id in drawn,
+                                      {"run": made[r.id], "figures": r.id in drawn}))
                 runs.append([str(r.number), _link(href, r.id), html.escape(_day(r.created)),
                              html.escape(r.status), html.escape(host)])
         notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in trend.notes)
@@ -142,10 +158,9 @@ def run_page(run_id: str, model: RunModel, figures: bool, results: str | None = 
 
 # A page without figures says so at its top (report.html.j2 opens its content with _MAIN).
 _MAIN = '<main class="wrap">'
-_NO_FIGURES_MARK = '<p class="note" id="no-figures">'
-_NO_FIGURES = ("\n" + _NO_FIGURES_MARK + "This site draws figures only for the runs on either "
-               "side of a change point and the newest run. This run's: <code>{command}</code>"
-               ".</p>")
+_NO_FIGURES = ('\n<p class="note" id="no-figures">This site draws figures only for the runs on '
+               "either side of a change point and the newest run. This run's: "
+               "<code>{command}</code>.</p>")
 
 
 def compare_page(before: RunModel, after: RunModel,

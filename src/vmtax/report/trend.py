@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 
 from vmtax.analysis.history import NOTHING_CHANGED, FoundChange, Series, Trend
-from vmtax.report.export import iso_time
+from vmtax.report.export import csv_cell, iso_time
 from vmtax.report.parts import (change_interval, fmt, method_note, recent_status,
                                 runs_text, series_status)
 from vmtax.report.terminal import shown_text
@@ -136,8 +136,10 @@ def to_otava(trend: Trend) -> tuple[bytes, list[str]]:
     complete = {name: by_run for name, by_run in columns.items() if len(by_run) == len(runs)}
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["time", "run", "branch" if len(trend.runs) > 1 else "host", *complete])
+    # Names come from plans and hosts: escaped and guarded as in the CSV export.
+    writer.writerow([csv_cell(c) for c in ["time", "run", "branch" if len(trend.runs) > 1
+                                           else "host", *complete]])
     for r in sorted(runs, key=lambda r: r.created):
-        writer.writerow([iso_time(r.created), r.id, r.host,
+        writer.writerow([iso_time(r.created), r.id, csv_cell(r.host),
                          *(f"{by_run[r.id]:.10g}" for by_run in complete.values())])
     return text.getvalue().encode(), [name for name in columns if name not in complete]

@@ -15,6 +15,7 @@ from typing import Any, Callable, TypeVar
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
+from vmtax.core.files import read_json
 
 
 class StoreError(VmtaxError):
@@ -71,6 +72,39 @@ def connect(path: Path, uri: str | None = None) -> sqlite3.Connection:
     return db
 
 
+def hot_journal(path: Path) -> Path | None:
+    """The rollback journal beside the database at path, when it holds pages: a commit a
+    killed vmtax left unfinished (a hot journal), or one a live writer is making."""
+    journal = path.with_name(path.name + "-journal")
+    try:
+        return journal if os.stat(journal).st_size > 0 else None
+    except OSError:
+        return None
+
+
+def roll_back(path: Path) -> bool:
+    """Roll back a commit a killed vmtax left unfinished in the database at path (SQLite
+    does on the first read of a connection that may write); whether one was. A read-only
+    connection cannot, and fails on every read until then ("attempt to write a readonly
+    database"): a StoreError says so, and how to recover, when this one cannot either."""
+    journal = hot_journal(path)
+    if journal is None:
+        return False
+    try:
+        db = sqlite3.connect(path, timeout=30)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()
+        finally:
+            db.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise StoreError(
+            f"{path} holds a commit a killed vmtax left unfinished (its hot journal "
+            f"{journal.name}), which needs write access to {path.parent} to be rolled back "
+            f"({' '.join(str(exc).split())}); as a user who can write there, run `vmtax "
+            f"cleanup --results {path.parent}`") from None
+    return hot_journal(path) is None   # a live writer's journal stays
+
+
 def _stamp(path: Path) -> list[list[int] | None]:
     """What any write to the database or its write-ahead log changes (ctime included, which
     no user can set back)."""
@@ -91,9 +125,11 @@ def _record(path: Path) -> Path:
 
 
 def _checked(path: Path) -> Any:
-    """The stamp the database had when it last passed its check (None: never, or unknown)."""
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads(_record(path).read_text())
+    """The stamp the database had when it last passed its check (None: never, or unknown,
+    or garbled). A stamp vmtax did not write (a FIFO, another user's, vmtax.core.files) is
+    refused in one line: it would skip the check."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return read_json(_record(path), "the stamp of a checked database", 4096)
     return None
 
 

@@ -17,19 +17,34 @@ import os
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
+from vmtax.core.errors import VmtaxError
+from vmtax.core.files import open_back, read_fd, too_large
+from vmtax.results import side_records
 from vmtax.results.connection import StoreError
 from vmtax.results.schema import add_point_value
 
 PENDING_NAME = "vmtax.pending.jsonl"
 # A line of PENDING_NAME that names the runtime side file a run's later records went to.
 ELSEWHERE = "elsewhere"
+# What one write of the database gives back (a repetition's id, say).
+Written = TypeVar("Written")
 _RUNTIME_SIDE_FILE = re.compile(r"pending-[0-9a-f]{16}\.jsonl")
+# A side file holds a run's repetitions (their output too) while its database is away.
+MAX_SIDE_FILE = 256 << 20
 
 REP_COLUMNS = ("run_id", "target", "workload", "params", "phase", "idx", "status", "error",
                 "exit_code", "host_elapsed", "guest_elapsed", "started", "argv", "stdout",
                 "stderr")
+
+
+def _owner(directory: Path) -> int:
+    """The store's owner: who owns its directory (and could replace what is in it)."""
+    try:
+        return os.stat(directory).st_uid
+    except OSError:
+        return os.geteuid()
 
 
 def _inode(path: Path) -> int | None:
@@ -61,7 +76,8 @@ class PendingSideFile:
             return None
         return st.st_dev, st.st_ino
 
-    def _write(self, run_id: str, record: dict[str, Any], write: Callable[[], Any]) -> Any:
+    def _write(self, run_id: str, record: dict[str, Any],
+               write: Callable[[], Written]) -> Written | None:
         """Do one write of run_id's, or once the database cannot take it, append record to
         the side file; returns write's result, or None when the record went aside."""
         if self.diverted is None:
@@ -177,16 +193,30 @@ class PendingSideFile:
             self._import_file(path)
 
     def _import_file(self, path: Path) -> list[Path]:
-        """Import the side file at path and delete it; the runtime files it names."""
+        """Import the side file at path and delete it; the runtime files it names. Only a
+        file as vmtax writes it is read (vmtax.core.files: a bounded regular file, of the
+        store's owner, writable by no one else), and only records that pass the rules of
+        a first write are imported (side_records), all or none."""
         try:
-            f = open(path, "r", encoding="utf-8")
+            fd = open_back(path, "the side file", owners={_owner(self.dir)})
         except FileNotFoundError:
             return []
-        with f:
+        except VmtaxError as exc:
+            raise StoreError(f"{exc}; it holds results not yet stored, if vmtax wrote it: "
+                             "move it aside") from None
+        with open(fd, "rb") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             if os.fstat(f.fileno()).st_ino != _inode(path):
                 return []    # imported by another vmtax meanwhile
-            named = self._import_lines(path, f.read().splitlines())
+            data = read_fd(f.fileno(), MAX_SIDE_FILE)
+            if data is None:
+                raise StoreError(f"{too_large(path, 'the side file', MAX_SIDE_FILE)}")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise StoreError(f"{path}: not a side file of vmtax (not UTF-8 text at byte "
+                                 f"{exc.start}); move the file aside") from None
+            named = self._import_lines(path, text.splitlines())
             path.unlink()
         return named
 
@@ -194,22 +224,24 @@ class PendingSideFile:
         records = []
         for number, line in enumerate(lines, 1):
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as exc:
                 if number < len(lines):   # only the last line may be cut short by a crash
                     raise StoreError(f"{path}:{number}: not a record of vmtax "
                                      f"({exc.msg}); move the file aside") from None
+                continue
+            problem = side_records.problem(record)
+            if problem:
+                raise StoreError(f"{path}:{number}: {problem}; nothing of it was imported: "
+                                 "move the file aside")
+            records.append(record)
         named = []
-        try:
-            with self.db:
-                for r in records:
-                    if r.get("kind") == ELSEWHERE:
-                        named.append(self._runtime_side_file(path, r["path"]))
-                    else:
-                        self._import_record(r)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise StoreError(f"{path}: a record lacks {exc} or is not an object; "
-                             "move the file aside") from None
+        with self.db:
+            for r in records:
+                if r["kind"] == ELSEWHERE:
+                    named.append(self._runtime_side_file(path, r["path"]))
+                else:
+                    self._import_record(r)
         return named
 
     def _runtime_side_file(self, source: Path, named: str) -> Path:

@@ -46,7 +46,13 @@ _POINT_KEY = ("run_id = ? AND target = ? AND workload = ? AND params = ? AND met
               " AND unit = ? AND higher_is_better = ? AND dimensions = ?")
 
 
-def add_point_value(db: sqlite3.Connection, rep_id: int, key: tuple, value: float) -> None:
+# A point's identity: (run_id, target, workload, params, metric, unit, higher_is_better,
+# dimensions), params and dimensions as JSON.
+PointKey = tuple[str, str, str, str, str, str, int, str]
+
+
+def add_point_value(db: sqlite3.Connection, rep_id: int, key: PointKey,
+                    value: float) -> None:
     """Add a successful measured repetition's value of one metric to its point; key:
     (run_id, target, workload, params, metric, unit, higher_is_better, dimensions)."""
     row = db.execute(f"SELECT rowid FROM points WHERE {_POINT_KEY}", key).fetchone()
@@ -149,7 +155,7 @@ def _v3_reps_by_run_and_phase_and_points(db: sqlite3.Connection) -> None:
     db.execute("DROP INDEX reps_run")
     db.execute(_POINTS)
     db.execute(_POINTS_BY_RUN)
-    points: dict[tuple, tuple[int, list[str]]] = {}
+    points: dict[PointKey, tuple[int, list[str]]] = {}
     for rep_id, *key, value in db.execute(
             "SELECT p.id, p.run_id, p.target, p.workload, p.params, m.name, m.unit,"
             " m.higher_is_better, m.dimensions, m.value FROM reps p"
@@ -173,7 +179,7 @@ LATEST = len(MIGRATIONS)
 
 def schema_version(db: sqlite3.Connection, path: Path) -> int | None:
     """The database's schema version; None for a new database, which has no tables yet."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
     if version > LATEST:
         raise VmtaxError(f"{path} has schema version {version}, but this vmtax understands "
                          f"versions up to {LATEST}; upgrade vmtax")

@@ -41,34 +41,24 @@ from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.host.proc import process_start_time, running
 from vmtax.results.connection import StoreError as StoreError  # the store's API
-from vmtax.results.connection import connect, guarded, problem
+from vmtax.results.connection import connect, guarded, problem, roll_back
 from vmtax.results.masking import masker
+from vmtax.results.names import RUN_NAME
+from vmtax.results.names import check_run_name as check_run_name  # the store's API
 from vmtax.results.pending import ELSEWHERE as ELSEWHERE
 from vmtax.results.pending import PENDING_NAME as PENDING_NAME
 from vmtax.results.pending import REP_COLUMNS, PendingSideFile
 from vmtax.results.schema import LATEST as LATEST
-from vmtax.results.schema import bring_up_to_date, schema_version
+from vmtax.results.schema import PointKey, bring_up_to_date, schema_version
 
 DB_NAME = "vmtax.sqlite"
 
-# A run's name (`vmtax run --name`) and an imported report's label start with a letter, so
-# they never read as a run id (ids start with the date) or a prefix of one, and hold no ':'
-# (RUN:TARGET), '@' (RUN@HOST) or space.
-RUN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 # NAME~N or last~N: the Nth run before (run names and ids hold no '~').
 _BACK = re.compile(r"(.+)~(\d{1,9})")
 
 # A report recorded elsewhere and imported (`vmtax exits import`) is stored as a run whose
 # plan keeps the file it came from under this key, with one target named by its label.
 IMPORTED = "imported"
-
-
-def check_run_name(name: str, option: str = "--name") -> str:
-    if not RUN_NAME.fullmatch(name) or name == "last":
-        raise VmtaxError(f"{option}: expected a letter then letters, digits, '.', '_' or '-' "
-                         f"(at most 64, not 'last'), got {name!r}")
-    return name
-
 
 
 @dataclass
@@ -114,7 +104,7 @@ class Store(PendingSideFile):
     a brief read-write connection, as every later reader would need it to be.
     """
 
-    def __init__(self, results_dir: str | os.PathLike, *, readonly: bool = False):
+    def __init__(self, results_dir: str | os.PathLike[str], *, readonly: bool = False):
         self.dir = Path(results_dir)
         self.path = self.dir / DB_NAME
         self.pending = self.dir / PENDING_NAME
@@ -170,6 +160,9 @@ class Store(PendingSideFile):
                              "(or give --results DIR / VMTAX_RESULTS)")
         if not self.path.is_file():
             raise missing
+        # A kill -9 at a commit leaves a hot journal, which only a connection that may
+        # write rolls back: without that, every read would fail.
+        roll_back(self.path)
         uri = self.path.resolve().as_uri() + "?mode=ro"
         db = connect(self.path, uri)
         try:
@@ -276,7 +269,7 @@ class Store(PendingSideFile):
                              "status": status}, write)
 
     @guarded
-    def import_runs(self, other_dir: str | os.PathLike, only: str | None = None) -> list[str]:
+    def import_runs(self, other_dir: str | os.PathLike[str], only: str | None = None) -> list[str]:
         """Copy in the runs of another results directory (a lab's, made in a guest; only
         the run `only`, when given), as ordinary runs: their targets, repetitions, metrics
         and flags. A run held here unfinished (a lab's, resumed in another) gets what it
@@ -326,7 +319,8 @@ class Store(PendingSideFile):
         return True
 
     @guarded
-    def set_flags(self, run_id: str, flags: Iterable[tuple[str, str, dict, str, str]]) -> None:
+    def set_flags(self, run_id: str,
+                  flags: Iterable[tuple[str, str, dict[str, Any], str, str]]) -> None:
         """Replace the run's stored sanity flags: (target, workload, params, metric, flag)."""
         if self.diverted is not None:
             raise self._aside_error(run_id)
@@ -346,7 +340,7 @@ class Store(PendingSideFile):
                                               run_id))
 
     @guarded
-    def flags(self, run_id: str) -> list[tuple[str, str, dict, str, str]]:
+    def flags(self, run_id: str) -> list[tuple[str, str, dict[str, Any], str, str]]:
         return [(r["target"], r["workload"], json.loads(r["params"]), r["metric"], r["flag"])
                 for r in self.db.execute("SELECT * FROM flags WHERE run_id = ?", (run_id,))]
 
@@ -384,17 +378,18 @@ class Store(PendingSideFile):
         recorded = "" if imported else f" WHERE json_extract(r.plan, '$.{IMPORTED}') IS NULL"
         rows = self.db.execute(
             "SELECT r.id, r.created, r.finished, r.status,"
-            " (SELECT group_concat(name, ',') FROM targets t WHERE t.run_id = r.id) AS targets,"
-            " (SELECT group_concat(DISTINCT workload) FROM reps p WHERE p.run_id = r.id)"
-            " AS workloads,"
+            # Names as JSON arrays: a target's name may hold a comma ("a,b" in a plan).
+            " (SELECT json_group_array(name) FROM targets t WHERE t.run_id = r.id) AS targets,"
+            " (SELECT json_group_array(workload) FROM (SELECT DISTINCT workload FROM reps p"
+            "  WHERE p.run_id = r.id)) AS workloads,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure') AS reps,"
             " (SELECT count(*) FROM reps p WHERE p.run_id = r.id AND p.phase = 'measure'"
             "  AND p.status != 'ok') AS failed"
             f" FROM runs r{recorded} ORDER BY r.created").fetchall()
         return [{"id": r["id"], "created": r["created"], "finished": r["finished"],
                  "status": self._status(r),
-                 "targets": (r["targets"] or "").split(",") if r["targets"] else [],
-                 "workloads": sorted((r["workloads"] or "").split(",")) if r["workloads"] else [],
+                 "targets": json.loads(r["targets"]),
+                 "workloads": sorted(json.loads(r["workloads"])),
                  "reps": r["reps"], "failed": r["failed"]} for r in rows]
 
     @guarded
@@ -477,9 +472,9 @@ class Store(PendingSideFile):
             if others:
                 raise VmtaxError(f"{spec!r} is both the name of run {named['id']} and a "
                                  f"prefix of run id {others[0]}; give the whole run id")
-            return named["id"]
+            return str(named["id"])
         if len(prefixed) == 1:
-            return prefixed[0]
+            return str(prefixed[0])
         if not prefixed:
             raise VmtaxError(f"unknown run id {spec!r} in {self.path}: no run's id, name or "
                              "imported report's label matches it; "
@@ -511,7 +506,7 @@ class Store(PendingSideFile):
         row = self.db.execute(f"SELECT id FROM runs{recorded} ORDER BY created DESC"
                               " LIMIT 1").fetchone()
         if row is not None:
-            return row["id"]
+            return str(row["id"])
         if self.db.execute("SELECT 1 FROM runs").fetchone():
             raise VmtaxError(f"no runs recorded in {self.path}, only imported perf kvm stat "
                              "reports, which `last` leaves out: "
@@ -597,7 +592,7 @@ class Store(PendingSideFile):
     @guarded
     def named_values(self, name: str, metrics: Collection[str] | None = None,
                      pairs: Collection[tuple[str, str]] | None = None,
-                     runs: Collection[str] | None = None) -> dict[tuple, list[float]]:
+                     runs: Collection[str] | None = None) -> dict[PointKey, list[float]]:
         """The metrics (those named, or those of these (workload, metric) pairs, or all) of
         the successful measured repetitions of one name's runs (those of `runs` only, when
         given: read through the points' index by run), per point: (run_id, target,

@@ -5,7 +5,7 @@ renders. The CLI parses the request, calls this and renders the model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, ContextManager, NoReturn
+from typing import Any, Callable, ContextManager, NoReturn
 
 from vmtax.analysis.model import RunModel, analyse
 from vmtax.core import hints
@@ -51,7 +51,7 @@ def plan_of(request: RunRequest, store: Store | None = None) -> plan_mod.Plan:
     return the_plan
 
 
-def _resumable_here(run_id: str, host: dict, results: Path) -> None:
+def _resumable_here(run_id: str, host: dict[str, Any], results: Path) -> None:
     """A run is resumed where it was made: a lab's in a lab, a host's on a host, so that no
     run mixes nested numbers with a host's."""
     from vmtax.host import machine

@@ -270,7 +270,7 @@ class StoredStudy:
     curves: list[str] = field(default_factory=list)   # ksm_curve_line of each KSM-on study
 
 
-def stored_study(run: Any, results: str | os.PathLike | None = None) -> StoredStudy:
+def stored_study(run: Any, results: str | os.PathLike[str] | None = None) -> StoredStudy:
     """The summaries of a stored density run (vmtax.results.store.Run, loaded with its output,
     from the results directory results); VmtaxError in one line when it is not one or
     measured nothing."""

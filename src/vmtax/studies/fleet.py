@@ -36,17 +36,18 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from types import ModuleType
+from typing import Any, Iterator, Sequence
 
 from vmtax import __version__
 from vmtax.analysis import summary as analysis
 from vmtax.core import hints
-from vmtax.results.store import Run, Store
+from vmtax.results.store import Rep, Run, Store
 from vmtax.studies.fleet_ray import (RESOURCE, FleetError, Host, connected, hosts, identity,
                                      kv_del, kv_put, node_hosts)
 from vmtax.studies.plan import Plan
-from vmtax.studies.runner import (QuietReporter, Reporter, Runner, _params_key, rep_key,
-                                  schedule)
+from vmtax.studies.repetitions import RepKey, params_key, rep_key
+from vmtax.studies.runner import QuietReporter, Reporter, Runner, schedule
 from vmtax.studies.session import guarded_journal
 
 SPREADS = ("hosts", "cells")
@@ -54,11 +55,16 @@ SPREADS = ("hosts", "cells")
 _POLL = 2.0
 
 
+# What a host's task sends the driver: ("run" | "target" | "rep" | "warn" | "end" | "error",
+# its data).
+Event = tuple[str, Any]
+
+
 # -- on a host -------------------------------------------------------------------------------
 class _BusyReporter(QuietReporter):
     """What the host is doing, for `vmtax fleet status`; warnings go to the driver."""
 
-    def __init__(self, name: str, label: str, events: queue.Queue):
+    def __init__(self, name: str, label: str, events: queue.Queue[Event]):
         self.name, self.label, self.events = name, label, events
         self.since = time.time()
 
@@ -69,12 +75,12 @@ class _BusyReporter(QuietReporter):
         self.events.put(("warn", text))
 
 
-def host_task(plan: dict[str, Any], skip: list[tuple], label: str,
-              name: str) -> Iterator[tuple]:
+def host_task(plan: dict[str, Any], skip: list[Sequence[Any]], label: str,
+              name: str) -> Iterator[Event]:
     """The Ray task on a host: vmtax's Runner on the plan, as a local `vmtax run` would
     (journal, guardian), yielding its events as they happen; the last is ("end", ...) or
     ("error", why). The Runner has a thread of its own: only the task's thread may yield."""
-    events: queue.Queue = queue.Queue()
+    events: queue.Queue[Event] = queue.Queue()
 
     def work() -> None:
         try:
@@ -124,7 +130,7 @@ class FleetLog:
                             " host TEXT NOT NULL, cell TEXT NOT NULL, status TEXT NOT NULL,"
                             " reason TEXT, at REAL NOT NULL)")
 
-    def rep(self, run_id: str, key: tuple, host_name: str, local_run: str | None) -> None:
+    def rep(self, run_id: str, key: RepKey, host_name: str, local_run: str | None) -> None:
         with self.db:
             self.db.execute("INSERT INTO rep_hosts VALUES (?,?,?,?)",
                             (run_id, json.dumps(key), host_name, local_run))
@@ -135,7 +141,7 @@ class FleetLog:
             self.db.execute("INSERT INTO host_parts VALUES (?,?,?,?,?,?)",
                             (run_id, host_name, cell, status, reason, time.time()))
 
-    def rep_hosts(self, run_id: str) -> dict[tuple, str]:
+    def rep_hosts(self, run_id: str) -> dict[RepKey, str]:
         """The host of each repetition of run_id, by its identity (`rep_key`)."""
         return {tuple(json.loads(k)): h for k, h in self.db.execute(
             "SELECT rep, host FROM rep_hosts WHERE run_id = ?", (run_id,))}
@@ -151,7 +157,7 @@ class _HeadRun:
     plan: dict[str, Any]
     fleet: dict[str, Any]
     id: str | None = None
-    keys: set[tuple] = field(default_factory=set)
+    keys: set[RepKey] = field(default_factory=set)
     failures: list[str] = field(default_factory=list)
 
 
@@ -164,9 +170,9 @@ class _Job:
     local_run: str | None = None
 
 
-def _complete(plan: Plan, keys: set[tuple]) -> bool:
+def _complete(plan: Plan, keys: set[RepKey]) -> bool:
     """Whether every warm-up and measured repetition of the plan is stored."""
-    return all((u.target, w.name, _params_key(w.make(plan.time).params), u.phase, u.idx)
+    return all((u.target, w.name, params_key(w.make(plan.time).params), u.phase, u.idx)
                in keys for w in plan.workloads for u in schedule(plan))
 
 
@@ -177,7 +183,7 @@ def _cells(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
             for w in plan.workloads]
 
 
-def _choose(ray, names: list[str] | None, spread: str) -> dict[str, Host]:
+def _choose(ray: ModuleType, names: list[str] | None, spread: str) -> dict[str, Host]:
     known = {h.name: h for h in hosts(ray)}
     alive = {n: h for n, h in known.items() if h.alive}
     if not alive:
@@ -203,8 +209,13 @@ def _choose(ray, names: list[str] | None, spread: str) -> dict[str, Host]:
     return chosen
 
 
+# Each task running: Ray's generator of its events (Ray has no type hints) -> its job and
+# host.
+_Active = dict[Any, tuple[_Job, str]]
+
+
 class _Driver:
-    def __init__(self, ray, store: Store, log: FleetLog, reporter: Reporter):
+    def __init__(self, ray: ModuleType, store: Store, log: FleetLog, reporter: Reporter):
         self.ray, self.store, self.log, self.reporter = ray, store, log, reporter
         # No retries: a host that left is handled here (re-queue or fail), never twice.
         self.task = ray.remote(num_cpus=0, max_retries=0, num_returns="streaming")(host_task)
@@ -233,7 +244,7 @@ class _Driver:
     def run(self, jobs: list[_Job], pool: set[str], spread: str) -> None:
         waiting = deque(jobs)
         free = set(pool)
-        active: dict[Any, tuple[_Job, str]] = {}
+        active: _Active = {}
         checked = time.monotonic()
         try:
             while waiting or active:
@@ -254,7 +265,7 @@ class _Driver:
                     self.ray.cancel(gen, force=True)
             raise
 
-    def _dispatch(self, waiting: deque, free: set[str], active: dict) -> None:
+    def _dispatch(self, waiting: deque[_Job], free: set[str], active: _Active) -> None:
         for job in list(waiting):
             host_name = job.host if job.host in free else (
                 sorted(free)[0] if job.host is None and free else None)
@@ -267,8 +278,8 @@ class _Driver:
                 job.plan, sorted(job.head.keys), job.label, host_name)
             active[gen] = (job, host_name)
 
-    def _next(self, gen, active: dict, free: set[str], waiting: deque, pool: set[str],
-              spread: str) -> None:
+    def _next(self, gen: Any, active: _Active, free: set[str], waiting: deque[_Job],
+              pool: set[str], spread: str) -> None:
         job, host_name = active[gen]
         try:
             kind, data = self.ray.get(next(gen))
@@ -295,8 +306,8 @@ class _Driver:
         else:
             self._head_event(job, host_name, kind, data)
 
-    def _check_alive(self, active: dict, free: set[str], waiting: deque, pool: set[str],
-                     spread: str) -> None:
+    def _check_alive(self, active: _Active, free: set[str], waiting: deque[_Job],
+                     pool: set[str], spread: str) -> None:
         alive = {n for n, flags in node_hosts(self.ray).items() if any(flags)}
         for name in sorted(pool - alive):
             pool.discard(name)
@@ -308,8 +319,8 @@ class _Driver:
                         self.ray.cancel(gen, force=True)
                     self._lost(job, name, "its Ray node is gone", waiting, pool, spread)
 
-    def _lost(self, job: _Job, host_name: str, why: str, waiting: deque, pool: set[str],
-              spread: str) -> None:
+    def _lost(self, job: _Job, host_name: str, why: str, waiting: deque[_Job],
+              pool: set[str], spread: str) -> None:
         """The host left mid-job: re-queue the cell elsewhere (cells), or fail the host's
         run with the reason (hosts)."""
         pool.discard(host_name)
@@ -420,7 +431,7 @@ def host_runs(store: Store, run: Run) -> dict[str, Run]:
                                                             key=lambda r: r.host["fleet"]["host"])}
     log_path = store.dir / "fleet.sqlite"
     ran_on = FleetLog(store.dir).rep_hosts(run.id) if log_path.exists() else {}
-    split: dict[str, list] = {}
+    split: dict[str, list[Rep]] = {}
     for rep in run.reps:
         split.setdefault(ran_on.get(rep_key(vars(rep)), "unknown"), []).append(rep)
     return {name: dataclasses.replace(run, reps=reps) for name, reps in sorted(split.items())}

@@ -22,7 +22,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -40,7 +42,11 @@ class FleetError(VmtaxError):
     pass
 
 
-def _ray():
+# What runs once a node is up, given Ray (a module without type hints) connected as a driver.
+OnUp = Callable[[ModuleType], None]
+
+
+def _ray() -> ModuleType:
     try:
         import ray
     except ImportError:
@@ -128,7 +134,7 @@ def check_head(address: str, timeout: float = HEAD_CONNECT_TIMEOUT) -> None:
 
 
 @contextlib.contextmanager
-def connected(address: str, within: float = 0.0) -> Iterator[Any]:
+def connected(address: str, within: float = 0.0) -> Iterator[ModuleType]:
     """Ray, connected as a driver to the cluster at address (retried for `within` seconds
     while a node is still coming up). vmtax's own Ctrl-C/SIGTERM handling is kept: ray.init
     installs handlers of its own."""
@@ -160,7 +166,7 @@ def connected(address: str, within: float = 0.0) -> Iterator[Any]:
                 signal.signal(sig, handler)
 
 
-def _kv():
+def _kv() -> ModuleType:
     from ray.experimental import internal_kv
     return internal_kv
 
@@ -188,7 +194,7 @@ class Host:
     running: dict[str, Any] | None
 
 
-def node_hosts(ray) -> dict[str, list[bool]]:
+def node_hosts(ray: ModuleType) -> dict[str, list[bool]]:
     """Host name -> the alive flag of each Ray node advertising its resource."""
     found: dict[str, list[bool]] = {}
     for node in ray.nodes():
@@ -198,7 +204,7 @@ def node_hosts(ray) -> dict[str, list[bool]]:
     return found
 
 
-def hosts(ray) -> list[Host]:
+def hosts(ray: ModuleType) -> list[Host]:
     """Every host that joined the fleet (alive or gone), with its fingerprint and what it
     runs now. A gone node no longer lists its resources: the ones that registered count."""
     nodes = node_hosts(ray)
@@ -224,7 +230,8 @@ def _log_tail(path: Path) -> str:
 
 
 def serve(argv: list[str], log: Path, address: str, name: str | None,
-          env: dict[str, str] | None = None, on_up=None, within: float = 120.0) -> None:
+          env: dict[str, str] | None = None, on_up: OnUp | None = None,
+          within: float = 120.0) -> None:
     """Run `ray start --block` (argv) until Ctrl-C/SIGTERM, its whole process group journaled
     and killed on the way out (or by the guardian, should vmtax be killed). Once the node is
     up, on_up(ray) runs, connected as a driver. A worker node named name must
@@ -266,7 +273,8 @@ def _kill_session(sid: int) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
-def _wait_up(ray_start, log: Path, address: str, name: str | None, on_up, within: float) -> None:
+def _wait_up(ray_start: subprocess.Popen[bytes], log: Path, address: str, name: str | None,
+             on_up: OnUp | None, within: float) -> None:
     deadline = time.monotonic() + within
     while True:
         if ray_start.poll() is not None:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from vmtax.core import hints, paths
 from vmtax.core.errors import VmtaxError
@@ -264,7 +264,7 @@ class _Lab:
     def fault(self, what: str, then: str) -> None:
         """A nested fault outlived: said with the kept console, and counted."""
         kept = _keep_console(self.share, self.results)
-        last = console_tail(self.share, 1) or "(its console is empty)"
+        last = " ".join(console_tail(self.share, 1).split()) or "(its console is empty)"
         self.outcome.faults.append(what)
         self.say(f"lab: {what} (its console's last line: {last}; all of it: {kept}); {then}")
 
@@ -275,11 +275,13 @@ class _Lab:
 
 def run(commands: list[list[str]], config: LabConfig, *, results: Path, journal: Journal,
         echo: Echo, say: Callable[[str], None], env: dict[str, str] | None = None,
-        tty: bool = False) -> LabOutcome:
+        tty: bool = False, program: Sequence[str] = (sys.executable, "-m", "vmtax")
+        ) -> LabOutcome:
     """Run each `vmtax ARGV` of commands in a new lab, in turn until one fails; their
     stdout and stderr go to echo (out, err) as they come (as to a terminal when tty).
     Interrupted (Ctrl-C, SIGTERM), the lab is stopped and what it stored is kept all the
-    same."""
+    same. program: what each command's ARGV is given to, vmtax itself but for a live test
+    that must look inside the lab (a script of its own)."""
     wall = time.monotonic()
     machine = check(config)
     kernel = lab.lab_kernel(paths.cache_dir(), config.kernel)
@@ -298,7 +300,7 @@ def run(commands: list[list[str]], config: LabConfig, *, results: Path, journal:
             f"{lab.LAB_LABEL} (kernel {kernel.version})")
         started, first = time.monotonic(), 0
         while todo:
-            lab.write_job(share, [[sys.executable, "-m", "vmtax", *c] for c in todo],
+            lab.write_job(share, [[*program, *c] for c in todo],
                           os.getcwd(), kernel.modules_tree, kernel.version,
                           _lab_env(results, env), tty)
             ended = the_lab.boot(todo)

@@ -62,7 +62,7 @@ def fault_of(ended: Ended, share: Path) -> str | None:
         console = (share / lab.CONSOLE_LOG).read_text(errors="replace")
     except OSError:
         return None
-    died = _DIED.findall(console)
+    died: list[str] = _DIED.findall(console)
     panic = [line for line in died if line.startswith("Kernel panic")]
     if panic:
         first_bug = next((line for line in died if line.startswith("BUG: ")), None)
@@ -113,7 +113,7 @@ class _Commands:
         self.seen = max(self.seen, len(records))
 
 
-def watch(qemu_proc: subprocess.Popen, share: Path, echo_out: Callable[[bytes], None],
+def watch(qemu_proc: subprocess.Popen[bytes], share: Path, echo_out: Callable[[bytes], None],
           echo_err: Callable[[bytes], None], started: Callable[[int], None],
           hang_timeout: float, loads: list[float]) -> Ended:
     """Watch the lab whose QEMU is qemu_proc until it is gone, or has hung: how it ended.

@@ -1,8 +1,9 @@
 """A plan's sweeps: a list of values is a dimension, a zip table's lists one more.
 
 `sweep` checks one target's options or one workload's params and gives its fixed values
-and its dimensions (`Axis`); `expand` lists the points of their cartesian product, in
-the order written. `label` writes a swept value
+and its dimensions (`Axis`); `configurations` counts the points of their cartesian
+product (vmtax.studies.plan_bounds bounds them before any is made), which `expand` then
+lists, in the order written. `label` writes a swept value
 the way a target's name shows it (`vm[pin=0+1]`).
 
 May import: `vmtax.core`, `vmtax.studies.toml_lines`, `vmtax.studies.plan_checks`.
@@ -11,6 +12,7 @@ May import: `vmtax.core`, `vmtax.studies.toml_lines`, `vmtax.studies.plan_checks
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,16 @@ class Sweep:
     """One table's values: those it fixes, and the dimensions it sweeps."""
     fixed: dict[str, Any]
     axes: list[Axis]
+
+    @property
+    def configurations(self) -> int:
+        """How many points expand() gives, counted without listing them."""
+        return math.prod(len(axis.steps) for axis in self.axes)
+
+    @property
+    def shape(self) -> str:
+        """The product configurations counts, as `100 × 100 × 3`."""
+        return " × ".join(str(len(axis.steps)) for axis in self.axes) or "1"
 
     def expand(self) -> list[Point]:
         """(all values, swept values) of every point of the cartesian product of axes."""

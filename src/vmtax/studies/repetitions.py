@@ -1,17 +1,35 @@
 """The Runner's repetition policy: how many measured repetitions a cell gets beyond the
 plan's fixed `runs`. The Runner owns running them (order, collectors, cache drops, storing);
 a policy only decides, through `Cell.measure`. The built-in one is `Precision` (`--runs
-auto`); tune's racing (studies/tune.py) is another.
+auto`); tune's racing (studies/tune.py) is another. A repetition's identity in a run is its
+`rep_key`, which a resumed run and the fleet match stored repetitions by.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from vmtax.analysis import stats
 from vmtax.core.workload import Workload
 from vmtax.studies.plan import Plan
+
+
+def params_key(params: dict[str, Any]) -> str:
+    """A workload's parameters as one string, the same whatever their order."""
+    return json.dumps(params, sort_keys=True)
+
+
+# A repetition's identity within a run: (target, workload, parameters as JSON, phase, index).
+RepKey = tuple[str, str, str, str, int]
+
+
+def rep_key(rep: dict[str, Any]) -> RepKey:
+    """A repetition's identity within a run (target, workload, parameters, phase, index):
+    what `skip` and a resumed run's stored repetitions are matched by."""
+    return (rep["target"], rep["workload"], params_key(rep["params"]), rep["phase"],
+            rep["idx"])
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import resource
 import sys
@@ -31,7 +30,8 @@ from vmtax.results.store import Store
 from vmtax.studies import estimate
 from vmtax.studies.plan import Plan, point_labels
 from vmtax.studies.plan import packages as plan_packages
-from vmtax.studies.repetitions import Cell, Precision, RepetitionPolicy, Unit
+from vmtax.studies.repetitions import (Cell, Precision, RepetitionPolicy, RepKey, Unit,
+                                       params_key, rep_key)
 from vmtax.studies.session import Session, session
 
 
@@ -77,17 +77,6 @@ def schedule(plan: Plan) -> list[Unit]:
 # Run in a target by the plan's drop_caches: a fixed script, no user input in it.
 DROP_CACHES = Job(["busybox", "sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"],
                   timeout=120)
-
-
-def _params_key(params: dict) -> str:
-    return json.dumps(params, sort_keys=True)
-
-
-def rep_key(rep: dict[str, Any]) -> tuple:
-    """A repetition's identity within a run (target, workload, parameters, phase, index):
-    what `skip` and a resumed run's stored repetitions are matched by."""
-    return (rep["target"], rep["workload"], _params_key(rep["params"]), rep["phase"],
-            rep["idx"])
 
 
 def _failure(result: JobResult, job: Job) -> str:
@@ -136,7 +125,7 @@ class Runner:
 
     def __init__(self, plan: Plan, store: Store, reporter: Reporter | None = None,
                  resume: str | None = None, journal: Journal | None = None, *,
-                 events: EventSink | None = None, skip: Iterable[tuple] = (),
+                 events: EventSink | None = None, skip: Iterable[RepKey] = (),
                  repetitions: RepetitionPolicy | None = None):
         self.plan = plan
         self.store = store
@@ -192,29 +181,26 @@ class Runner:
                 self._store_flags()
         return self._stored_run
 
-    def _prepare_and_run(self, s: Session, made: list[Workload], done: set[tuple]) -> None:
+    def _prepare_and_run(self, s: Session, made: list[Workload], done: set[RepKey]) -> None:
         units = schedule(self.plan)
         self.reporter.start(len(self.plan.workloads) * len(units))
-        lost: dict[str, VmtaxError] = {}
+        lost: list[TargetError] = []
         for spec in self.plan.targets:
             self.reporter.step(f"preparing {spec.name}")
             target = s.create(spec)
             try:
                 target.prepare()
                 target.pause()
-            except TargetError as exc:
-                # A guest that cannot be booted even after its retry (a nested KVM's faults
-                # in a lab, a busy host): its cells fail with the reason, the rest go on.
-                lost[spec.name] = exc
+            except TargetError as exc:   # a guest not booted even after its retry (a lab's
+                lost.append(exc)         # nested KVM, a busy host): its cells fail, why
                 self.broken[spec.name] = f"could not be prepared: {exc}"
-                self.reporter.warn(f"{spec.name} {self.broken[spec.name]}; its runs are "
-                                   "skipped")
+                self.reporter.warn(f"{spec.name} {self.broken[spec.name]}; its runs are skipped")
                 with contextlib.suppress(Exception):
                     target.cleanup()
             for warning in target.warnings:
                 self.reporter.warn(f"{spec.name}: {warning}")
         if len(lost) == len(self.plan.targets):   # nothing to measure: no run of failures
-            raise next(iter(lost.values()))
+            raise lost[0]
         # Stored only once every target is up: bad input leaves no empty run behind.
         if self.resume_id:
             s.reopen_run(self.resume_id)
@@ -240,7 +226,7 @@ class Runner:
             (target, row.workload, row.params, row.key, flag)
             for row in summary.rows for target, cell in row.cells.items() for flag in cell.flags])
 
-    def _already_done(self) -> set[tuple]:
+    def _already_done(self) -> set[RepKey]:
         if self.resume_id is None:
             return set(self.skip)
         run = self.store.load_run(self.resume_id)
@@ -254,8 +240,8 @@ class Runner:
         if self.events is not None:
             self.events("rep", rep)
 
-    def _run_workload(self, workload: Workload, units: list[Unit], done: set[tuple]) -> None:
-        key = (workload.name, _params_key(workload.params))
+    def _run_workload(self, workload: Workload, units: list[Unit], done: set[RepKey]) -> None:
+        key = (workload.name, params_key(workload.params))
         todo = [u for u in units if (u.target, *key, u.phase, u.idx) not in done]
         for unit in units:
             if (unit.target, *key, unit.phase, unit.idx) in done:
@@ -312,9 +298,7 @@ class Runner:
         if server is None:
             return
         port = workload.server_port or 0
-        for name in active:
-            if name in self.broken:   # its repetitions fail with why (_run_job)
-                continue
+        for name in (n for n in active if n not in self.broken):   # broken: failed, why
             try:
                 with self._awake(name) as target:
                     endpoint = target.start_server(server, port)
@@ -339,7 +323,7 @@ class Runner:
 
     # -- collectors ---------------------------------------------------------------------
     @contextlib.contextmanager
-    def _recorded(self, name: str, workload: Workload, done: set[tuple],
+    def _recorded(self, name: str, workload: Workload, done: set[RepKey],
                   recording: dict[str, list[tuple[str, Collector]]]) -> Iterator[None]:
         """Target name's collectors recording one of its measured repetitions, and only
         it: started before its first, resumed before each next, paused right after each,
@@ -367,10 +351,10 @@ class Runner:
                                     if endpoint else None))
 
     def _start_collectors(self, name: str, workload: Workload,
-                          done: set[tuple]) -> list[tuple[str, Collector]]:
+                          done: set[RepKey]) -> list[tuple[str, Collector]]:
         """The plan's collectors on target name, right before its first measured
         repetition of the cell; one that cannot record is stored as unavailable, why."""
-        key = (workload.name, _params_key(workload.params))
+        key = (workload.name, params_key(workload.params))
         started: list[tuple[str, Collector]] = []
         if not self.plan.collect:
             return started
@@ -454,8 +438,9 @@ class Runner:
 
     def _run_client(self, name: str, job: Job, endpoint: Endpoint) -> JobResult:
         cpus = self._client_cpus(name)
-        steps = [s for s in ((lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-                             endpoint.client_preexec) if s is not None]
+        steps: list[Callable[[], None]] = [
+            s for s in ((lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                        endpoint.client_preexec) if s is not None]
 
         def preexec() -> None:
             for step in steps:
@@ -472,7 +457,7 @@ class Runner:
         return JobResult(done.exit_code, done.stdout, done.stderr, done.elapsed,
                          timed_out=done.timed_out)
 
-    def _cell(self, workload: Workload, active: list[str], done: set[tuple],
+    def _cell(self, workload: Workload, active: list[str], done: set[RepKey],
               recording: dict[str, list[tuple[str, Collector]]]) -> Cell:
         """The cell of workload for the repetition policy: what is stored of it so far, and
         its `measure`."""
@@ -566,7 +551,8 @@ class Runner:
             self.reporter.warn(f"{name} {self.broken[name]}; its remaining runs are skipped")
 
     def _measure(self, name: str, workload: Workload, job: Job, phase: str, idx: int,
-                 parse, store: bool = True, on_host: bool = False) -> list[Metric]:
+                 parse: Callable[[str], list[Metric]], store: bool = True,
+                 on_host: bool = False) -> list[Metric]:
         job = dataclasses.replace(job, timeout=estimate.job_timeout(workload, job, phase,
                                                                     self.plan.timeout))
         started = time.time()

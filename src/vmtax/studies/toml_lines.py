@@ -96,7 +96,8 @@ class Locator:
             raw = self.text[self.i:end + 1]
             end += 1
         self.i = end
-        return tomllib.loads(f"s = {raw}")["s"]
+        value: str = tomllib.loads(f"s = {raw}")["s"]   # a string literal's value
+        return value
 
     def _key(self) -> KeyPath:
         keys: list[str] = []

@@ -36,9 +36,11 @@ ENGINES = {"io_uring": "", "aio": ",_disable_io_uring=on",
 
 
 class CloudHypervisorOptions(MicroVmOptions):
+    source_build = CargoBuild(name="cloud-hypervisor", title="Cloud Hypervisor",
+                              package="cloud-hypervisor")
     vmm: NonEmpty = plugin.option(
         "cloud-hypervisor", "The Cloud Hypervisor binary: a path, or a name on PATH; none "
-        "found: the build of `source`, or vmtax's last build", cli=True)
+        "found: the build of `source`, or vmtax's last build")
     vcpus: int = plugin.option(2, "Virtual CPUs", unit="vCPUs", ge=1, le=MAX_VCPUS, cli=True,
                                tune=(1, 2, 4))
     io_engine: Literal["io_uring", "aio", "sync"] = plugin.option(
@@ -116,8 +118,7 @@ class CloudHypervisorTarget(MicroVmTarget):
                    "its agent over vsock: the VMM Kata Containers can run sandboxes in")
     Options = CloudHypervisorOptions
     bus = "pci"
-    source_build = CargoBuild(name="cloud-hypervisor", title="Cloud Hypervisor",
-                       package="cloud-hypervisor")
+    source_build = Options.source_build
     # Guest RAM is marked mergeable only with mergeable = true (not by default).
     ksm_mergeable = False
     startup_seconds = 10.0

@@ -49,9 +49,14 @@ _MISSING = re.compile(r"Missing KVM capabilities: \[?((?:0x[0-9a-f]+|\d+)(?:, *(
 
 
 class FirecrackerOptions(MicroVmOptions):
+    source_build = CargoBuild(name="firecracker", title="Firecracker", package="firecracker",
+                              # Its default target is musl, which needs a toolchain rustup
+                              # may lack; the gnu build has no default seccomp policy (empty).
+                              target="x86_64-unknown-linux-gnu",
+                              packages=("libclang-dev", "libseccomp-dev"))
     vmm: NonEmpty = plugin.option(
         "firecracker", "The Firecracker binary: a path, or a name on PATH; none found: the "
-        "build of `source`, or vmtax's last build", cli=True)
+        "build of `source`, or vmtax's last build")
     vcpus: int = plugin.option(2, "Virtual CPUs (1 or an even number, Firecracker's rule)",
                                unit="vCPUs", ge=1, le=MAX_VCPUS, cli=True, tune=(1, 2, 4))
     hugepages: Literal["2M"] | None = plugin.option(  # type: ignore[assignment]
@@ -150,11 +155,7 @@ class FirecrackerTarget(MicroVmTarget):
                    "agent over vsock: the sandbox serverless platforms run")
     Options = FirecrackerOptions
     bus = "mmio"
-    source_build = CargoBuild(name="firecracker", title="Firecracker", package="firecracker",
-                       # Its default target is musl, which needs a toolchain rustup may
-                       # lack; the gnu build has no default seccomp policy (empty).
-                       target="x86_64-unknown-linux-gnu",
-                       packages=("libclang-dev", "libseccomp-dev"))
+    source_build = Options.source_build
     # Firecracker maps guest RAM without MADV_MERGEABLE: KSM on leaves it as it is.
     ksm_mergeable = False
     # Building it needs bindgen's libclang and libseccomp.

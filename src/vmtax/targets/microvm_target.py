@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from vmtax.core import plugin
 from vmtax.core.errors import TargetError, VmtaxError
-from vmtax.core.option_types import ExistingFile
+from vmtax.core.option_types import ExistingFile, NonEmpty
 from vmtax.guest.qemu import AGENT_VSOCK_PORT, guest_cmdline, host_tsc_khz
 from vmtax.guest.vmm_guest import GuestFiles, VmmGuest, thread_ids
 from vmtax.helpers import vmm_build, vsock_relay
@@ -42,6 +42,26 @@ class MicroVmOptions(VmmOptions):
         None, "The VMM's release source tarball (NAME-VERSION.tar.gz), built into vmtax's "
         "cache on first use when no binary is found (its git dependencies from tarballs "
         "beside it); later runs use that build without it")
+    # The VMM's binary (each VMM's options give its default name) and how it is built.
+    vmm: NonEmpty
+    source_build: ClassVar[vmm_build.CargoBuild]
+
+    def problems(self) -> list[tuple[str, str]]:
+        """A VMM that is nowhere: neither found, nor to be built, nor built before."""
+        problems = super().problems()
+        default = plugin.option_infos(type(self))["vmm"].default
+        if shutil.which(self.vmm) is None and self.source is None:
+            if self.vmm != default:
+                problems.append(("vmm", "a program (a path, or a name found on PATH)"))
+            elif vmm_build.cached(self.source_build) is None:
+                problems.append(("vmm", how_to_get(self.source_build, default)))
+        return problems
+
+
+def how_to_get(build: vmm_build.CargoBuild, default: str) -> str:
+    return (f"a {build.title} binary: {default} is not on PATH and vmtax has built none; "
+            f"give vmm = PATH (a release binary) or source = {build.name}-VERSION.tar.gz "
+            f"(vmtax builds it once; needs {vmm_build.RUSTUP_HINT.removeprefix('install ')})")
 
 
 class MicroVmGuest(VmmGuest):
@@ -151,10 +171,7 @@ class MicroVmTarget(VmmTarget):
 
     @classmethod
     def how_to_get(cls) -> str:
-        return (f"{cls.name}: no {cls.source_build.title} binary: {cls.default_vmm()} is not on "
-                f"PATH and vmtax has built none; give vmm = PATH (a release binary) or "
-                f"source = {cls.source_build.name}-VERSION.tar.gz (vmtax builds it once; needs "
-                f"{vmm_build.RUSTUP_HINT.removeprefix('install ')})")
+        return f"{cls.name}: expected {how_to_get(cls.source_build, cls.default_vmm())}"
 
     def vmm_path(self) -> str:
         if self._vmm is None:

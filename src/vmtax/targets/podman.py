@@ -48,6 +48,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from vmtax.core import plugin
 from vmtax.core.errors import VmtaxError
@@ -73,7 +74,7 @@ lock_type = "file"
 """
 
 
-def remove_host_state(journal: Journal, entry: dict) -> None:
+def remove_host_state(journal: Journal, entry: dict[str, Any]) -> None:
     """Undo what podman's jobs leave outside the target's directory: the runroot link, and
     runc's /run/runc if a job of ours made it and nothing else is in it. First, as finish()
     does, let conmon and the cleanup it starts at its container's exit end: after the

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 from vmtax.core import plugin
 from vmtax.core.errors import VmtaxError
@@ -57,7 +58,7 @@ def _tree() -> Path:
 
 
 @functools.cache
-def _built_manifest() -> dict | None:
+def _built_manifest() -> dict[str, Any] | None:
     """The tree's manifest if it is built (estimates never start the build)."""
     try:
         tree = kernel_tree.tree_path()

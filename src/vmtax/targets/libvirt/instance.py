@@ -21,15 +21,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from vmtax.core.errors import TargetError, VmtaxError
 from vmtax.guest.agent_session import AgentGuest, direct_io_works, make_scratch_disk, tail
-from vmtax.guest.qemu import parse_size
-from vmtax.host import hugepages, machine, proc
+from vmtax.host import machine, proc
 from vmtax.host.journal import Journal
 from vmtax.targets.libvirt.domain_xml import DomainSpec, domain_xml
 from vmtax.targets.libvirt.nat import NatLease
@@ -103,12 +101,8 @@ class LibvirtInstance(AgentGuest):
         self.xml: str | None = None
         self.pid: int | None = None
         self.job_overhead: float | None = None
-        self.host_hugepages_granted: int | None = None
-        self.tap: NetEndpoint | None = None
         self._dir: Path | None = None
         self._tokens: list[int] = []
-        self._listener: socket.socket | None = None
-        self._reservation: hugepages.Reservation | None = None
         self._lent_tap: int | None = None
 
     # -- lifecycle --
@@ -120,9 +114,11 @@ class LibvirtInstance(AgentGuest):
         directory.chmod(0o711)   # libvirt-qemu opens the files inside by their names
         disk = directory / "scratch.img"
         self._make_disk(disk)
-        self._reserve_hugepages()
+        pages = self._reserve_hugepages()
+        if pages is not None:   # libvirt-qemu reaches the directory libvirt makes there
+            pages.chmod(0o711)
         # After the pages: a libvirtd vmtax starts finds their hugetlbfs.
-        self.connect((self._reservation.mountpoint,) if self._reservation else ())
+        self.connect((pages,) if pages is not None else ())
         if self.network == "bridge":
             self.tap = self._attach_tap(self.net)
         elif self.network == "nat":
@@ -135,9 +131,7 @@ class LibvirtInstance(AgentGuest):
         xml_file = directory / "domain.xml"
         xml_file.write_text(self.xml)
 
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(spec.agent_socket))
-        self._listener.listen(1)
+        listener = self._listen(spec.agent_socket)
         if self.tap is not None:
             self._lend_tap(self.tap)
         start = time.monotonic()
@@ -153,7 +147,7 @@ class LibvirtInstance(AgentGuest):
         if self.tap is not None:
             self._return_tap(self.tap)
         deadline = start + machine.lab_scaled(self.opts.boot_timeout)
-        session = self._await_agent(self._listener, start, deadline, spec.console_log,
+        session = self._await_agent(listener, start, deadline, spec.console_log,
                                     spec.domain_type == "kvm")
         nic = self.tap or self.nat
         self.job_overhead = session.setup((nic.cidr, nic.gateway) if nic else None,
@@ -176,15 +170,6 @@ class LibvirtInstance(AgentGuest):
         if self.opts.disk_cache in ("none", "directsync") and not direct_io_works(disk.parent):
             raise VmtaxError(f"{self.name}: disk_cache = {self.opts.disk_cache!r} opens the "
                              f"disk with O_DIRECT, which {disk.parent} refuses")
-
-    def _reserve_hugepages(self) -> None:
-        self._reservation = hugepages.reserve_guest_ram(
-            self.journal, self.name, parse_size(self.opts.memory), self.opts.hugepages)
-        if self._reservation is None:
-            return
-        self.host_hugepages_granted = self._reservation.granted
-        # libvirt-qemu reaches the directory libvirt makes for the domain in it.
-        self._reservation.mountpoint.chmod(0o711)
 
     def _lend_tap(self, tap: NetEndpoint) -> None:
         """Move the tap to the host's namespace, where libvirt opens it by name."""
@@ -267,21 +252,12 @@ class LibvirtInstance(AgentGuest):
 
     def stop(self) -> None:
         self.kill()
-        if self.session is not None:
-            self.session.channel.sock.close()
-        if self._listener is not None:
-            self._listener.close()
-        if self._reservation is not None:   # QEMU is gone: its pages are free again
-            self._reservation.release()
         if self._lent_tap is not None:
             self.journal.undo(self._lent_tap)
-        if self.tap is not None and self.net is not None:
-            self.net.detach(self.tap)
+        self._release()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         for token in reversed(self._tokens):   # the domain's: destroyed, its log removed
             self.journal.undo(token)
-        self.session = self._listener = self._reservation = self.tap = None
         self._dir = self.pid = self._lent_tap = self.nat = None
         self._tokens = []
-        self.address = self.client_preexec = None
