@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import vmtax
 
-from vmtax.analysis import history
+from vmtax.analysis import differences, history
 from vmtax.core.types import Metric
 from vmtax.results.store import Store
 
@@ -221,16 +221,16 @@ def test_what_changed_names_the_host_the_parameters_and_vmtax(tmp_path):
     add_run(store, "nightly", {"native": 1000}, host={**HOST, "kernel": "6.1.0-20-amd64"},
             params={"cpu": {"time": 1, "cpu-max-prime": 3000}}, version="0.2.0")
     [s] = history.load(Store(tmp_path), "nightly").series
-    assert history.what_changed(s.points[0], s.points[1], "native", "cpu") == [
+    assert differences.what_changed(s.points[0], s.points[1], "native", "cpu") == [
         "host kernel: 6.1.0-18-amd64 → 6.1.0-20-amd64",
         "cpu cpu-max-prime: (none) → 3000",
         "vmtax 0.1.0 → 0.2.0"]
-    assert history.what_changed(s.points[1], s.points[2], "native", "cpu") == []
+    assert differences.what_changed(s.points[1], s.points[2], "native", "cpu") == []
 
 
 def test_a_kernel_command_line_change_shows_the_words_that_changed():
     base = "console=ttyS0 quiet panic=-1 vmtax.bus=mmio tsc=reliable no_timer_check"
-    assert history._change_text(base, base + " mitigations=off") == "+mitigations=off"
+    assert differences._change_text(base, base + " mitigations=off") == "+mitigations=off"
 
 
 def test_fleet_hosts_are_series_of_their_own(tmp_path):
@@ -550,5 +550,5 @@ def test_what_changed_names_a_rebuilt_program_at_the_same_path_and_version(tmp_p
                                     "qemu_sha256": qemu, "kernel_sha256": "k1",
                                     "programs": {"sysbench": sha}}})
     [s] = history.load(Store(tmp_path), "nightly").series
-    assert history.what_changed(s.points[0], s.points[1], "vm:tcg", "cpu") == [
+    assert differences.what_changed(s.points[0], s.points[1], "vm:tcg", "cpu") == [
         "vm:tcg qemu_sha256: 1111 → 2222", "vm:tcg programs.sysbench: aaaa → bbbb"]
