@@ -201,6 +201,9 @@ def one_lab(name: str, config: Config, work: Path, hang_timeout: float,
             record["boots"].update({name: [t["fingerprint"].get("boot_seconds"),
                                            t["fingerprint"].get("guest_boot_seconds")]
                                     for name, t in stored.targets.items()})
+            record["iperf3"] = {r.target: m.value for r in stored.reps
+                                if r.workload == "iperf3" and r.phase == "measure"
+                                for m in r.metrics if m.name == "throughput"}
         store.close()
     record["faults"] = faults
     record["said"] = said[-4000:]

@@ -11,6 +11,7 @@ plugin, so the lab boots once for the whole test session, whoever asks first."""
 import json
 import os
 import sqlite3
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,8 @@ SESSION = {
     "run": ["run", "plan.toml"],
     "boot": ["boot", "--target", "vm:kvm", "--count", "1", "--warmup", "0", "--kernel",
              "minimal", "--json"],
+    # Last, as it ends the session: a command that fails ends it with its own error.
+    "fails": ["exits", "nosuchrun"],
 }
 # The whole session takes 6-9 min here (plan, boot); a lab that stops is given up on by
 # vmtax itself (its hang timeout).
@@ -84,15 +87,16 @@ LAB_TIMEOUT = 1800
 class LabSession:
     work: Path
     outcome: lab_study.LabOutcome
+    shares_before: set[Path]      # labs' shares in the temporary directory before it
 
     @property
     def results(self) -> Path:
         return self.work / "results"
 
-    def command(self, name: str) -> CommandOutcome:
-        """What SESSION's command name printed, and its exit status (0 asserted)."""
+    def command(self, name: str, exit_code: int = 0) -> CommandOutcome:
+        """What SESSION's command name printed, and its exit status (exit_code asserted)."""
         done = self.outcome.commands[list(SESSION).index(name)]
-        assert done.exit_code == 0, (done.stdout[-3000:], done.stderr[-3000:])
+        assert done.exit_code == exit_code, (done.stdout[-3000:], done.stderr[-3000:])
         return done
 
 
@@ -103,6 +107,7 @@ def lab_session(tmp_path_factory):
     (work / "plan.toml").write_text(PLAN)
     journal = Journal()
     said: list[str] = []
+    shares = set(Path(tempfile.gettempdir()).glob("vmtax-lab-*"))
     started = time.monotonic()
     cwd = os.getcwd()
     os.chdir(work)
@@ -119,13 +124,21 @@ def lab_session(tmp_path_factory):
     for name, done in zip(SESSION, outcome.commands):
         print(f"--- {name}: exit {done.exit_code}\n{done.stdout.decode()[-3000:]}\n"
               f"{done.stderr.decode()[-3000:]}")
-    return LabSession(work, outcome)
+    return LabSession(work, outcome, shares)
+
+
+def run_of(results: Path, name: str = "run") -> str:
+    """The id of the run SESSION's command name stored (each command stores one, in turn)."""
+    db = sqlite3.connect(results / "vmtax.sqlite")
+    ids = [run_id for run_id, in db.execute("SELECT id FROM runs ORDER BY created")]
+    return ids[list(SESSION).index(name)]
 
 
 def stored(results: Path) -> tuple[dict, dict]:
+    """The host facts and the targets' fingerprints of SESSION's `run`."""
     db = sqlite3.connect(results / "vmtax.sqlite")
-    host, run_id = db.execute("SELECT host, id FROM runs WHERE plan NOT LIKE '%boot%' "
-                              "ORDER BY created").fetchone()
+    run_id = run_of(results)
+    [host] = db.execute("SELECT host FROM runs WHERE id = ?", (run_id,)).fetchone()
     targets = {name: json.loads(fp) for name, fp in db.execute(
         "SELECT name, fingerprint FROM targets WHERE run_id = ?", (run_id,))}
     return json.loads(host), targets

@@ -352,13 +352,19 @@ def test_a_daemon_that_keeps_the_commands_output_open_is_not_waited_for(tmp_path
 def test_a_labs_run_is_resumed_in_a_lab_never_on_the_host(tmp_path, monkeypatch):
     """A run resumed on the host would mix nested numbers with the host's under one id."""
     from vmtax.studies import comparison
+    from vmtax.studies import plan as plan_mod
     from vmtax.studies.requests import RunRequest
 
-    store, run_id = _store_with_a_run(tmp_path / "r")
+    store = Store(tmp_path / "r")
+    plan = plan_mod.from_names(["native"], ["cpu"], {}, warmup=0, time=1, runs=1).to_dict()
+    run_id = store.new_run(plan, {"lab": machine.LAB_LABEL}, "x")
     monkeypatch.delenv(machine.LAB_ENV, raising=False)
     with pytest.raises(VmtaxError, match=rf"made in a lab .*`vmtax lab --results "
                                          rf"{tmp_path}/r run --resume {run_id}`"):
         comparison.plan_of(RunRequest(resume=run_id), store)
+    with machine.planning_lab(frozenset()):   # as `vmtax lab run --resume` checks it here
+        assert comparison.plan_of(RunRequest(resume=run_id), store).runs == 1
+    assert machine.lab() is None
     host_run = store.new_run({"targets": []}, {"cpu_model": "x"}, "x")
     monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)
     with pytest.raises(VmtaxError, match="made on a host, not in a lab"):
@@ -379,3 +385,23 @@ def test_a_kvm_guest_in_a_lab_reports_rcu_stalls_at_the_latest(monkeypatch):
     assert "rcupdate" not in guest_cmdline("mmio", None, tcg=True)
     monkeypatch.delenv(machine.LAB_ENV)
     assert "rcupdate" not in guest_cmdline("mmio", None)
+
+
+def test_the_labs_studies_work_on_the_labs_own_disk_not_in_the_share(tmp_path, monkeypatch):
+    """Found by a user: in a lab, native's 2 GiB fileio and the guests' scratch disks were
+    in the share beside the results database: on the host's disk, through 9p. A study
+    works where VMTAX_WORK says (the lab gives its own disk), else beside its results."""
+    from vmtax.host.journal import Journal
+    from vmtax.studies import lab as study
+    from vmtax.studies.session import session
+
+    store = Store(tmp_path / "results")
+    monkeypatch.setenv("VMTAX_WORK", str(tmp_path / "disk"))
+    (tmp_path / "disk").mkdir()
+    with session(store, Journal(tmp_path / "j")) as s:
+        assert s.work_dir.parent == tmp_path / "disk"
+    monkeypatch.delenv("VMTAX_WORK")
+    with session(store, Journal(tmp_path / "j")) as s:
+        assert s.work_dir.parent == (tmp_path / "results").resolve()
+    assert study._lab_env(tmp_path, None)["VMTAX_WORK"] == lab.WORK
+    assert not lab.WORK.startswith(lab.SHARE)

@@ -14,13 +14,14 @@ import os
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import processes, start_vmtax, vmtax, wait_for
-from lab_session import LAB_TIMEOUT, cells, stored
+from lab_session import LAB_TIMEOUT, cells, run_of, stored
 from vmtax.host import kvm
 from vmtax.host.machine import LAB_LABEL
 
@@ -60,8 +61,8 @@ def test_huge_pages_and_pinning_under_kvm(lab_session):
 
 
 def test_real_exits_per_reason_their_diff_and_times_the_workload_allows(lab_session):
-    results = str(lab_session.results)
-    shown = vmtax("exits", "last:kvm", "--results", results, "--json")
+    results, run = str(lab_session.results), run_of(lab_session.results)
+    shown = vmtax("exits", f"{run}:kvm", "--results", results, "--json")
     assert shown.returncode == 0, shown.stderr
     cells = json.loads(shown.stdout)["cells"]
     print(shown.stdout[:3000])
@@ -71,7 +72,7 @@ def test_real_exits_per_reason_their_diff_and_times_the_workload_allows(lab_sess
         assert cell["times_impossible"] or (
             longest <= cell["seconds"] * 1e6
             and cell["total_time"] <= cell["seconds"] * 1e6 * cell["vcpus"]), cell
-    diff = vmtax("exits", "diff", "last:kvm", "last:kvm-tuned", "--workload", "cpu",
+    diff = vmtax("exits", "diff", f"{run}:kvm", f"{run}:kvm-tuned", "--workload", "cpu",
                  "--results", results)
     assert diff.returncode == 0, diff.stderr
     print(diff.stdout)
@@ -79,8 +80,8 @@ def test_real_exits_per_reason_their_diff_and_times_the_workload_allows(lab_sess
 
 
 def test_a_libvirt_domains_exits_are_recorded_as_a_vm_targets(lab_session):
-    shown = vmtax("exits", "last:libvirt-kvm", "--results", str(lab_session.results),
-                  "--json")
+    shown = vmtax("exits", f"{run_of(lab_session.results)}:libvirt-kvm", "--results",
+                  str(lab_session.results), "--json")
     assert shown.returncode == 0, shown.stderr
     cells = json.loads(shown.stdout)["cells"]
     assert {c["workload"] for c in cells} == {"cpu", "iperf3"}
@@ -115,6 +116,17 @@ def test_boot_a_kvm_guest_in_the_lab(lab_session):
     db = sqlite3.connect(lab_session.results / "vmtax.sqlite")
     assert {json.loads(host)["lab"] for host, in db.execute("SELECT host FROM runs")} == {
         LAB_LABEL}
+
+
+def test_a_failing_command_ends_the_session_with_its_own_one_line_error(lab_session):
+    done = lab_session.command("fails", exit_code=2)
+    [said] = done.stderr.decode().splitlines()
+    assert said.startswith("vmtax: error: unknown run id 'nosuchrun'")
+    # Its hint works on the host, where the lab's runs came into the host's store.
+    assert f"`vmtax runs --results {lab_session.results}`" in said
+    assert lab_session.outcome.exit_code == 2
+    # The lab is stopped (its QEMU first), and nothing of it is left.
+    assert set(Path(tempfile.gettempdir()).glob("vmtax-lab-*")) <= lab_session.shares_before
 
 
 def _lab_qemus(share_parent: Path) -> set[int]:

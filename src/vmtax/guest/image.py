@@ -24,7 +24,7 @@ import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping
 
 from vmtax.core import paths
 from vmtax.core.errors import VmtaxError
@@ -88,7 +88,7 @@ def _module_name(ko: Path) -> str:
     return ko.name.split(".ko", 1)[0].replace("-", "_")
 
 
-def _run_tool(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+def _run_tool(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run a host tool the image build needs; a missing tool is a one-line VmtaxError."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, **kwargs)
@@ -97,7 +97,7 @@ def _run_tool(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
                          "(Debian: apt-get install dpkg kmod)") from None
 
 
-def _check(out: subprocess.CompletedProcess) -> None:
+def _check(out: subprocess.CompletedProcess[str]) -> None:
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no error output"])[-1]
         raise VmtaxError(f"{' '.join(out.args[:2])} failed: {last}")
@@ -433,7 +433,7 @@ class GuestImage:
         self._initramfs = dest
         return dest
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         kernel = self.kernel_info()
         return {"kernel_version": kernel.version, "kernel_sha256": kernel.sha256[:16],
                 "initramfs": self.initramfs().stem, "binaries": self.binaries}

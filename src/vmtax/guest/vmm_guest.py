@@ -101,7 +101,7 @@ class VmmGuest(AgentGuest):
         self.boot_cpu_seconds: float | None = None
         self.guest_hugepages_granted: int | None = None
         self.vcpu_affinity: list[list[int]] | None = None
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._tokens: list[int] = []
         self._dirs: list[Path] = []
 

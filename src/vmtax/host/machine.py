@@ -63,8 +63,9 @@ LAB_LABEL = "nested KVM in a TCG lab, AMD-V emulated"
 
 
 def lab() -> str | None:
-    """What kind of lab this host is (LAB_LABEL inside `vmtax lab`), None on a real host."""
-    return os.environ.get(LAB_ENV) or None
+    """What kind of lab this host is (LAB_LABEL inside `vmtax lab`, and while `vmtax lab`
+    checks a command for one: planning_lab), None on a real host."""
+    return os.environ.get(LAB_ENV) or (LAB_LABEL if _planning else None)
 
 
 # In a lab everything runs under TCG (guests under TCG in TCG, or a KVM nested on it):
@@ -79,18 +80,20 @@ def lab_scaled(seconds: float) -> float:
 
 
 # Devices a lab being planned will have (its kernel loads their modules) though this host
-# has not: while `vmtax lab` checks a command's arguments here, they pass as in the lab.
+# has not: while `vmtax lab` checks a command's arguments here, they pass as in the lab,
+# and this host is a lab (a lab's run to resume is resumable there).
 _lab_devices: frozenset[str] = frozenset()
+_planning = False
 
 
 @contextlib.contextmanager
 def planning_lab(devices: frozenset[str]) -> Iterator[None]:
-    global _lab_devices
-    before, _lab_devices = _lab_devices, devices
+    global _lab_devices, _planning
+    before, _lab_devices, _planning = (_lab_devices, _planning), devices, True
     try:
         yield
     finally:
-        _lab_devices = before
+        _lab_devices, _planning = before
 
 
 def has_device(path: str) -> bool:

@@ -194,13 +194,14 @@ class Runner:
             except TargetError as exc:   # a guest not booted even after its retry (a lab's
                 lost.append(exc)         # nested KVM, a busy host): its cells fail, why
                 self.broken[spec.name] = f"could not be prepared: {exc}"
-                self.reporter.warn(f"{spec.name} {self.broken[spec.name]}; its runs are skipped")
                 with contextlib.suppress(Exception):
                     target.cleanup()
             for warning in target.warnings:
                 self.reporter.warn(f"{spec.name}: {warning}")
-        if len(lost) == len(self.plan.targets):   # nothing to measure: no run of failures
-            raise lost[0]
+        if len(lost) == len(self.plan.targets):   # nothing to measure: no run of failures,
+            raise lost[0]                         # and its error said once, not warned first
+        for name, why in self.broken.items():
+            self.reporter.warn(f"{name} {why}; its runs are skipped")
         # Stored only once every target is up: bad input leaves no empty run behind.
         if self.resume_id:
             s.reopen_run(self.resume_id)

@@ -59,7 +59,7 @@ class FirecrackerOptions(MicroVmOptions):
         "build of `source`, or vmtax's last build")
     vcpus: int = plugin.option(2, "Virtual CPUs (1 or an even number, Firecracker's rule)",
                                unit="vCPUs", ge=1, le=MAX_VCPUS, cli=True, tune=(1, 2, 4))
-    hugepages: Literal["2M"] | None = plugin.option(  # type: ignore[assignment]
+    hugepages: Literal["2M"] | None = plugin.option(
         None, "Back guest RAM with host 2 MiB huge pages (reserved for the run; Firecracker "
         "has no 1 GiB pages)", tune=("2M",))
     io_engine: Literal["Sync", "Async"] = plugin.option(
@@ -137,7 +137,7 @@ class FirecrackerGuest(MicroVmGuest):
 
 def _without_paths(config: dict[str, Any]) -> dict[str, Any]:
     """The configuration as sent, less what changes at each boot (run paths, tap names)."""
-    sent = json.loads(json.dumps(config))
+    sent: dict[str, Any] = json.loads(json.dumps(config))
     sent["boot-source"].pop("kernel_image_path")
     sent["boot-source"].pop("initrd_path")
     for drive in sent["drives"]:

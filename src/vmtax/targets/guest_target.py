@@ -99,7 +99,7 @@ class GuestTarget(Target):
     def image(self) -> GuestImage:
         """The shared image of this invocation, unless this target wants another kernel or
         other programs of vmtax's."""
-        image = self.ctx.image
+        image: GuestImage | None = self.ctx.image
         programs = self.guest_programs()
         if image is None or (image.kernel_arg or "debian") != self.opts.kernel \
                 or image.programs != programs:

@@ -226,7 +226,7 @@ class VmTarget(VmmTarget):
         return VmInstance(name, self.opts, self.resolve, self.ctx.journal,
                           Path(self.ctx.work_dir), network, net)
 
-    def qmp(self, command: str, arguments: dict | None = None) -> Any:
+    def qmp(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
         """Run one QMP command on the plan's guest and return its result."""
         return self._need_guest().qmp(command, arguments)
 

@@ -78,7 +78,7 @@ class QmpSession:
         self.path = str(path)
         self._client: Any = None
 
-    def execute(self, command: str, arguments: dict | None = None) -> Any:
+    def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
         from qemu.qmp import QMPClient  # asyncio machinery: only once a guest runs
 
         async def connect() -> Any:   # made on the loop it will live on
@@ -207,7 +207,7 @@ class VmInstance(VmmGuest):
 
     # -- QMP --
 
-    def qmp(self, command: str, arguments: dict | None = None) -> Any:
+    def qmp(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
         """Run one QMP command on the running QEMU and return its result."""
         if self._qmp is None or not self.alive():
             raise TargetError(f"{self.name}: the guest is not running")

@@ -170,7 +170,7 @@ def stable_xml(xml: str) -> str:
     """A running domain's XML without what each boot changes (its id, pty and socket paths,
     tap names, agent state, autoport ports, dynamic security labels)."""
     for pattern, replacement in _PER_BOOT:
-        xml = pattern.sub(replacement, xml)   # type: ignore[arg-type]
+        xml = pattern.sub(replacement, xml)
     return xml
 
 
