@@ -552,3 +552,27 @@ def test_what_changed_names_a_rebuilt_program_at_the_same_path_and_version(tmp_p
     [s] = history.load(Store(tmp_path), "nightly").series
     assert differences.what_changed(s.points[0], s.points[1], "vm:tcg", "cpu") == [
         "vm:tcg qemu_sha256: 1111 → 2222", "vm:tcg programs.sysbench: aaaa → bbbb"]
+
+
+def test_what_more_runs_need_is_worked_out_only_for_a_verdict_that_says_it(tmp_path,
+                                                                          monkeypatch):
+    """Which more runs would let detection call the newest runs' step costs up to a second
+    a series (a test per count of more runs): a trend worked it out for every series, said
+    or not; now only when its text asks. Beside the 5 runs before a step the test calls it
+    with 2 more; beside 3, within HELD_AT_MOST more never, which the text says so."""
+    from vmtax.analysis import changepoint
+    from vmtax.report.parts import recent_status
+
+    tested = []
+    calls = changepoint.calls
+    monkeypatch.setattr(changepoint, "calls", lambda *a, **k: tested.append(a) or calls(*a, **k))
+    store = Store(tmp_path)
+    for i in range(8):
+        add_run(store, "nightly", {"native": 1000}, seed=i)
+    [s] = judged(tmp_path).series
+    assert s.recent is not None and tested == []
+    assert history.Recent(s.recent.judged[:1] * 3, [], None, None, 5).more_runs == 2
+    never = history.Recent(s.recent.judged[:1] * 3, [], None, None, 3)
+    assert never.more_runs is None
+    assert recent_status(never) == (f"no change point there within {history.HELD_AT_MOST} "
+                                    "more runs like these")

@@ -84,10 +84,21 @@ class Recent:
     # Where the runs `against` let a run's median fall by chance, as changes (-0.1 = 10%
     # lower); None with fewer than SPREAD_FROM of them.
     spread: tuple[float, float] | None
-    # More runs like the judged ones before detection could call a clean step there (0: it
-    # could now, but the adjustment across series has not let it); None: too few runs
-    # before it in its segment for a change point there ever.
-    more_runs: int | None = None
+    # The points of its segment before the judged ones, and how detection was asked to
+    # call a change (for more_runs).
+    before: int = 0
+    alpha: float = 0.05
+    permutations: int = changepoint.PERMUTATIONS
+
+    @functools.cached_property
+    def more_runs(self) -> int | None:
+        """More runs like the judged ones before detection could call a clean step there
+        (0: it could now, but the adjustment across series has not let it); None: not
+        within HELD_AT_MOST more. Worked out when asked (a long series' test costs ~1 s):
+        the text says it of a verdict, not of every series."""
+        return next((more for more in range(HELD_AT_MOST + 1) if changepoint.calls(
+            self.before, len(self.judged) + more, self.alpha,
+            permutations=self.permutations)), None)
 
     @property
     def within_spread(self) -> bool:
@@ -465,11 +476,9 @@ def _judge_newest(analysed: list[Series], alpha: float, noise_floor: float,
                                      resolutions=[sp.resolution if sp else None for sp in specs])
     for (s, judged, against, spread), c in zip(found, comparisons):
         assert s.detection is not None
-        before = len(s.points) - len(judged) - s.segment_start
-        s.recent = Recent(judged, against, c, spread, next(
-            (more for more in range(HELD_AT_MOST + 1) if changepoint.calls(
-                before, len(judged) + more, alpha, permutations=s.detection.permutations)),
-            None))
+        s.recent = Recent(judged, against, c, spread,
+                          len(s.points) - len(judged) - s.segment_start, alpha,
+                          s.detection.permutations)
 
 
 # Runs after a suspected change the newest-run rule holds together, at most: a step older
