@@ -118,7 +118,8 @@ def _targets(work: Path, run_id: str) -> dict[str, dict]:
 
 
 def _run_id(work: Path, name: str) -> str:
-    row = _db(work).execute("SELECT id FROM runs WHERE name = ?", (name,)).fetchone()
+    row = _db(work).execute("SELECT id FROM runs WHERE json_extract(plan, '$.name') = ?",
+                            (name,)).fetchone()
     return str(row["id"])
 
 

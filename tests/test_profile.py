@@ -27,9 +27,11 @@ from vmtax.collectors.profile import (
     qemu_class,
     runs_launcher,
 )
+from vmtax.collectors import profile
 from vmtax.core import plugin
 from vmtax.core.collector import CollectorError, Subject
 from vmtax.core.errors import ParseError
+from vmtax.host import machine
 from vmtax.host.journal import Journal
 from vmtax.host.proc import running
 
@@ -161,6 +163,7 @@ FAKE_PERF = textwrap.dedent("""\
     elif args[0] == "record":
         if os.environ.get("FAKE_PERF_FAIL"):
             sys.exit("Error: perf_event_paranoid setting is 4")
+        time.sleep(float(os.environ.get("FAKE_PERF_SLOW", "0")))   # a perf slow to start
         control, ack = args[args.index("--control") + 1].removeprefix("fifo:").split(",")
         out = args[args.index("-o") + 1]
         stopped = []
@@ -271,6 +274,24 @@ def test_a_perf_that_cannot_record_is_a_collector_error_with_its_message(
         collector.start(Subject(kind="native", name="native"))
     collector.abort()
     assert make.journal.entries == {}
+
+
+@pytest.mark.parametrize("lab", [False, True])
+def test_perf_is_given_longer_to_start_in_a_lab(fake_perf, make, monkeypatch, lab):
+    """In the lab perf took over 20 s to start on Firecracker's process (TCG under load)."""
+    monkeypatch.setattr(profile, "START_TIMEOUT", 0.6)
+    monkeypatch.setenv("FAKE_PERF_SLOW", "1.5")
+    if lab:
+        monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)   # given 5 x 0.6 s
+    collector = make()
+    try:
+        if lab:
+            collector.start(Subject(kind="native", name="native"))
+        else:
+            with pytest.raises(CollectorError, match="did not answer within 0.6 s"):
+                collector.start(Subject(kind="native", name="native"))
+    finally:
+        collector.abort()
 
 
 def test_abort_kills_perf_and_empties_the_journal(fake_perf, make):

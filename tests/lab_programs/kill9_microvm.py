@@ -65,7 +65,11 @@ killed = time.monotonic()
 while any(left().values()) and time.monotonic() - killed < 5:
     time.sleep(0.1)
 remains = {k: v for k, v in left().items() if v}
-if remains:
-    print(f"{kind}: left 5 s after kill -9: {json.dumps(remains)}")
+if remains:   # and how long it took after all, which says what is slow
+    while any(left().values()) and time.monotonic() - killed < 60:
+        time.sleep(0.1)
+    after = "still there after 60 s" if any(left().values()) else (
+        f"gone after {time.monotonic() - killed:.1f} s")
+    print(f"{kind}: left 5 s after kill -9 ({after}): {json.dumps(remains)}")
     sys.exit(1)
 print(f"{kind}: nothing left after {time.monotonic() - killed:.1f} s")

@@ -54,9 +54,10 @@ from vmtax.core.errors import ParseError
 from vmtax.core.types import Metric, MetricSpec
 from vmtax.core.text import first_line
 from vmtax.helpers.perf_tool import PERF, perf_problem, record_message, spawn_record
-from vmtax.host import proc
+from vmtax.host import machine, proc
 
 PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
+# perf's start and stop, on a host (a lab's are machine.lab_scaled: perf under TCG).
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 60.0
 # perf script of a few minutes' DWARF samples on a slow, shared host.
@@ -451,7 +452,7 @@ class Profiler(Collector):
                 "--no-no-inherit", "-t", ",".join(map(str, threads))]
         self._perf = spawn_record(argv, self.scratch, self.name)
         self._token = self.journal.process(self._perf.pid)
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + machine.lab_scaled(START_TIMEOUT)
         while self._control is None:
             try:   # ENXIO until perf opens the FIFO for reading
                 self._control = os.open(control, os.O_WRONLY | os.O_NONBLOCK)
@@ -480,7 +481,7 @@ class Profiler(Collector):
         if self._control is None or self._failure is not None:
             return
         try:
-            self._command(command, time.monotonic() + START_TIMEOUT)
+            self._command(command, time.monotonic() + machine.lab_scaled(START_TIMEOUT))
         except CollectorError as exc:   # said by stop()
             self._failure = str(exc)
         except OSError as exc:
@@ -493,11 +494,11 @@ class Profiler(Collector):
                                  f"{self._perf.returncode}): {record_message(self.scratch)}")
         if time.monotonic() > deadline:
             raise CollectorError(f"{self.name}: perf record did not answer within "
-                                 f"{START_TIMEOUT:g} s")
+                                 f"{machine.lab_scaled(START_TIMEOUT):g} s")
 
     def _reap(self, perf: subprocess.Popen[bytes]) -> None:
         """Wait for perf after SIGINT and take its CPU time (user + system) from wait4."""
-        deadline = time.monotonic() + STOP_TIMEOUT
+        deadline = time.monotonic() + machine.lab_scaled(STOP_TIMEOUT)
         while True:
             pid, status, usage = os.wait4(perf.pid, os.WNOHANG)
             if pid == perf.pid:
@@ -507,7 +508,7 @@ class Profiler(Collector):
             if time.monotonic() > deadline:
                 self.abort()
                 raise CollectorError(f"{self.name}: perf record did not finish within "
-                                     f"{STOP_TIMEOUT:g} s of SIGINT")
+                                     f"{machine.lab_scaled(STOP_TIMEOUT):g} s of SIGINT")
             time.sleep(0.02)
 
     def stop(self) -> list[Metric]:

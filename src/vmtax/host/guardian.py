@@ -7,7 +7,8 @@ reach of a kill of vmtax's process group), without PR_SET_PDEATHSIG, reading a p
 only writer is vmtax (the write end is not inherited by vmtax's children). End of file on
 it means vmtax is done or dead, Ctrl-C, kill -9 or a crash alike: the guardian undoes
 whatever the journal still lists (after a normal end, nothing) and exits. It imports
-little until then.
+the journal's module before it waits: in a nested lab under load that import alone took
+seconds, which a kill -9 left its VMM's run directory and network namespace for.
 
 The guardian is watched too: at the end vmtax waits for it a bounded time (a stopped or
 hung guardian must not hang vmtax), then kills it, undoes the journal itself and says so.
@@ -81,8 +82,8 @@ def _await(guardian: subprocess.Popen[bytes], journal_path: Path) -> None:
 
 
 def main(journal_path: str) -> None:
-    sys.stdin.buffer.read()          # returns at end of file: vmtax is done or dead
     from vmtax.host import journal
+    sys.stdin.buffer.read()          # returns at end of file: vmtax is done or dead
     journal.undo_left(Path(journal_path))
 
 
