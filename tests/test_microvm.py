@@ -7,6 +7,7 @@ import json
 import re
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,9 @@ from vmtax.core.target import TargetContext
 from vmtax.guest.image import GuestImage
 from vmtax.guest.vmm_guest import GuestFiles, thread_ids
 from vmtax.helpers import vmm_build, vsock_relay
+from vmtax.host import machine
 from vmtax.host.journal import Journal
+from vmtax.report import parts
 from vmtax.targets import microvm_target
 
 
@@ -91,6 +94,16 @@ def test_firecracker_is_sent_one_configuration_file(ctx, tmp_path):
     assert "path_on_host" not in json.dumps(guest.sent)
     assert "vt0a1b2c" not in json.dumps(guest.sent)
     assert guest.sent["machine-config"] == config["machine-config"]
+
+
+@pytest.mark.parametrize("kind", ["firecracker", "cloud-hypervisor"])
+def test_a_microvms_column_says_nested_kvm_in_a_lab(ctx, tmp_path, kind):
+    fingerprint = make(kind, ctx, tmp_path).vmm_fingerprint()
+    run = SimpleNamespace(host={"lab": machine.LAB_LABEL},
+                          targets={kind: {"fingerprint": fingerprint}})
+    assert parts.target_label(run, kind) == f"{kind} (nested KVM)"
+    assert parts.target_label(SimpleNamespace(host={}, targets=run.targets), kind) == (
+        f"{kind} (kvm)")
 
 
 def test_cloud_hypervisor_command_line(ctx, tmp_path):
