@@ -195,10 +195,12 @@ def test_a_piped_sweep_reports_every_cell(tmp_path):
                     '[[workloads]]\nname = "cpu"\n'
                     '[workloads.params]\ncpu-max-prime = [100, 200, 300]\n')
     res = vmtax("run", str(plan), "--results", str(tmp_path / "r"), check=True)
-    progress = [line.split(" done")[0] for line in res.stderr.splitlines()
+    # Each cell says when it starts (issue 49.6) and when it is done.
+    progress = [line.split(", ")[0] for line in res.stderr.splitlines()
                 if line.startswith("[")]
-    assert progress == [f"[{i}/3] native · cpu cpu-max-prime={p}"
-                        for i, p in ((1, 100), (2, 200), (3, 300))], res.stderr
+    assert progress == [line for i, p in ((1, 100), (2, 200), (3, 300)) for line in (
+        f"[{i - 1}/3] native · cpu cpu-max-prime={p} starts",
+        f"[{i}/3] native · cpu cpu-max-prime={p} done")], res.stderr
 
 
 # -- item 8: help and docs that agree with the program --------------------------------------

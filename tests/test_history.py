@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import vmtax
 
-from vmtax.analysis import history
+from vmtax.analysis import differences, history
 from vmtax.core.types import Metric
 from vmtax.results.store import Store
 
@@ -221,16 +221,16 @@ def test_what_changed_names_the_host_the_parameters_and_vmtax(tmp_path):
     add_run(store, "nightly", {"native": 1000}, host={**HOST, "kernel": "6.1.0-20-amd64"},
             params={"cpu": {"time": 1, "cpu-max-prime": 3000}}, version="0.2.0")
     [s] = history.load(Store(tmp_path), "nightly").series
-    assert history.what_changed(s.points[0], s.points[1], "native", "cpu") == [
+    assert differences.what_changed(s.points[0], s.points[1], "native", "cpu") == [
         "host kernel: 6.1.0-18-amd64 → 6.1.0-20-amd64",
         "cpu cpu-max-prime: (none) → 3000",
         "vmtax 0.1.0 → 0.2.0"]
-    assert history.what_changed(s.points[1], s.points[2], "native", "cpu") == []
+    assert differences.what_changed(s.points[1], s.points[2], "native", "cpu") == []
 
 
 def test_a_kernel_command_line_change_shows_the_words_that_changed():
     base = "console=ttyS0 quiet panic=-1 vmtax.bus=mmio tsc=reliable no_timer_check"
-    assert history._change_text(base, base + " mitigations=off") == "+mitigations=off"
+    assert differences._change_text(base, base + " mitigations=off") == "+mitigations=off"
 
 
 def test_fleet_hosts_are_series_of_their_own(tmp_path):
@@ -550,5 +550,29 @@ def test_what_changed_names_a_rebuilt_program_at_the_same_path_and_version(tmp_p
                                     "qemu_sha256": qemu, "kernel_sha256": "k1",
                                     "programs": {"sysbench": sha}}})
     [s] = history.load(Store(tmp_path), "nightly").series
-    assert history.what_changed(s.points[0], s.points[1], "vm:tcg", "cpu") == [
+    assert differences.what_changed(s.points[0], s.points[1], "vm:tcg", "cpu") == [
         "vm:tcg qemu_sha256: 1111 → 2222", "vm:tcg programs.sysbench: aaaa → bbbb"]
+
+
+def test_what_more_runs_need_is_worked_out_only_for_a_verdict_that_says_it(tmp_path,
+                                                                          monkeypatch):
+    """Which more runs would let detection call the newest runs' step costs up to a second
+    a series (a test per count of more runs): a trend worked it out for every series, said
+    or not; now only when its text asks. Beside the 5 runs before a step the test calls it
+    with 2 more; beside 3, within HELD_AT_MOST more never, which the text says so."""
+    from vmtax.analysis import changepoint
+    from vmtax.report.parts import recent_status
+
+    tested = []
+    calls = changepoint.calls
+    monkeypatch.setattr(changepoint, "calls", lambda *a, **k: tested.append(a) or calls(*a, **k))
+    store = Store(tmp_path)
+    for i in range(8):
+        add_run(store, "nightly", {"native": 1000}, seed=i)
+    [s] = judged(tmp_path).series
+    assert s.recent is not None and tested == []
+    assert history.Recent(s.recent.judged[:1] * 3, [], None, None, 5).more_runs == 2
+    never = history.Recent(s.recent.judged[:1] * 3, [], None, None, 3)
+    assert never.more_runs is None
+    assert recent_status(never) == (f"no change point there within {history.HELD_AT_MOST} "
+                                    "more runs like these")

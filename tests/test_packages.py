@@ -25,6 +25,27 @@ def test_the_default_plan_needs_none_of_the_heavy_plugins_packages():
     assert "docker.io" in docker and "lxd" not in docker
 
 
+def test_what_a_target_builds_brings_its_packages_where_it_is_declared(tmp_path):
+    """make deps installs `vmtax list packages` before make builds: a VMM's cargo build
+    (Firecracker's bindgen needs libclang, its seccomp libseccomp) and the minimal guest
+    kernel get their packages from the build's own declaration, and a plan's microVM
+    target gets its guest image's (cpio, e2fsprogs) as vm does."""
+    from vmtax.core import target as targets
+    from vmtax.guest import minimal_kernel
+
+    every = set(vmtax("list", "packages", check=True).stdout.split())
+    for kind in ("firecracker", "cloud-hypervisor"):
+        assert set(targets.get(kind).source_build.packages) <= set(targets.get(kind).packages)
+    assert {"libclang-dev", "libseccomp-dev", *minimal_kernel.PACKAGES} <= every
+    plan = tmp_path / "microvms.toml"
+    plan.write_text('[targets.fc]\nkind = "firecracker"\nkernel = "minimal"\n'
+                    '[targets.ch]\nkind = "cloud-hypervisor"\n[[workloads]]\nname = "cpu"\n')
+    needed = set(vmtax("list", "packages", "--plan", str(plan), check=True).stdout.split())
+    assert {"libclang-dev", "cpio", "e2fsprogs", *minimal_kernel.PACKAGES} <= needed
+    default = set(vmtax("list", "packages", "--plan", "default", check=True).stdout.split())
+    assert not set(minimal_kernel.PACKAGES) - {"xz-utils"} & default
+
+
 def test_what_is_missing_is_asked_of_dpkg():
     assert packages.missing(["coreutils", "vmtax-no-such-package"]) == [
         "vmtax-no-such-package"]

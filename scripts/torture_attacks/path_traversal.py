@@ -42,6 +42,7 @@ CASES = [
     Case(("composite", "last", "--results", "{up}r"), (("composite", "--results"),)),
     Case(("cleanup", "--results", "{up}r"), (("cleanup", "--results"),)),
     Case(("plan", "{up}p.toml"), (("plan", "plan_file"),)),
+    Case(("list", "packages", "--plan", "{up}p.toml"), (("list", "--plan"),)),
     Case(("tune", "{up}t.toml", "--dry-run"), (("tune", "plan_file"),)),
     Case(("tune", "--targets", "vm", "--workloads", "cpu", "--dry-run", "--results", "{up}r"),
          (("tune", "--results"),)),

@@ -363,6 +363,7 @@ def calls(before: int, after: int, alpha: float, min_segment: int = MIN_SEGMENT,
     return step_p(before, after, min_segment, permutations, below=alpha) <= alpha
 
 
+@functools.cache
 def points_needed(points: int, alpha: float, min_segment: int = MIN_SEGMENT,
                   permutations: int = PERMUTATIONS) -> int:
     """How many more points a series of `points` needs before a clean step somewhere in it

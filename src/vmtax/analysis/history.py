@@ -23,22 +23,17 @@ from typing import Any, Literal
 from vmtax.analysis import changepoint, significance, stats
 from vmtax.analysis import summary as analysis
 from vmtax.analysis.drift import host_of
+from vmtax.analysis.differences import plan_changes, what_changed
 from vmtax.core import workload as workloads
 from vmtax.core.errors import VmtaxError
 from vmtax.core.types import Metric
 from vmtax.results.store import Store
 
-# Keys of the host's facts that are no fact about what was measured: how quiet it was, the
-# fleet run it joined, its name (the series' own), vmtax's version (said once, of the run).
-_HOST_CONTEXT = {"quiet", "fleet", "hostname", "vmtax"}
-# A plan's keys said elsewhere: targets and workloads per series, the name is the series.
-_PLAN_ELSEWHERE = {"targets", "workloads", "name"}
 NOTHING_CHANGED = "nothing recorded changed"
 # The newest run is judged against at most this many runs before it.
 NEWEST_AGAINST = 10
 # Runs before the newest needed to estimate how much a point moves from run to run.
 SPREAD_FROM = 3
-_ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -89,10 +84,21 @@ class Recent:
     # Where the runs `against` let a run's median fall by chance, as changes (-0.1 = 10%
     # lower); None with fewer than SPREAD_FROM of them.
     spread: tuple[float, float] | None
-    # More runs like the judged ones before detection could call a clean step there (0: it
-    # could now, but the adjustment across series has not let it); None: too few runs
-    # before it in its segment for a change point there ever.
-    more_runs: int | None = None
+    # The points of its segment before the judged ones, and how detection was asked to
+    # call a change (for more_runs).
+    before: int = 0
+    alpha: float = 0.05
+    permutations: int = changepoint.PERMUTATIONS
+
+    @functools.cached_property
+    def more_runs(self) -> int | None:
+        """More runs like the judged ones before detection could call a clean step there
+        (0: it could now, but the adjustment across series has not let it); None: not
+        within HELD_AT_MOST more. Worked out when asked (a long series' test costs ~1 s):
+        the text says it of a verdict, not of every series."""
+        return next((more for more in range(HELD_AT_MOST + 1) if changepoint.calls(
+            self.before, len(self.judged) + more, self.alpha,
+            permutations=self.permutations)), None)
 
     @property
     def within_spread(self) -> bool:
@@ -470,11 +476,9 @@ def _judge_newest(analysed: list[Series], alpha: float, noise_floor: float,
                                      resolutions=[sp.resolution if sp else None for sp in specs])
     for (s, judged, against, spread), c in zip(found, comparisons):
         assert s.detection is not None
-        before = len(s.points) - len(judged) - s.segment_start
-        s.recent = Recent(judged, against, c, spread, next(
-            (more for more in range(HELD_AT_MOST + 1) if changepoint.calls(
-                before, len(judged) + more, alpha, permutations=s.detection.permutations)),
-            None))
+        s.recent = Recent(judged, against, c, spread,
+                          len(s.points) - len(judged) - s.segment_start, alpha,
+                          s.detection.permutations)
 
 
 # Runs after a suspected change the newest-run rule holds together, at most: a step older
@@ -505,83 +509,6 @@ def _recent_split(segment: list[Point], alpha: float, noise_floor: float
             return segment[start:], against, spread
     against = segment[max(0, len(segment) - 1 - NEWEST_AGAINST):-1]
     return segment[-1:], against, run_to_run_spread(against, alpha)
-
-
-def what_changed(before: Point, after: Point, target: str, workload: str) -> list[str]:
-    """What differs between the runs of two points, as far as it bears on target ×
-    workload: the host's facts, the target's fingerprint and options, the workload's
-    parameters, the plan's settings, vmtax's version. Empty: nothing recorded changed."""
-    a, b = before.run, after.run
-    lines = _differences("host ", _without(a.host_facts, _HOST_CONTEXT),
-                         _without(b.host_facts, _HOST_CONTEXT))
-    lines += _differences(f"{target} ", _target_facts(a, target), _target_facts(b, target))
-    lines += _differences(f"{workload} ", before.params, after.params)
-    lines += _differences("plan ", _without(a.plan, _PLAN_ELSEWHERE),
-                          _without(b.plan, _PLAN_ELSEWHERE))
-    if a.version != b.version:
-        lines.append(f"vmtax {a.version} → {b.version}")
-    return lines
-
-
-def plan_changes(before: Point, after: Point, target: str, workload: str) -> list[str]:
-    """What the plans of two points' runs asked differently for target × workload: the
-    target's options, the workload's parameters, the plan's settings."""
-    return (_differences(f"{target} ", _plan_options(before.run, target),
-                         _plan_options(after.run, target))
-            + _differences(f"{workload} ", before.params, after.params)
-            + _differences("plan ", _without(before.run.plan, _PLAN_ELSEWHERE),
-                           _without(after.run.plan, _PLAN_ELSEWHERE)))
-
-
-def _without(facts: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    return {k: v for k, v in facts.items() if k not in keys}
-
-
-def _plan_options(run: SeriesRun, target: str) -> dict[str, Any]:
-    """The target's options as the run's plan asked for them."""
-    return next((t.get("options", {}) for t in run.plan.get("targets", [])
-                 if t.get("name") == target), {})
-
-
-def _target_facts(run: SeriesRun, target: str) -> dict[str, Any]:
-    """The target's options as the plan asked for them, overridden by its fingerprint (what
-    it was); durations measured at start-up (boot_seconds, job_overhead_s) left out."""
-    options = _plan_options(run, target)
-    fingerprint = run.targets.get(target, {}).get("fingerprint", {})
-    return {k: v for k, v in {**options, **fingerprint}.items()
-            if not k.endswith(("_s", "seconds"))}
-
-
-def _differences(label: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    lines = []
-    for key in dict.fromkeys([*before, *after]):
-        old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
-        if isinstance(old, dict) and isinstance(new, dict):
-            lines += _differences(f"{label}{key}.", old, new)
-        elif old != new:
-            lines.append(f"{label}{key}: {_change_text(old, new)}")
-    return lines
-
-
-def _change_text(old: Any, new: Any) -> str:
-    """old → new; of two long lines of words (a kernel command line), the words that went
-    and came."""
-    if isinstance(old, str) and isinstance(new, str) and len(old) + len(new) > 60:
-        gone = [w for w in old.split() if w not in new.split()]
-        came = [w for w in new.split() if w not in old.split()]
-        if gone or came:
-            return " ".join([*(f"-{w}" for w in gone), *(f"+{w}" for w in came)])
-    return f"{_value_text(old)} → {_value_text(new)}"
-
-
-def _value_text(value: Any) -> str:
-    if value is _ABSENT:
-        return "(none)"
-    if value is None:
-        return "–"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
 
 
 def to_json(trend: Trend) -> dict[str, Any]:

@@ -44,12 +44,16 @@ class _Guarded:
     def write(self, data: Any) -> Any:
         try:
             return self._stream.write(data)
+        except BrokenPipeError:
+            raise   # a reader gone is no failure (reader_gone), and click must see it so
         except OSError as exc:
             raise StdoutError(exc.errno, exc.strerror) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             raise StdoutError(exc.errno, exc.strerror) from None
 

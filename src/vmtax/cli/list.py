@@ -36,7 +36,8 @@ def list_command(what: str, as_json: bool, plan_file: str | None) -> None:
             needed = sorted(plan_mod.packages(the_plan))
         else:
             needed = sorted({p for group in plugin.registry().values()
-                             for cls in group.values() for p in cls.packages})
+                             for cls in group.values()
+                             for p in (*cls.packages, *cls.option_packages)})
         click.echo(json.dumps(needed) if as_json else "\n".join(needed))
         return
     plugins = (targets.kinds() if what == "targets" else workloads.registered()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import json
 import os
@@ -532,9 +531,9 @@ def main() -> None:
         # the lab starts it): what a user types.
         cli.main(prog_name="vmtax", standalone_mode=False)
         sys.stdout.flush()
+    except BrokenPipeError:   # the reader went away (`| head`): nothing to say
+        reader_gone()
     except StdoutError as exc:
-        if exc.errno == errno.EPIPE:   # the reader went away (`| head`): nothing to say
-            reader_gone()
         silence_stdout()
         click.echo(f"vmtax: error: cannot write to standard output ({exc.strerror})",
                    err=True)

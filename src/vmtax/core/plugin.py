@@ -89,6 +89,10 @@ class Plugin:
     Options: ClassVar[type[Options]] = _NoOptions()  # type: ignore[assignment]
     # Debian packages the plugin needs on the host (the set-up script installs them all).
     packages: ClassVar[tuple[str, ...]] = ()
+    # Those only some of its options need (what building a guest's minimal kernel takes):
+    # listed with `packages` by `vmtax list packages`, installed on first use by a plugin
+    # of those options (its packages_for).
+    option_packages: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def options_json(cls) -> list[dict[str, Any]]:

@@ -104,6 +104,13 @@ class Target(plugin.Plugin, abc.ABC):
     # (density, boot): a guest of one vCPU and little memory.
     small_options: ClassVar[Mapping[str, Any]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Building the kind's program (a VMM's cargo build) needs its build's packages:
+        # they are the kind's own, listed and installed with them.
+        super().__init_subclass__(**kwargs)
+        if cls.source_build is not None:
+            cls.packages = tuple(dict.fromkeys((*cls.packages, *cls.source_build.packages)))
+
     def __init__(self, name: str, options: plugin.Options, ctx: TargetContext):
         # The target's name in the plan shadows, on purpose, the plugin name of its class,
         # which stays its kind (type(self).name): mypy forbids setting a ClassVar on an

@@ -292,7 +292,9 @@ def series_status(s: Series) -> str:
 def recent_status(recent: Recent) -> str:
     """Why the newest runs' verdict is no change point yet, and what one needs."""
     if recent.more_runs is None:
-        return "too few runs before it for a change point there"
+        from vmtax.analysis.history import HELD_AT_MOST
+
+        return f"no change point there within {HELD_AT_MOST} more runs like these"
     if recent.more_runs:
         more = recent.more_runs
         return (f"up to {more} more run{'s' * (more != 1)} like "

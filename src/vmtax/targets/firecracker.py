@@ -158,8 +158,6 @@ class FirecrackerTarget(MicroVmTarget):
     source_build = Options.source_build
     # Firecracker maps guest RAM without MADV_MERGEABLE: KSM on leaves it as it is.
     ksm_mergeable = False
-    # Building it needs bindgen's libclang and libseccomp.
-    packages = source_build.packages
     # Its start, then the boot to agent READY (minimal kernel in a nested lab: ~10 s).
     startup_seconds = 10.0
 

@@ -132,8 +132,8 @@ class VmTarget(VmmTarget):
                    "straight into a busybox agent that runs jobs over virtio-serial")
     Options = VmOptions
     variant_option = "accel"
-    # QEMU, and what building the guest's kernel, initramfs and scratch disk takes.
-    packages = ("qemu-system-x86", "qemu-utils", "e2fsprogs", "kmod", "cpio", "xz-utils")
+    # QEMU, beside what building the guest's image takes.
+    packages = ("qemu-system-x86", "qemu-utils", *VmmTarget.packages)
     # Boot to agent ready under TCG, then calibration (measured: 2-5 s here).
     startup_seconds = 5.0
     # QEMU marks guest RAM mergeable (MADV_MERGEABLE), so KSM can merge it.

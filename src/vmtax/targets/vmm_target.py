@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from vmtax.core import plugin
 from vmtax.core.errors import TargetError
@@ -23,6 +23,7 @@ from vmtax.core.option_types import (GuestKernel, HostCpus, NonEmpty, Programs, 
                                      Size, cpulist)
 from vmtax.core.target import SERVES, Feature
 from vmtax.core.types import Endpoint, Job
+from vmtax.guest import minimal_kernel
 from vmtax.guest.qemu import parse_size
 from vmtax.guest.vmm_guest import VmmGuest
 from vmtax.host import hugepages, machine
@@ -106,6 +107,15 @@ class VmmTarget(GuestTarget):
     guest: VmmGuest | None
     vmm_process = True
     guest_clock = True
+    # What building the guest's kernel, initramfs and scratch disk takes, whichever VMM.
+    packages: ClassVar[tuple[str, ...]] = ("e2fsprogs", "kmod", "cpio", "xz-utils")
+    # kernel = "minimal" builds the guest's kernel from linux-source on first use.
+    option_packages = minimal_kernel.PACKAGES
+
+    @classmethod
+    def packages_for(cls, options: plugin.Options) -> tuple[str, ...]:
+        kernel = cls.option_packages if cast(VmmOptions, options).kernel == "minimal" else ()
+        return tuple(dict.fromkeys((*cls.packages, *kernel)))
 
     @classmethod
     def host_hugepages(cls, options: plugin.Options) -> dict[str, int]:
