@@ -19,8 +19,9 @@ run:
 	@bash scripts/bootstrap.sh --run
 	$(VMTAX) run
 
+# --durations: CI's log names the slowest tests, where make test's time goes.
 test: deps lint builds
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 # What the live tests use that vmtax otherwise builds on first use, built here before
 # pytest: its progress bar shows (pytest captures output) and a failed build stops with one

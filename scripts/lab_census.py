@@ -75,6 +75,8 @@ CONFIGS = {
                            "2 vCPUs, RCU stall report at 300 s; two CPU hogs", hogs=2),
     "default": Config("the default"),
     "default-quiet": Config("the default, the host quiet", quiet=True),
+    "l2-1cpu-before": Config("L2 1 vCPU, its RCU stall report at 21 s", vcpus=1,
+                             kernel_args=BEFORE),
     "l2-1cpu-before-hogs": Config("L2 1 vCPU, its RCU stall report at 21 s; two CPU hogs",
                                   vcpus=1, kernel_args=BEFORE, hogs=2),
     "l2-debian": Config("L2 Debian's kernel", kernel="debian"),

@@ -87,7 +87,7 @@ LAB_TIMEOUT = 1800
 class LabSession:
     work: Path
     outcome: lab_study.LabOutcome
-    shares_before: set[Path]      # labs' shares in the temporary directory before it
+    tmp: Path                     # the lab's temporary directory (its share's parent)
 
     @property
     def results(self) -> Path:
@@ -105,14 +105,18 @@ def lab_session(tmp_path_factory):
     """One lab for every command of SESSION, in turn, as `vmtax lab --session` runs them."""
     work = tmp_path_factory.mktemp("lab")
     (work / "plan.toml").write_text(PLAN)
+    # The lab's share in a directory of its own: what it leaves is told apart from the
+    # shares of other labs that run beside it (another test session's, a user's).
+    tmp = work / "tmp"
+    tmp.mkdir()
     journal = Journal()
     said: list[str] = []
-    shares = set(Path(tempfile.gettempdir()).glob("vmtax-lab-*"))
     started = time.monotonic()
     cwd = os.getcwd()
     os.chdir(work)
     try:
-        with guardian.guard(journal.path):
+        with guardian.guard(journal.path), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tempfile, "tempdir", str(tmp))
             outcome = lab_study.run(list(SESSION.values()), lab_study.LabConfig(),
                                     results=work / "results", journal=journal,
                                     echo=(lambda data: None, lambda data: None),
@@ -124,7 +128,7 @@ def lab_session(tmp_path_factory):
     for name, done in zip(SESSION, outcome.commands):
         print(f"--- {name}: exit {done.exit_code}\n{done.stdout.decode()[-3000:]}\n"
               f"{done.stderr.decode()[-3000:]}")
-    return LabSession(work, outcome, shares)
+    return LabSession(work, outcome, tmp)
 
 
 def run_of(results: Path, name: str = "run") -> str:

@@ -193,6 +193,25 @@ def test_only_a_kvm_guest_in_a_lab_is_given_up_when_its_kernel_stalls(
     assert isinstance(raised.value, agent_session.GuestLost) == lost
 
 
+@pytest.mark.parametrize("lab, kvm, lost", [(True, True, True), (True, False, False),
+                                            (False, True, False)])
+def test_only_a_kvm_guest_in_a_lab_silent_past_its_boot_timeout_is_lost(
+        tmp_path, monkeypatch, lab, kvm, lost):
+    """A lab's vm:kvm gave no READY within 300 s, console empty, while three other L2s of
+    the same lab were READY in 24-75 s, and its cells failed unretried. Lost, it is booted
+    once more (start()); a TCG guest, or one on a host, may only be slow."""
+    in_lab(monkeypatch, lab)
+    console = tmp_path / "console.log"
+    console.write_bytes(b"")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # no QEMU connects
+    listener.bind(str(tmp_path / "agent.sock"))
+    listener.listen(1)
+    with pytest.raises(TargetError) as raised:
+        Booting(lost=0)._await_agent(listener, time.monotonic(), time.monotonic() + 0.5,
+                                     console, kvm)
+    assert isinstance(raised.value, agent_session.GuestLost) == lost
+
+
 @pytest.mark.parametrize("lab, kvm, again", [(True, True, True), (True, False, False),
                                              (False, True, False)])
 def test_a_nested_kvm_guest_whose_setup_gets_no_answer_is_booted_once_more(

@@ -181,7 +181,9 @@ def test_in_a_lab_every_target_says_nested_and_native_is_no_bare_host(tmp_path, 
 
     monkeypatch.setenv(machine.LAB_ENV, machine.LAB_LABEL)
     store = Store(tmp_path / "r")
-    s = Session(store, Journal(tmp_path / "j"), None)  # type: ignore[arg-type]
+    # No workload programs: the fingerprints under test are the targets' own (a169f3e
+    # added the programs' hashes, read from the context's binaries).
+    s = Session(store, Journal(tmp_path / "j"), SimpleNamespace(binaries=()))  # type: ignore[arg-type]
     s.run_id = store.new_run({"targets": [{"name": "native"}, {"name": "vm:kvm"}],
                               "baseline": "native"}, machine.fingerprint(), "x")
     s.targets = {"native": SimpleNamespace(kind="native", bare_host=True,

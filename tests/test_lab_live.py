@@ -14,7 +14,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -126,7 +125,7 @@ def test_a_failing_command_ends_the_session_with_its_own_one_line_error(lab_sess
     assert f"`vmtax runs --results {lab_session.results}`" in said
     assert lab_session.outcome.exit_code == 2
     # The lab is stopped (its QEMU first), and nothing of it is left.
-    assert set(Path(tempfile.gettempdir()).glob("vmtax-lab-*")) <= lab_session.shares_before
+    assert not any(lab_session.tmp.glob("vmtax-lab-*"))
 
 
 def _lab_qemus(share_parent: Path) -> set[int]:
