@@ -210,7 +210,10 @@ def test_spread_hosts_a_result_set_per_host_and_a_killed_host_failed(fleet, tmp_
                   timeout=60)
     (row,) = json.loads(shown.stdout)["spread"]
     assert row["target"] == "twin" and set(row["ratios"]) == {"a", "b", "c"}
-    assert 0.5 < row["ratios"]["a"] < 2 and 0.5 < row["ratios"]["b"] < 2   # native vs native
+    # native vs native: about 1, but three hosts share this machine's two cores and c is
+    # killed part-way, so one host's twin and native see different contention (0.38 was
+    # seen at host load 8). A ratio of the wrong metric or host would be orders off.
+    assert 0.2 < row["ratios"]["a"] < 5 and 0.2 < row["ratios"]["b"] < 5
     assert row["min"] <= row["median"] <= row["max"]
     for name in ("a", "b"):
         run = runs[name]
