@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from vmtax.core import plugin
 from vmtax.core.option_types import NonEmpty
@@ -117,15 +117,12 @@ class CloudHypervisorTarget(MicroVmTarget):
     description = ("A Cloud Hypervisor guest (KVM) booting vmtax's guest kernel and image, "
                    "its agent over vsock: the VMM Kata Containers can run sandboxes in")
     Options = CloudHypervisorOptions
+    guest_class = CloudHypervisorGuest
     bus = "pci"
     source_build = Options.source_build
     # Guest RAM is marked mergeable only with mergeable = true (not by default).
     ksm_mergeable = False
     startup_seconds = 10.0
-
-    def _new_guest(self, name: str, network: str, net: Any) -> CloudHypervisorGuest:
-        return CloudHypervisorGuest(name, self, self.ctx.journal, Path(self.ctx.work_dir),
-                                    network, net)
 
     def tree_serial(self, index: int, image: Path) -> str:
         return TREE_SERIAL.format(index)

@@ -154,16 +154,13 @@ class FirecrackerTarget(MicroVmTarget):
     description = ("A Firecracker microVM (KVM) booting vmtax's guest kernel and image, its "
                    "agent over vsock: the sandbox serverless platforms run")
     Options = FirecrackerOptions
+    guest_class = FirecrackerGuest
     bus = "mmio"
     source_build = Options.source_build
     # Firecracker maps guest RAM without MADV_MERGEABLE: KSM on leaves it as it is.
     ksm_mergeable = False
     # Its start, then the boot to agent READY (minimal kernel in a nested lab: ~10 s).
     startup_seconds = 10.0
-
-    def _new_guest(self, name: str, network: str, net: Any) -> FirecrackerGuest:
-        return FirecrackerGuest(name, self, self.ctx.journal, Path(self.ctx.work_dir),
-                                network, net)
 
     def tree_serial(self, index: int, image: Path) -> str:
         # Firecracker's virtio-blk id is the file's st_dev, st_rdev and st_ino, as decimal

@@ -132,11 +132,17 @@ class MicroVmTarget(VmmTarget):
     source_build: ClassVar[vmm_build.CargoBuild]
     # How its virtio devices attach ("mmio", "pci").
     bus: ClassVar[str]
+    # The guest of its VMM: what it launches and how it is paused and stopped.
+    guest_class: ClassVar[type[MicroVmGuest]]
     # The guest's serial console: the kernel's messages (and, with `quiet`, little else).
     guest_noun = "guest"
     # What makes the guest's instances small for density and boot: the minimal kernel
     # boots in seconds where Debian's takes a minute in a nested lab.
     small_options = {"vcpus": 1, "memory": "128M", "disk_size": "64M", "kernel": "minimal"}
+
+    def _new_guest(self, name: str, network: str, net: Any) -> MicroVmGuest:
+        return self.guest_class(name, self, self.ctx.journal, Path(self.ctx.work_dir),
+                                network, net)
 
     def __init__(self, name: str, options: plugin.Options, ctx: Any):
         super().__init__(name, options, ctx)
