@@ -77,6 +77,12 @@ def looks(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
+def alike_form(one: str, other: str) -> str:
+    """The form of Unicode in which two names written differently are one name."""
+    return ("composed form (NFC)" if composed(one) == composed(other)
+            else "compatibility form (NFKC), as they look")
+
+
 def _name_problem(name: str, seen: dict[str, str]) -> str | None:
     """Why name cannot be a name beside those seen (how each looks -> as it was written;
     name is added when it can): spaces at an end, or one that looks as another."""
@@ -85,10 +91,8 @@ def _name_problem(name: str, seen: dict[str, str]) -> str | None:
     other = seen.setdefault(looks(name), name)
     if other == name:
         return None
-    form = ("composed form (NFC)" if composed(other) == composed(name)
-            else "compatibility form (NFKC), as they look")
     return (f"'{_code_points(other)}' and '{_code_points(name)}' are one name in Unicode's "
-            f"{form}; expected names that differ")
+            f"{alike_form(other, name)}; expected names that differ")
 
 
 def unique_names(names: list[str], what: str) -> list[str]:

@@ -5,7 +5,7 @@ What is at the path decides how (`write_file`, and `write_in` for a directory al
 opened):
 - nothing, or a regular file: all of the data or nothing, atomically. The data goes into
   an unnamed file in the same directory (O_TMPFILE), linked to the path when it was free;
-  to replace a regular file, linked to a temporary name (`.NAME.XXXXXXXX.tmp`) and
+  to replace a regular file, linked to a temporary name (`.NAME.<8 hex digits>.tmp`) and
   renamed over it. So a kill -9 while the data is written leaves nothing, and the
   temporary name, which lives for two system calls, is journaled (vmtax.host.journal's
   "unlink"): `vmtax cleanup` or the next run removes one a kill left. (A filesystem

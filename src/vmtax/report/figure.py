@@ -9,8 +9,8 @@ import io
 import math
 import re
 import textwrap
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from itertools import cycle
 from typing import Any
 
@@ -90,8 +90,7 @@ def figure_labels(labels: dict[str, str]) -> dict[str, str]:
     """Each target's name as figures show it: on lines of at most LABEL_LINE characters
     (broken at a hyphen where one is), a name longer than MAX_LABEL cut in the middle (its
     start and end kept; the tables beside a figure give it whole), a control character
-    as its escape. Two names cut alike are
-    numbered, so no two targets read the same."""
+    as its escape. Two names cut alike are numbered, so no two targets read the same."""
     half = (MAX_LABEL - 1) // 2
     shown = {t: printable(label) for t, label in labels.items()}   # no glyph for an ESC
     cut = {t: label if len(label) <= MAX_LABEL else f"{label[:half]}…{label[-half:]}"

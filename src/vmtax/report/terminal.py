@@ -153,8 +153,8 @@ def print_headline(console: Console, model: RunModel,
                 column.no_wrap = False
         return table
 
-    for shown in by_targets(console, table_of, others):
-        console.print(table_of(shown))
+    for table in by_targets(console, table_of, others):
+        console.print(table)
     console.print(f"[dim]{shown_text(summary.baseline)}: median of its runs; others: ratio to it "
                   + interval_legend(model.interval_kinds())
                   + ", below 1 = worse (↑ higher is better, ↓ lower)"
@@ -181,15 +181,15 @@ def print_headline(console: Console, model: RunModel,
 
 
 def by_targets(console: Console, table_of: Callable[[list[str]], Table],
-               targets: list[str]) -> list[list[str]]:
+               targets: list[str]) -> list[Table]:
     """The targets in as few tables as show every name and number whole at the console's
     width, each table_of its share (in order); too many for one 80-column table are two,
     never a column cropped off or a number cut."""
     for size in range(len(targets), 1, -1):
-        groups = [targets[i:i + size] for i in range(0, len(targets), size)]
-        if all(fits(console, table_of(group)) for group in groups):
-            return groups
-    return [[t] for t in targets] or [[]]
+        tables = [table_of(targets[i:i + size]) for i in range(0, len(targets), size)]
+        if all(fits(console, table) for table in tables):
+            return tables
+    return [table_of([t]) for t in targets] or [table_of([])]
 
 
 def fits(console: Console, table: Table) -> bool:
@@ -271,16 +271,16 @@ def print_summary(console: Console, run: Run, summary: RunSummary) -> None:
     if fixed:
         caption += "; " + shown_text(fixed_note(fixed))
     others = [t for t in summary.targets if t != summary.baseline]
-    groups = by_targets(console, lambda group: _summary_table(
+    tables = by_targets(console, lambda group: _summary_table(
         console, run, summary, [summary.baseline, *group], title, caption, compact), others)
-    for number, shown in enumerate(groups, 1):   # the caption once, under the last table
-        console.print(_summary_table(console, run, summary, [summary.baseline, *shown],
-                                     title, caption if number == len(groups) else "",
-                                     compact))
+    for table in tables[:-1]:   # the caption once, under the last table
+        table.caption = None
+    for table in tables:
+        console.print(table)
     _print_failures(console, summary)
     # A sweep's rows and caption say its parameters already.
     parameters = {w: words for w, words in workload_parameters(run.reps).items()
-                  if w not in fixed_params(r for r in run.reps if r.phase == "measure")}
+                  if w not in fixed}
     if parameters:
         console.print(Text("workload parameters", style="bold"))
         for workload, words in parameters.items():

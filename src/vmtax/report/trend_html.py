@@ -85,7 +85,7 @@ def _day(timestamp: float) -> str:
 def render(trend: Trend, levels: list[SeriesLevels], linked: bool = False) -> str:
     """The page (levels: analysis.history.levels(trend)); `linked`: in a published site,
     each change links to its comparison."""
-    return page_text(_PAGE.render(trend=trend, series=[(s, _plot(s, lv))
+    page = _PAGE.render(trend=trend, series=[(s, _plot(s, lv))
                                              for s, lv in zip(trend.series, levels)],
                         linked=linked,
                         hosts=len(trend.runs) > 1, width=WIDTH, height=HEIGHT, pad=PAD,
@@ -100,4 +100,5 @@ def render(trend: Trend, levels: list[SeriesLevels], linked: bool = False) -> st
                                           f"{s.points[-1].run.number} {s.recent.verdict}"
                                           if s.recent.held else
                                           f"newest run {s.points[-1].run.number} "
-                                          f"{s.recent.verdict}")))
+                                          f"{s.recent.verdict}"))
+    return page_text(page)

@@ -76,7 +76,7 @@ from vmtax.core import target as targets
 from vmtax.core import workload as workloads
 from vmtax.core.limits import MAX_SECONDS
 from vmtax.core.option_types import NonEmpty, Seconds
-from vmtax.core.text import composed, looks
+from vmtax.core.text import alike_form, composed, looks
 from vmtax.studies.plan import DEFAULT_RUNS, DEFAULT_TIME, Plan, TargetSpec, WorkloadSpec
 from vmtax.studies.plan_bounds import (
     Configurations,
@@ -274,9 +274,8 @@ class _Reader(Checker):
             name = composed(raw)
             other = written.setdefault(looks(raw), raw)
             if other != raw:
-                form = ("composed form (NFC)" if composed(other) == name
-                        else "compatibility form (NFKC), as they look")
-                self.bad(path, f"target names that differ in Unicode's {form}",
+                self.bad(path, f"target names that differ in Unicode's "
+                               f"{alike_form(other, raw)}",
                          f"{show(raw)}, the same name as {show(other)}")
                 continue
             if self.table(path, table, "a table of target options") is None:
