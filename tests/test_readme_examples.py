@@ -221,6 +221,12 @@ FORMS: dict[str, Form] = {
     "vmtax lab --results R --session plans/microvms.session": Form(
         skip="boots a lab for minutes; tests/test_density.py loads the plan for each "
              "command, tests/test_planfile.py checks it as run reads it"),
+    **{command: Form(skip="needs a host whose KVM runs guests (this one's runs them in "
+                          "vmtax lab --session plans/microvms.session); tests/test_planfile.py "
+                          "and tests/test_density.py read the plan")
+       for command in ("vmtax run plans/microvms.toml --quick",
+                       "vmtax density plans/microvms.toml --quick",
+                       "vmtax boot plans/microvms.toml --count 5")},
     "vmtax fleet start --port 6379": Form(
         skip="starts a Ray head that stays up until Ctrl-C; tests/test_fleet_live.py starts "
              "a real fleet"),
